@@ -1,0 +1,72 @@
+"""The gateway's NATS connection: typed request/reply and subscriptions (nats-py)."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import nats
+from nats.aio.client import Client
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from pydantic import BaseModel, ValidationError
+
+from loki_shared.messages.base import Reply
+
+from .errors import ServiceUnavailable, UpstreamError
+
+R = TypeVar("R", bound=BaseModel)
+
+
+class Bus:
+    """Wraps one nats-py connection for the gateway's routes.
+
+    ``request`` sends a pydantic message and decodes the reply into ``reply_type``.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @classmethod
+    async def connect(cls, url: str) -> "Bus":
+        client = await nats.connect(
+            url, name="loki-gateway", max_reconnect_attempts=-1, reconnect_time_wait=0.5
+        )
+        return cls(client)
+
+    async def request(
+        self, subject: str, message: BaseModel, reply_type: type[R], timeout: float = 5.0
+    ) -> R:
+        """Send ``message`` on ``subject`` and return the reply decoded as ``reply_type``.
+
+        Raises:
+            ServiceUnavailable: no service answers ``subject`` (no responders or timeout).
+            UpstreamError: the reply is not a valid ``reply_type``.
+        """
+        try:
+            msg = await self.client.request(
+                subject, message.model_dump_json().encode(), timeout=timeout
+            )
+        except (NoRespondersError, NatsTimeout) as exc:
+            raise ServiceUnavailable(f"no answer on {subject}") from exc
+        try:
+            return reply_type.model_validate_json(msg.data)
+        except ValidationError as exc:
+            raise UpstreamError(f"bad reply on {subject}: {exc.errors()[:1]}") from exc
+
+    async def request_ok(
+        self, subject: str, message: BaseModel, reply_type: type[R], timeout: float = 5.0
+    ) -> R:
+        """Like :meth:`request`, and raise the reply's own error when it carries one.
+
+        Raises:
+            ServiceUnavailable, UpstreamError: see :meth:`request`.
+            ServiceError: the reply's ``error`` is set (mapped to an HTTP status).
+        """
+        reply = await self.request(subject, message, reply_type, timeout)
+        if isinstance(reply, Reply) and reply.error is not None:
+            from .errors import ServiceError
+
+            raise ServiceError(reply.error.type, reply.error.message)
+        return reply
+
+    async def close(self) -> None:
+        await self.client.drain()

@@ -1,0 +1,33 @@
+"""Common base of every NATS message model and the error shape of replies."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+#: Request kinds, used for slot routing, perf records and metric labels.
+RequestKind = Literal["main", "subagent", "verify", "task", "compact", "bench", "foreign"]
+
+
+class Msg(BaseModel):
+    """Base of every message: unknown fields from a newer peer are ignored, not refused."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ErrorInfo(Msg):
+    """Why a request failed.
+
+    ``type`` is a short machine name (``not_found``, ``invalid_request``, ``busy``,
+    ``unavailable``, ``internal``); ``message`` is for a person.
+    """
+
+    type: str
+    message: str
+
+
+class Reply(Msg):
+    """Base of every reply: ``error`` is set instead of the payload when the request failed."""
+
+    error: ErrorInfo | None = None

@@ -1,0 +1,175 @@
+"""Messages of the chat service (``loki.chat.*``) and the OpenAI-shaped chat types it stores."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .base import Msg, Reply
+
+
+class ToolCallFunction(Msg):
+    """OpenAI ``tool_calls[].function``: ``arguments`` is the JSON text as the model wrote it."""
+
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(Msg):
+    """OpenAI ``tool_calls[]`` item of an assistant message."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class LokiMeta(Msg):
+    """Loki's own marks on a stored message; never sent to the engine.
+
+    - ``injected``: the message was written by Loki, not the user (``"reminder"``,
+      ``"summary"``, ...). This field, never a text prefix, is how an injected message is
+      recognised.
+    - ``stopped`` / ``error``: the assistant message was cut by a stop or an error.
+    """
+
+    injected: str | None = None
+    stopped: bool = False
+    error: str | None = None
+
+
+class ChatMessage(Msg):
+    """One message of the model view (OpenAI ``messages[]`` item plus Loki's marks).
+
+    ``content`` is text, a list of OpenAI content parts, or None (an assistant message that
+    only calls tools). ``reasoning_content`` is llama.cpp's separated reasoning, kept only
+    with ``REASONING_ECHO``; ``reasoning_model`` names the model that wrote it.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+    reasoning_model: str | None = None
+    loki: LokiMeta | None = None
+
+
+class ChatEvent(Msg):
+    """One entry of a conversation's display log, also published live on
+    ``loki.chat.events.<conversation>``.
+
+    ``seq`` starts at 1 and increases by one per event of the conversation; it is the SSE
+    ``id``. ``ts`` is a Unix time in seconds. ``delta`` holds OpenAI delta keys
+    (``role``, ``content``, ``reasoning_content``, ``tool_calls``) or, for a tool result,
+    ``{"role": "tool", "tool_call_id", "name", "content"}``. ``finish_reason``, ``usage``
+    and ``timings`` are set on the end-of-turn event. ``loki`` carries Loki's own event marks
+    (``{"event": "turn_start" | "turn_end" | "compaction" | "error" | "stopped" | ...}``).
+    """
+
+    conversation: str
+    seq: int
+    ts: float
+    delta: dict[str, Any] = Field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    loki: dict[str, Any] | None = None
+
+    def sse_data(self) -> dict[str, Any]:
+        """The SSE ``data`` object: ``{"seq", "ts", "choices": [{"index": 0, "delta",
+        "finish_reason"}]}`` plus ``usage``, ``timings`` and ``loki`` when set."""
+        data: dict[str, Any] = {
+            "seq": self.seq,
+            "ts": self.ts,
+            "choices": [{"index": 0, "delta": self.delta, "finish_reason": self.finish_reason}],
+        }
+        if self.usage is not None:
+            data["usage"] = self.usage
+        if self.timings is not None:
+            data["timings"] = self.timings
+        if self.loki is not None:
+            data["loki"] = self.loki
+        return data
+
+
+class SendRequest(Msg):
+    """``loki.chat.send``: a user message. No ``conversation`` creates a new one."""
+
+    conversation: str | None = None
+    content: str
+
+
+class SendReply(Reply):
+    """The conversation id, and whether the message waits behind a running turn."""
+
+    conversation: str = ""
+    queued: bool = False
+
+
+class ControlRequest(Msg):
+    """``loki.chat.control``: stop the running turn, reset the conversation, or compact it."""
+
+    conversation: str
+    action: Literal["stop", "reset", "compact"]
+
+
+class ControlReply(Reply):
+    ok: bool = False
+    detail: str = ""
+
+
+class StateRequest(Msg):
+    """``loki.chat.state``."""
+
+    conversation: str
+
+
+class StateReply(Reply):
+    """Model-view messages, context use (tokens) and whether a turn runs."""
+
+    conversation: str = ""
+    messages: list[ChatMessage] = Field(default_factory=list)
+    ctx_used: int = 0
+    n_ctx: int | None = None
+    generating: bool = False
+    queued: int = 0
+    last_seq: int = 0
+
+
+class ReplayRequest(Msg):
+    """``loki.chat.replay``: display events with ``seq > after_seq``, at most ``limit``."""
+
+    conversation: str
+    after_seq: int = 0
+    limit: int | None = None
+
+
+class ReplayReply(Reply):
+    """``events`` in increasing seq; ``more`` is true when ``limit`` cut the list."""
+
+    events: list[ChatEvent] = Field(default_factory=list)
+    last_seq: int = 0
+    more: bool = False
+
+
+class ConversationInfo(Msg):
+    id: str
+    title: str = ""
+    created: float = 0.0
+    updated: float = 0.0
+
+
+class ConversationsRequest(Msg):
+    """``loki.chat.conversations``: list, create, rename, delete or export."""
+
+    action: Literal["list", "create", "rename", "delete", "export"]
+    conversation: str | None = None
+    title: str | None = None
+
+
+class ConversationsReply(Reply):
+    conversations: list[ConversationInfo] = Field(default_factory=list)
+    conversation: ConversationInfo | None = None
+    export: dict[str, Any] | None = None

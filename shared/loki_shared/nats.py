@@ -1,0 +1,33 @@
+"""NATS helpers shared by the services: the broker and the JetStream streams Loki declares."""
+
+from __future__ import annotations
+
+from faststream.nats import JStream, NatsBroker
+
+from . import subjects
+
+
+def make_broker(url: str, name: str) -> NatsBroker:
+    """A FastStream NATS broker for service ``name`` that reconnects forever.
+
+    The connection is opened by ``broker.start()`` / ``FastStream(broker).run()``.
+    """
+    return NatsBroker(url, name=f"loki-{name}", max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+
+def perf_stream() -> JStream:
+    """The perf ring: ``loki.perf.record`` kept in JetStream, at most 5000 messages."""
+    return JStream(
+        name=subjects.STREAM_PERF,
+        subjects=[subjects.PERF_RECORD],
+        max_msgs=subjects.STREAM_PERF_MAX_MSGS,
+    )
+
+
+def events_stream() -> JStream:
+    """Audit events (compactions, archives), kept in JetStream."""
+    return JStream(
+        name=subjects.STREAM_EVENTS,
+        subjects=[subjects.EVENTS_COMPACTION, subjects.EVENTS_ARCHIVE],
+        max_msgs=100_000,
+    )

