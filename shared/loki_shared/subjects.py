@@ -51,6 +51,7 @@ QUEUE_ENGINE = "engine"
 ENGINE_INFO = "loki.engine.info"  # EngineInfoRequest -> EngineInfo
 ENGINE_LEASE = "loki.engine.lease"  # LeaseRequest -> Lease
 ENGINE_RELEASE = "loki.engine.release"  # ReleaseRequest -> ReleaseReply
+ENGINE_RENEW = "loki.engine.renew"  # RenewRequest -> Lease (extends the lease's TTL)
 ENGINE_STATE = "loki.engine.state"  # EngineState, event on every state change
 ENGINE_PRESETS = "loki.engine.presets"  # PresetsRequest -> PresetsReply
 

@@ -1,4 +1,19 @@
-"""Messages of the engine supervisor (``loki.engine.*``)."""
+"""Messages of the engine supervisor (``loki.engine.*``).
+
+The lease protocol (what every caller of llama-server does around ONE completion request):
+
+1. request ``loki.engine.lease`` with :class:`LeaseRequest` (NATS timeout > ``wait_s``);
+   the reply :class:`Lease` says where to send the request (``base_url``, ``api_key``) and
+   with which ``id_slot`` (``None``: do not set ``id_slot`` in the body);
+2. while the request runs longer than ``ttl_s / 3``, request ``loki.engine.renew`` with
+   :class:`RenewRequest` (a lease not renewed expires after ``ttl_s``: its slot is given to
+   the next waiter, so a dead holder never blocks the engine);
+3. request ``loki.engine.release`` with :class:`ReleaseRequest` when the response is read
+   (or failed). Set ``job_done`` on the release of the LAST request of a side job (verify,
+   sub-agent, task, bench): the supervisor then erases slot 0 when CACHE_ISOLATE allows it.
+   A ``main`` release may carry ``prompt_tokens``/``cached_tokens`` from ``usage`` so the
+   supervisor can advise raising CACHE_RAM.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +34,14 @@ class EngineInfo(Reply):
     """What the supervisor knows of the engine.
 
     ``base_url`` is the OpenAI-compatible root without ``/v1`` (``http://127.0.0.1:8091``).
-    ``n_ctx`` is the window of one conversation (tokens); ``slot_n_ctx`` the per-slot
-    ``n_ctx`` read from ``/props``. ``api_key`` is the engine's own key (internal use only).
+    ``n_ctx`` is the window of one conversation (tokens, the preset's CTX, or the slot's
+    ``n_ctx`` when smaller); ``slot_n_ctx`` the per-slot ``n_ctx`` read from ``/props`` /
+    ``/slots``. ``api_key`` is the key of the endpoint in use (internal use only; the gateway
+    never returns it). ``side_slot``: SIDE_SLOT asked and accepted (two slots of CTX each);
+    ``side_slot_refusal``: why it was refused. ``notes``: launch notes and warnings for a
+    person (VRAM note, NGL warning, CACHE_RAM value). ``argv``: the engine's command line
+    (API key masked). ``in_flight``: leases held right now. ``preset_id``, ``sampling``,
+    ``system_prompt``, ``vision``, ``features`` come from the active preset.
     """
 
     state: EngineStateName = "stopped"
@@ -36,34 +57,59 @@ class EngineInfo(Reply):
     external: bool = False
     api_key: str | None = None
     detail: str = ""
+    preset_id: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    system_prompt: str = ""
+    vision: bool = False
+    features: dict[str, str] = Field(default_factory=dict)
+    side_slot: bool = False
+    side_slot_refusal: str | None = None
+    notes: list[str] = Field(default_factory=list)
+    argv: list[str] = Field(default_factory=list)
+    in_flight: int = 0
+    cache_ram_mib: int | None = None
+    restarts: int = 0
 
 
 class EngineState(Msg):
     """``loki.engine.state`` event: a change of the engine's state.
 
-    ``stderr_tail`` holds the last lines llama-server wrote when it failed.
+    ``stderr_tail`` holds the last lines llama-server wrote when it failed. ``notes`` repeat
+    the launch notes (SIDE_SLOT refusal, VRAM note, NGL warning).
     """
 
     state: EngineStateName
     ts: float
     detail: str = ""
     stderr_tail: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    base_url: str = ""
+    external: bool = False
 
 
 class LeaseRequest(Msg):
     """``loki.engine.lease``: ask to send one request of ``kind`` to the engine.
-    ``wait_s`` bounds how long the supervisor queues the request (FIFO per slot)."""
+
+    ``wait_s`` bounds how long the supervisor queues the request (FIFO per slot; the caller's
+    NATS timeout must be longer). ``ttl_s``: asked lifetime of the lease before renewal
+    (``None``: the supervisor's default)."""
 
     kind: RequestKind
     conversation: str | None = None
     wait_s: float = 60.0
+    ttl_s: float | None = None
 
 
 class Lease(Reply):
     """A granted lease: where to send the request and with which ``id_slot`` (None: let the
-    engine choose). ``ttl_s``: the lease expires if not released or renewed by then."""
+    engine choose; never set ``id_slot`` then). ``ttl_s``: the lease expires if not released
+    or renewed by then. ``shares_main_slot``: the request runs in the slot that holds the
+    conversation's prompt (one slot), so it may evict it; False for a slot-1 request with
+    SIDE_SLOT (the "slot holds the prompt" state stays true) and for an external preset.
+    ``api_key``: the key of THIS endpoint (the local engine's, or the external preset's)."""
 
     lease_id: str = ""
+    kind: str = ""
     base_url: str = ""
     id_slot: int | None = None
     n_ctx: int = 0
@@ -71,20 +117,77 @@ class Lease(Reply):
     external: bool = False
     api_key: str | None = None
     ttl_s: float = 0.0
+    shares_main_slot: bool = False
+    preset_id: str | None = None
 
 
-class ReleaseRequest(Msg):
-    """``loki.engine.release``."""
+class RenewRequest(Msg):
+    """``loki.engine.renew``: extend a lease by its ``ttl_s`` (reply: :class:`Lease`; error
+    ``not_found`` when it already expired or was released)."""
 
     lease_id: str
 
 
+class ReleaseRequest(Msg):
+    """``loki.engine.release``.
+
+    ``job_done``: this was the last request of a side job (verify, subagent, task, bench):
+    the supervisor erases slot 0 when CACHE_ISOLATE allows it (synchronously, at most 2 s,
+    before replying). ``prompt_tokens`` / ``cached_tokens``: ``usage.prompt_tokens`` and
+    ``usage.prompt_tokens_details.cached_tokens`` of a ``main`` completion, when known.
+    """
+
+    lease_id: str
+    job_done: bool = False
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
 class ReleaseReply(Reply):
+    """``ok``: the lease was held and is now free. ``slot_erased``: slot 0 was erased after
+    the side job; ``erase_skipped``: why not (when ``job_done`` was set). ``advice``: a
+    one-time advice for a person (raise CACHE_RAM)."""
+
     ok: bool = False
+    slot_erased: bool = False
+    erase_skipped: str | None = None
+    advice: str | None = None
+
+
+class Preset(Msg):
+    """A preset as the API shows it and accepts it.
+
+    Local preset: ``model`` (GGUF path; empty: the bundled model), ``ctx`` (CTX, tokens),
+    ``ngl`` (``None``/"auto", "all", 999, or a layer count), ``parallel`` (PARALLEL, ``None``:
+    unset), ``extra_args`` (llama-server arguments, shell-quoted), ``features`` (feature keys
+    without the ``LOKI_`` prefix: ``SIDE_SLOT``, ``CACHE_RAM``, ``CACHE_ISOLATE``, ...).
+    External preset (``external`` true): ``base_url`` (OpenAI-compatible root, with or
+    without ``/v1``), ``api_model``, ``api_key`` (write-only: never returned; an empty or
+    missing value on save keeps the stored key), ``vision``. ``api_key_set`` tells whether a
+    key is stored.
+    """
+
+    id: str = ""
+    name: str = ""
+    model: str = ""
+    ctx: int = 8192
+    ngl: str | None = None
+    parallel: int | None = None
+    extra_args: str = ""
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    system_prompt: str = ""
+    features: dict[str, str] = Field(default_factory=dict)
+    external: bool = False
+    base_url: str = ""
+    api_model: str = ""
+    api_key: str | None = None
+    api_key_set: bool = False
+    vision: bool = False
 
 
 class PresetsRequest(Msg):
-    """``loki.engine.presets``: list, get, save, delete, switch, test a preset."""
+    """``loki.engine.presets``: list, get, save, delete, switch, test a preset, or compute
+    the CACHE_RAM auto value (``cacheram``, for ``preset`` or the active one)."""
 
     action: Literal["list", "get", "save", "delete", "switch", "test", "cacheram"]
     preset_id: str | None = None
@@ -92,6 +195,11 @@ class PresetsRequest(Msg):
 
 
 class PresetsReply(Reply):
+    """``presets``/``preset`` are :class:`Preset` dumps (never with a key in clear);
+    ``active`` the active preset's id; ``detail`` the action's result (connection test:
+    ``{"ok", "status", "message", "models"}``; cacheram: the arithmetic; save/switch: the
+    launch plan's notes and SIDE_SLOT verdict)."""
+
     presets: list[dict[str, Any]] = Field(default_factory=list)
     preset: dict[str, Any] | None = None
     active: str | None = None
