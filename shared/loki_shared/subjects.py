@@ -60,6 +60,8 @@ QUEUE_PERF = "perf"
 PERF_RECORD = "loki.perf.record"  # PerfRecord, JetStream stream STREAM_PERF
 PERF_SUMMARY = "loki.perf.summary"  # SummaryRequest -> PerfSummary
 PERF_LOSSES = "loki.perf.losses"  # LossesRequest -> LossesReply
+PERF_CACHERAM = "loki.perf.cacheram"  # CacheRamAdviceRequest -> CacheRamAdviceReply
+KV_PERF_TOTALS = "LOKI_PERF_TOTALS"  # JetStream key-value bucket: the metrics checkpoint
 
 # --- audit events (JetStream stream STREAM_EVENTS) -----------------------------------------
 EVENTS_COMPACTION = "loki.events.compaction"  # CompactionEvent

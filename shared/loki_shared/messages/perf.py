@@ -12,11 +12,21 @@ from .base import Msg, Reply, RequestKind
 class PerfRecord(Msg):
     """One completion, published on ``loki.perf.record`` (JetStream) by whoever ran it.
 
+    Build and publish it with :mod:`loki_shared.perf_publish`.
+
+    ``ts`` is the Unix time (seconds) the completion ended. ``kind`` is the request kind;
+    ``preset`` is ``"local"`` or ``"external"`` (an external API's records are kept but never
+    flagged as losses); ``slot`` the ``id_slot`` used (None: the engine chose).
     ``timings`` and ``usage`` are the final chunk's objects as llama-server (or an external
-    API) sent them, undecoded: the perf service decodes them tolerantly. Times the client
-    measured are in milliseconds (``ttft_ms``: first delta of any type). ``fingerprints[i]``
-    is the cumulative hash of the messages sent up to ``i`` (see
-    :func:`loki_shared.fingerprint.fingerprints`). No message text ever goes here.
+    API) sent them, undecoded: the perf service decodes them tolerantly (llama.cpp:
+    ``timings.cache_n, prompt_n, predicted_n, draft_n, draft_n_accepted, prompt_ms,
+    predicted_ms``; OpenAI: ``usage.prompt_tokens, completion_tokens,
+    prompt_tokens_details.cached_tokens``). Times the client measured are in milliseconds
+    (``ttft_ms``: first delta of any type; ``total_ms``: request sent to stream end).
+    ``cut`` is true when the stream ended without its final chunk (stopped, error,
+    disconnect). ``fingerprints[i]`` is the cumulative hash of the messages sent up to ``i``
+    (see :func:`loki_shared.fingerprint.fingerprints`) and ``roles[i]`` message ``i``'s role.
+    No message text ever goes here.
     """
 
     ts: float
@@ -36,13 +46,14 @@ class PerfRecord(Msg):
 
 
 class SummaryRequest(Msg):
-    """``loki.perf.summary``."""
+    """``loki.perf.summary`` (the body may be ``{}``)."""
 
 
 class PerfSummary(Reply):
     """Aggregates over the ring: at least the count of completions and the sums of
     ``prompt_n`` and ``cache_n`` (unknown values are not counted as 0); ``detail`` holds the
-    rest (hit rate, per-kind figures, speeds by depth, losses by cause)."""
+    rest (hit rate, per-kind figures, speeds by depth, losses by cause, ``cache_ram`` advice);
+    its keys are listed in docs/behaviour/perf.md."""
 
     completions: int = 0
     prompt_n: int = 0
@@ -51,10 +62,36 @@ class PerfSummary(Reply):
 
 
 class LossesRequest(Msg):
-    """``loki.perf.losses``."""
+    """``loki.perf.losses``: the ``limit`` most recent losses (1..5000)."""
 
     limit: int = 100
 
 
 class LossesReply(Reply):
+    """Newest first. Each item: ``seq, ts, conversation, kind, model, type`` (``loss`` or
+    ``divergence``), ``cause``, ``tokens`` (previous total − tokens reused; None if unknown),
+    ``prev_seq, prev_total, cache_n, prompt_n``, ``index``/``role`` (first differing message
+    of a divergence), ``between`` (what ran on the engine in between: ``kind, cause,
+    conversation, count``, oldest first) and ``between_truncated``."""
+
     losses: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class CacheRamAdviceRequest(Msg):
+    """``loki.perf.cacheram``: advice events with a stream sequence above ``since_seq``."""
+
+    since_seq: int = 0
+
+
+class CacheRamAdviceReply(Reply):
+    """``advise`` is true when, after ``since_seq``, a conversation came back (its ``main``
+    request strictly extending its previous one after other requests ran) with
+    ``cached_tokens`` under half of its prompt: the engine's host-RAM prompt cache
+    (``--cache-ram``) was too small to keep it. ``events`` (at most 20, newest last): ``seq,
+    ts, conversation, cached_tokens, prompt_tokens, between``. ``last_seq``: the newest
+    record seen (pass it back as ``since_seq`` to get only new events)."""
+
+    advise: bool = False
+    count: int = 0
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    last_seq: int = 0

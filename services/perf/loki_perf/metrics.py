@@ -1,0 +1,290 @@
+"""Prometheus metrics derived from the records, restart-safe.
+
+Every name starts with ``lokiassist_`` so it cannot collide with Grafana Loki's own ``loki_*``
+metrics on a shared Prometheus. Counters and histograms carry the labels ``kind`` and ``model``
+only (``cause`` is added on the two loss counters, from the fixed set
+:data:`loki_perf.decode.CAUSES`); gauges computed from the ring carry ``depth`` (fixed bucket
+names) or nothing.
+
+Counters are *derived from the records*: :class:`Totals` is a pure function of a checkpoint
+(totals up to stream sequence ``seq``, kept in a JetStream key-value bucket) plus the records
+after ``seq`` in the stream. A perf service restarted loads the checkpoint, rebuilds its ring
+from the whole stream and adds to the totals only the records after the checkpoint, so the
+counters come back to exactly the values they had — nothing rebuilt is counted twice and
+Prometheus sees no reset. (Records published while the service was down and already evicted
+from the 5000-message stream before it came back cannot be counted; see docs/behaviour/perf.md.)
+
+The registry is scraped from a thread (prometheus-client's HTTP server), so :class:`Totals`
+guards its state with a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from .decode import Entry
+
+PREFIX = "lokiassist_"
+_MAX_MODELS = 16
+
+#: name (without ``_total``) -> help. Labels: kind, model.
+COUNTERS: dict[str, str] = {
+    "completions": "Completions recorded (one per request to the engine).",
+    "completions_cache_unknown": "Completions whose engine said nothing of its prompt cache.",
+    "prompt_tokens": "Prompt tokens of completions with known cache figures (cache_n + prompt_n).",
+    "prompt_tokens_cached": "Prompt tokens reused from the prompt cache (cache_n; +1 on a full hit).",
+    "prompt_tokens_computed": "Prompt tokens the engine prefilled (prompt_n; 0 on a full hit).",
+    "prompt_full_hits": "Completions whose whole prompt was cached (cache_n = N-1, prompt_n = 1).",
+    "generated_tokens": "Tokens generated (predicted_n, else usage.completion_tokens).",
+    "draft_tokens": "Speculative draft tokens proposed (draft_n).",
+    "draft_tokens_accepted": "Speculative draft tokens accepted (draft_n_accepted).",
+    "cut_streams": "Completions whose stream was cut before the final chunk.",
+}
+#: Labels: kind, model, cause.
+LOSS_COUNTERS: dict[str, str] = {
+    "cache_losses": "Completions flagged with a prompt-cache loss or divergence, by cause.",
+    "cache_lost_tokens": "Prompt tokens the slot held and the next request did not reuse, by cause.",
+}
+#: name -> (help, bucket upper bounds). Labels: kind, model.
+HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
+    "ttft_seconds": (
+        "Time from sending the request to the first delta of any type.",
+        (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+    ),
+    "prompt_tokens_per_second": (
+        "Prompt processing speed (prompt_n / prompt_ms).",
+        (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
+    ),
+    "generation_tokens_per_second": (
+        "Generation speed (predicted_n / predicted_ms).",
+        (1, 2.5, 5, 10, 20, 40, 80, 160, 320),
+    ),
+}
+#: Gauges computed from the ring (not counters: they move both ways).
+GAUGES: dict[str, str] = {
+    "perf_ring_records": "Records in the perf ring.",
+    "prompt_speed_median_tokens_per_second": "Median prompt speed over the ring by context depth.",
+    "generation_speed_median_tokens_per_second": "Median generation speed over the ring by depth.",
+    "cache_hit_ratio": "Prompt-cache hit ratio over the ring, by kind.",
+    "cache_ram_advice_events": "CACHE_RAM advice events in the ring.",
+    "perf_rejected_records": "Records refused since start (payload not a JSON object).",
+}
+
+
+def exported_names() -> set[str]:
+    """Every sample name the service exports (``_total``, ``_bucket``/``_sum``/``_count``)."""
+    names = {f"{PREFIX}{n}_total" for n in (*COUNTERS, *LOSS_COUNTERS)}
+    for n in HISTOGRAMS:
+        names |= {f"{PREFIX}{n}_bucket", f"{PREFIX}{n}_sum", f"{PREFIX}{n}_count"}
+    names |= {f"{PREFIX}{n}" for n in GAUGES}
+    return names
+
+
+class Totals:
+    """Cumulative counters and histograms, fed one decoded record at a time.
+
+    ``seq`` is the stream sequence of the last record counted. The state round-trips through
+    :meth:`dump` / :meth:`load` (JSON) for the checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seq = 0
+        self.counters: dict[str, dict[tuple[str, ...], float]] = {
+            n: {} for n in (*COUNTERS, *LOSS_COUNTERS)
+        }
+        # name -> labels -> [bucket counts (non-cumulative, + overflow), sum]
+        self.hists: dict[str, dict[tuple[str, ...], list[Any]]] = {n: {} for n in HISTOGRAMS}
+        self.models: set[str] = set()
+
+    def _model(self, model: str) -> str:
+        if model in self.models:
+            return model
+        if len(self.models) >= _MAX_MODELS:
+            return "other"
+        self.models.add(model)
+        return model
+
+    def _inc(self, name: str, labels: tuple[str, ...], value: float = 1) -> None:
+        d = self.counters[name]
+        d[labels] = d.get(labels, 0) + value
+
+    def _observe(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        bounds = HISTOGRAMS[name][1]
+        d = self.hists[name]
+        h = d.get(labels)
+        if h is None:
+            h = d[labels] = [[0] * (len(bounds) + 1), 0.0]
+        i = 0
+        for i, b in enumerate(bounds):  # noqa: B007
+            if value <= b:
+                break
+        else:
+            i = len(bounds)
+        h[0][i] += 1
+        h[1] += value
+
+    def add(self, e: Entry) -> None:
+        """Count ``e`` (its stream sequence becomes :attr:`seq`)."""
+        with self.lock:
+            self.seq = e.seq
+            lab = (e.kind, self._model(e.model))
+            self._inc("completions", lab)
+            if e.cached is None or e.computed is None:
+                self._inc("completions_cache_unknown", lab)
+            else:
+                self._inc("prompt_tokens", lab, e.depth)
+                self._inc("prompt_tokens_cached", lab, e.eff_cached)
+                self._inc("prompt_tokens_computed", lab, e.recomputed)
+                if e.full_hit:
+                    self._inc("prompt_full_hits", lab)
+            if e.generated is not None:
+                self._inc("generated_tokens", lab, e.generated)
+            if e.draft_n is not None:
+                self._inc("draft_tokens", lab, e.draft_n)
+            if e.draft_n_accepted is not None:
+                self._inc("draft_tokens_accepted", lab, e.draft_n_accepted)
+            if e.cut is not False:
+                self._inc("cut_streams", lab)
+            if e.loss is not None:
+                lab3 = (*lab, e.loss.cause)
+                self._inc("cache_losses", lab3)
+                self._inc("cache_lost_tokens", lab3, e.loss.tokens or 0)
+            if e.ttft_ms is not None:
+                self._observe("ttft_seconds", lab, e.ttft_ms / 1000.0)
+            if e.pp_tps is not None:
+                self._observe("prompt_tokens_per_second", lab, e.pp_tps)
+            if e.tg_tps is not None:
+                self._observe("generation_tokens_per_second", lab, e.tg_tps)
+
+    def dump(self) -> dict[str, Any]:
+        """JSON-able state (for the checkpoint)."""
+        with self.lock:
+            return {
+                "v": 1,
+                "seq": self.seq,
+                "counters": {n: [[*k, v] for k, v in d.items()] for n, d in self.counters.items()},
+                "hists": {
+                    n: [[*k, list(h[0]), h[1]] for k, h in d.items()] for n, d in self.hists.items()
+                },
+            }
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> "Totals":
+        """Rebuild from :meth:`dump`'s output.
+
+        Raises:
+            ValueError: the data is not a version-1 dump.
+        """
+        if not isinstance(data, dict) or data.get("v") != 1:
+            raise ValueError("not a version-1 totals dump")
+        t = cls()
+        t.seq = int(data["seq"])
+        for n, rows in data.get("counters", {}).items():
+            if n in t.counters:
+                width = 3 if n in LOSS_COUNTERS else 2
+                for row in rows:
+                    t.counters[n][tuple(row[:width])] = float(row[width])
+                    t.models.add(row[1])
+        for n, rows in data.get("hists", {}).items():
+            if n in t.hists:
+                size = len(HISTOGRAMS[n][1]) + 1
+                for row in rows:
+                    counts = [int(c) for c in row[2]]
+                    if len(counts) != size:
+                        raise ValueError(f"histogram {n} has {len(counts)} buckets, not {size}")
+                    t.hists[n][(row[0], row[1])] = [counts, float(row[3])]
+        return t
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.dump(), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "Totals":
+        return cls.load(json.loads(raw))
+
+
+def _le(b: float) -> str:
+    return "+Inf" if math.isinf(b) else repr(float(b))
+
+
+class PerfCollector(Collector):
+    """prometheus-client collector reading :class:`Totals` and a ring summary.
+
+    Args:
+        totals_ref: callable returning the current :class:`Totals`.
+        ring_summary: callable returning :meth:`loki_perf.ring.Ring.summary`'s dict; the
+            service makes it run on its event loop (the scrape runs in another thread).
+        rejected: callable returning the count of refused payloads.
+    """
+
+    def __init__(self, totals_ref, ring_summary, rejected=lambda: 0) -> None:
+        self._totals_ref = totals_ref
+        self._ring_summary = ring_summary
+        self._rejected = rejected
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        totals: Totals = self._totals_ref()
+        with totals.lock:
+            counters = {n: dict(d) for n, d in totals.counters.items()}
+            hists = {n: {k: (list(h[0]), h[1]) for k, h in d.items()} for n, d in totals.hists.items()}
+        for n, help_ in COUNTERS.items():
+            fam = CounterMetricFamily(PREFIX + n, help_, labels=["kind", "model"])
+            for lab, v in sorted(counters[n].items()):
+                fam.add_metric(list(lab), v)
+            yield fam
+        for n, help_ in LOSS_COUNTERS.items():
+            fam = CounterMetricFamily(PREFIX + n, help_, labels=["kind", "model", "cause"])
+            for lab, v in sorted(counters[n].items()):
+                fam.add_metric(list(lab), v)
+            yield fam
+        for n, (help_, bounds) in HISTOGRAMS.items():
+            fam = HistogramMetricFamily(PREFIX + n, help_, labels=["kind", "model"])
+            for lab, (counts, total) in sorted(hists[n].items()):
+                cum, buckets = 0, []
+                for b, c in zip((*bounds, math.inf), counts):
+                    cum += c
+                    buckets.append((_le(b), cum))
+                fam.add_metric(list(lab), buckets, total)
+            yield fam
+        summary = self._ring_summary()["detail"]
+        yield GaugeMetricFamily(PREFIX + "perf_ring_records", GAUGES["perf_ring_records"],
+                                value=summary["ring"])
+        pp = GaugeMetricFamily(PREFIX + "prompt_speed_median_tokens_per_second",
+                               GAUGES["prompt_speed_median_tokens_per_second"], labels=["depth"])
+        tg = GaugeMetricFamily(PREFIX + "generation_speed_median_tokens_per_second",
+                               GAUGES["generation_speed_median_tokens_per_second"], labels=["depth"])
+        for row in summary["speeds_by_depth"]:
+            if row["prompt_tps_median"] is not None:
+                pp.add_metric([row["depth"]], row["prompt_tps_median"])
+            if row["gen_tps_median"] is not None:
+                tg.add_metric([row["depth"]], row["gen_tps_median"])
+        yield pp
+        yield tg
+        hit = GaugeMetricFamily(PREFIX + "cache_hit_ratio", GAUGES["cache_hit_ratio"],
+                                labels=["kind"])
+        for kind, row in sorted(summary["by_kind"].items()):
+            if row["hit_rate"] is not None:
+                hit.add_metric([kind], row["hit_rate"])
+        yield hit
+        yield GaugeMetricFamily(PREFIX + "cache_ram_advice_events",
+                                GAUGES["cache_ram_advice_events"],
+                                value=summary["cache_ram"]["count"])
+        yield GaugeMetricFamily(PREFIX + "perf_rejected_records", GAUGES["perf_rejected_records"],
+                                value=self._rejected())
+

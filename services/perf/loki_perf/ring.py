@@ -1,0 +1,404 @@
+"""The ring of the last completion records, loss analysis, summary and CACHE_RAM advice.
+
+The ring holds at most ``capacity`` (5000) decoded :class:`~loki_perf.decode.Entry` objects in
+stream order. Aggregates are kept incrementally (added on insert, subtracted on eviction) so a
+summary over a full ring costs a few sorts, not a pass over 5000 records.
+
+Loss rules (``tests/perf/test_ring.py`` names one test per rule):
+
+1. A completion is compared with the previous completion of the same conversation and the same
+   kind (``prev``); records without a conversation are never compared.
+2. Never after a cut stream: when ``prev.cut`` is true (or unknown) nothing is flagged.
+3. Records of an external preset are kept but never flagged: an external API's cache follows
+   its own rules.
+4. When this request's fingerprints strictly extend ``prev``'s (``prev``'s list is a proper
+   prefix), ``loss = prev.total − reused`` with ``prev.total = prompt_n + cache_n +
+   predicted_n`` and ``reused`` = this ``cache_n`` (+1 on a full hit). It is flagged as a
+   ``loss`` when it exceeds ``loss_min_tokens`` (the last generated token is never in the
+   slot and the reply may re-tokenise differently when sent back, so a few tokens are normal).
+5. When the fingerprints do not strictly extend (and are not identical), a ``divergence`` is
+   flagged with the index and role of the first message whose fingerprint differs.
+6. What ran on the engine in between (records after ``prev`` in stream order, other than
+   external ones and, when both slots are known, ones on another slot) is named in ``between``;
+   the cause of a loss is the category of the last of them, ``none`` if there was none.
+7. CACHE_RAM advice: a ``main`` completion of a local preset that strictly extends its previous
+   one after something else ran in between, and whose ``cached_tokens`` (else ``cache_n``) is
+   under half its prompt, is an advice event (the supervisor advises raising CACHE_RAM once).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from loki_shared.fingerprint import common_prefix
+
+from .decode import CAUSES, DEPTH_BOUNDS, DEPTH_NAMES, KINDS, UNKNOWN_KIND, Entry, Loss, category
+
+_ALL_KINDS = (*KINDS, UNKNOWN_KIND)
+
+
+@dataclass(slots=True)
+class KindAgg:
+    """Running sums over the ring for one kind (unknown figures are not counted)."""
+
+    completions: int = 0
+    with_cache: int = 0  # completions whose cache figures are known
+    prompt_n: int = 0  # Σ tokens prefilled (raw prompt_n, usage fallback)
+    cache_n: int = 0  # Σ tokens reused (raw cache_n, usage fallback)
+    prompt_tokens: int = 0  # Σ N = cache_n + prompt_n
+    eff_cached: int = 0
+    recomputed: int = 0
+    full_hits: int = 0
+    generated: int = 0
+    draft_n: int = 0
+    draft_accepted: int = 0
+    cut: int = 0
+    losses: int = 0
+    tokens_lost: int = 0
+    divergences: int = 0
+
+    def apply(self, e: Entry, sign: int) -> None:
+        """Add (``sign`` = 1) or remove (``sign`` = -1) ``e``'s figures."""
+        self.completions += sign
+        if e.cached is not None and e.computed is not None:
+            self.with_cache += sign
+            self.prompt_n += sign * e.computed
+            self.cache_n += sign * e.cached
+            self.prompt_tokens += sign * e.depth
+            self.eff_cached += sign * e.eff_cached
+            self.recomputed += sign * e.recomputed
+            if e.full_hit:
+                self.full_hits += sign
+        if e.generated is not None:
+            self.generated += sign * e.generated
+        if e.draft_n is not None and e.draft_n_accepted is not None:
+            self.draft_n += sign * e.draft_n
+            self.draft_accepted += sign * e.draft_n_accepted
+        if e.cut is not False:
+            self.cut += sign
+        if e.loss is not None:
+            if e.loss.type == "loss":
+                self.losses += sign
+                self.tokens_lost += sign * (e.loss.tokens or 0)
+            else:
+                self.divergences += sign
+
+    def as_dict(self) -> dict[str, Any]:
+        """Figures for the summary, with ratios (None when undefined)."""
+        return {
+            "completions": self.completions,
+            "with_cache_figures": self.with_cache,
+            "prompt_n": self.prompt_n,
+            "cache_n": self.cache_n,
+            "prompt_tokens": self.prompt_tokens,
+            "recomputed": self.recomputed,
+            "full_hits": self.full_hits,
+            "hit_rate": _ratio(self.eff_cached, self.prompt_tokens),
+            "recomputed_per_completion": _ratio(self.recomputed, self.with_cache),
+            "generated": self.generated,
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_accepted,
+            "draft_acceptance": _ratio(self.draft_accepted, self.draft_n),
+            "cut": self.cut,
+            "losses": self.losses,
+            "tokens_lost": self.tokens_lost,
+            "divergences": self.divergences,
+        }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _median(values) -> float | None:
+    return statistics.median(values) if values else None
+
+
+class Ring:
+    """The last ``capacity`` records, with loss analysis done once, on insertion.
+
+    Args:
+        capacity: records kept (the JetStream stream keeps the same number).
+        loss_min_tokens: a strict extension losing at most this many tokens is not a loss.
+        scan_limit: at most this many records are read back to name what ran in between.
+        key_limit: at most this many (conversation, kind) keys are remembered for comparison.
+
+    Not thread-safe: one task inserts; readers run on the same event loop.
+    """
+
+    def __init__(
+        self,
+        capacity: int = 5000,
+        loss_min_tokens: int = 8,
+        scan_limit: int = 256,
+        key_limit: int = 20000,
+    ) -> None:
+        self.capacity = capacity
+        self.loss_min_tokens = loss_min_tokens
+        self.scan_limit = scan_limit
+        self.key_limit = key_limit
+        self.entries: deque[Entry] = deque()
+        self._last: dict[tuple[str, str], Entry] = {}
+        self._aggs: dict[str, KindAgg] = {k: KindAgg() for k in _ALL_KINDS}
+        self._causes: dict[str, list[int]] = {c: [0, 0] for c in CAUSES}  # count, tokens
+        self._pp: list[deque[float]] = [deque() for _ in DEPTH_NAMES]
+        self._tg: list[deque[float]] = [deque() for _ in DEPTH_NAMES]
+        self._ttft: dict[str, deque[float]] = {k: deque() for k in _ALL_KINDS}
+        self._losses: deque[Entry] = deque()
+        self._advice: deque[Entry] = deque()
+        self.advice_total = 0  # advice events seen by this process (not only in the ring)
+        self.last_seq = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # --- insertion ---------------------------------------------------------------------------
+    def add(self, e: Entry) -> Entry:
+        """Analyse ``e`` against the ring (rules in the module docstring), insert it, evict
+        the oldest record beyond capacity, and return ``e`` (with ``loss``/``advice`` set)."""
+        self._analyse(e)
+        self.entries.append(e)
+        self.last_seq = e.seq
+        self._account(e, 1)
+        if len(self.entries) > self.capacity:
+            self._account(self.entries.popleft(), -1)
+        return e
+
+    def _account(self, e: Entry, sign: int) -> None:
+        self._aggs[e.kind].apply(e, sign)
+        if e.loss is not None:
+            c = self._causes[e.loss.cause]
+            c[0] += sign
+            c[1] += sign * (e.loss.tokens or 0)
+        local = not e.external
+        if sign > 0:
+            if local and e.bucket is not None:
+                if e.pp_tps is not None:
+                    self._pp[e.bucket].append(e.pp_tps)
+                if e.tg_tps is not None:
+                    self._tg[e.bucket].append(e.tg_tps)
+            if e.ttft_ms is not None:
+                self._ttft[e.kind].append(e.ttft_ms)
+            if e.loss is not None:
+                self._losses.append(e)
+            if e.advice is not None:
+                self._advice.append(e)
+        else:
+            # The ring is FIFO, so an evicted record is also the oldest of each side queue.
+            if local and e.bucket is not None:
+                if e.pp_tps is not None:
+                    self._pp[e.bucket].popleft()
+                if e.tg_tps is not None:
+                    self._tg[e.bucket].popleft()
+            if e.ttft_ms is not None:
+                self._ttft[e.kind].popleft()
+            if self._losses and self._losses[0] is e:
+                self._losses.popleft()
+            if self._advice and self._advice[0] is e:
+                self._advice.popleft()
+
+    def _analyse(self, e: Entry) -> None:
+        if e.conversation is None:
+            return
+        key = (e.conversation, e.kind)
+        prev = self._last.pop(key, None)
+        self._last[key] = e
+        if len(self._last) > self.key_limit:
+            del self._last[next(iter(self._last))]
+        if prev is None or e.external or prev.external:
+            return
+        if prev.cut is not False:
+            return  # never after a cut stream: the slot's content is unknown
+        if e.fingerprints is None or prev.fingerprints is None:
+            return
+        pf, cf = prev.fingerprints, e.fingerprints
+        shared = common_prefix(pf, cf)
+        extends = shared == len(pf) and len(cf) > len(pf)
+        identical = shared == len(pf) == len(cf)
+        if identical:
+            return
+        prev_total = prev.total
+        tokens = None
+        if prev_total is not None and e.eff_cached is not None:
+            tokens = max(0, prev_total - e.eff_cached)
+        between, truncated = self._between(e, prev)
+        if extends:
+            e.loss_tokens = tokens
+            if between and e.kind == "main":
+                self._maybe_advise(e, between)
+            if tokens is None or tokens <= self.loss_min_tokens:
+                return
+            cause = category(between[-1]["kind"]) if between else "none"
+            e.loss = Loss("loss", cause, tokens, prev.seq, prev_total,
+                          between=_group(between), between_truncated=truncated)
+        else:
+            role = None
+            if shared < len(cf) and e.roles is not None and shared < len(e.roles):
+                role = e.roles[shared]
+            e.loss = Loss("divergence", "divergence", tokens, prev.seq, prev_total,
+                          index=shared, role=role,
+                          between=_group(between), between_truncated=truncated)
+
+    def _between(self, e: Entry, prev: Entry) -> tuple[list[dict[str, Any]], bool]:
+        """Records that ran on the engine after ``prev`` (oldest first), at most scan_limit."""
+        out: list[dict[str, Any]] = []
+        scanned = 0
+        truncated = False
+        for other in reversed(self.entries):
+            if other.seq <= prev.seq:
+                break
+            scanned += 1
+            if scanned > self.scan_limit:
+                truncated = True
+                break
+            if other.external:
+                continue
+            if e.slot is not None and other.slot is not None and other.slot != e.slot:
+                continue
+            out.append({"kind": other.kind, "conversation": other.conversation, "seq": other.seq})
+        out.reverse()
+        return out, truncated
+
+    def _maybe_advise(self, e: Entry, between: list[dict[str, Any]]) -> None:
+        cached = e.cached_tokens if e.cached_tokens is not None else e.cached
+        prompt = e.prompt_tokens if e.prompt_tokens is not None else e.depth
+        if cached is None or not prompt:
+            return
+        if e.full_hit:
+            cached += 1
+        if cached * 2 < prompt:
+            e.advice = {
+                "seq": e.seq,
+                "ts": e.ts,
+                "conversation": e.conversation,
+                "cached_tokens": cached,
+                "prompt_tokens": prompt,
+                "between": _group(between),
+            }
+            self.advice_total += 1
+
+    # --- reading -----------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Aggregates over the ring (shape documented in docs/behaviour/perf.md).
+
+        Top level: ``completions``, ``prompt_n`` and ``cache_n`` (sums over the records whose
+        cache figures are known) and ``detail`` (hit rate, per kind, speeds by depth, draft
+        acceptance, losses by cause, CACHE_RAM advice).
+        """
+        total = KindAgg()
+        for agg in self._aggs.values():
+            for name in KindAgg.__slots__:
+                setattr(total, name, getattr(total, name) + getattr(agg, name))
+        by_kind = {k: a.as_dict() for k, a in self._aggs.items() if a.completions}
+        main = self._aggs["main"]
+        speeds = []
+        for i, name in enumerate(DEPTH_NAMES):
+            pp, tg = self._pp[i], self._tg[i]
+            if not pp and not tg:
+                continue
+            speeds.append({
+                "depth": name,
+                "max_tokens": DEPTH_BOUNDS[i] if i < len(DEPTH_BOUNDS) else None,
+                "n_prompt": len(pp),
+                "n_gen": len(tg),
+                "prompt_tps_median": _median(pp),
+                "gen_tps_median": _median(tg),
+            })
+        all_ttft = [v for q in self._ttft.values() for v in list(q)]
+        overall = total.as_dict()
+        detail = {
+            "ring": len(self.entries),
+            "capacity": self.capacity,
+            "last_seq": self.last_seq,
+            "hit_rate": overall["hit_rate"],
+            "full_hits": total.full_hits,
+            "with_cache_figures": total.with_cache,
+            "unknown_cache_figures": total.completions - total.with_cache,
+            "recomputed": total.recomputed,
+            "recomputed_per_completion": overall["recomputed_per_completion"],
+            "recomputed_per_turn": _ratio(main.recomputed, main.with_cache),
+            "generated": total.generated,
+            "draft": {
+                "draft_n": total.draft_n,
+                "draft_n_accepted": total.draft_accepted,
+                "acceptance": overall["draft_acceptance"],
+            },
+            "cut": total.cut,
+            "ttft_ms_median": _median(all_ttft),
+            "by_kind": by_kind,
+            "speeds_by_depth": speeds,
+            "losses_by_cause": {
+                c: {"count": v[0], "tokens": v[1]} for c, v in self._causes.items() if v[0]
+            },
+            "loss_min_tokens": self.loss_min_tokens,
+            "cache_ram": self.advice(),
+        }
+        return {
+            "completions": total.completions,
+            "prompt_n": total.prompt_n,
+            "cache_n": total.cache_n,
+            "detail": detail,
+        }
+
+    def losses(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The most recent flagged losses and divergences, newest first."""
+        out = []
+        for e in reversed(self._losses):
+            if len(out) >= limit:
+                break
+            out.append(loss_view(e))
+        return out
+
+    def advice(self, since_seq: int = 0) -> dict[str, Any]:
+        """CACHE_RAM advice events in the ring after ``since_seq``: ``advise`` is true when
+        there is at least one; ``events`` newest last (at most 20)."""
+        events = [e.advice for e in self._advice if e.seq > since_seq]
+        return {
+            "advise": bool(events),
+            "count": len(events),
+            "events": events[-20:],
+            "last_seq": self.last_seq,
+        }
+
+
+def loss_view(e: Entry) -> dict[str, Any]:
+    """The JSON view of a flagged record's loss (an element of ``LossesReply.losses``)."""
+    loss = e.loss
+    assert loss is not None
+    return {
+        "seq": e.seq,
+        "ts": e.ts,
+        "conversation": e.conversation,
+        "kind": e.kind,
+        "model": e.model,
+        "type": loss.type,
+        "cause": loss.cause,
+        "tokens": loss.tokens,
+        "prev_seq": loss.prev_seq,
+        "prev_total": loss.prev_total,
+        "cache_n": e.cached,
+        "prompt_n": e.computed,
+        "index": loss.index,
+        "role": loss.role,
+        "between": loss.between,
+        "between_truncated": loss.between_truncated,
+    }
+
+
+def _group(between: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Collapse consecutive runs of the same (kind, conversation) into one item with a count."""
+    out: list[dict[str, Any]] = []
+    for item in between:
+        if out and out[-1]["kind"] == item["kind"] and out[-1]["conversation"] == item["conversation"]:
+            out[-1]["count"] += 1
+        else:
+            out.append({
+                "kind": item["kind"],
+                "cause": category(item["kind"]),
+                "conversation": item["conversation"],
+                "count": 1,
+            })
+    return out
