@@ -1,4 +1,10 @@
-"""Messages of the recall service (``loki.recall.*``)."""
+"""Messages of the recall service (``loki.recall.*``).
+
+Error replies (``error.type``): ``locked`` (archive refused: the memory is encrypted and
+locked, so the block could not be sealed with the memory key), ``invalid_request`` (unknown
+tool name), ``unavailable`` (Redis not reachable), ``internal``. The tool texts themselves are
+never errors: a bad argument gives an ``[error] ...`` text the model reads.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,9 @@ from .base import Msg, Reply
 
 
 class ArchiveRequest(Msg):
-    """``loki.recall.archive``: store ``content`` verbatim (empty allowed)."""
+    """``loki.recall.archive``: store ``content`` verbatim (empty allowed). ``label`` is built
+    by the caller with :func:`loki_shared.recall_label.recall_label`; an empty label is built
+    by the recall service with the same rule."""
 
     label: str
     role: str
@@ -66,10 +74,17 @@ class BlockReply(Reply):
 
 
 class BlocksRequest(Msg):
-    """``loki.recall.blocks``."""
+    """``loki.recall.blocks``: readable blocks with ``seq > after``, in increasing seq, one
+    page of at most about ``max_bytes`` of JSON (at least one block; NATS payloads are
+    limited to 1 MiB by default)."""
+
+    after: int = 0
+    max_bytes: int = 512_000
 
 
 class BlocksReply(Reply):
-    """Every readable block, in increasing seq."""
+    """One page of readable blocks, in increasing seq. ``next_after`` is the ``after`` of the
+    next page, or None when this page ends the list (every readable block is then listed)."""
 
     blocks: list[Block] = Field(default_factory=list)
+    next_after: int | None = None

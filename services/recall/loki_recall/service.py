@@ -1,0 +1,198 @@
+"""The recall service: NATS handlers (FastStream) over an :class:`~loki_recall.archive.Archive`.
+
+Subjects served (queue group ``recall``): ``loki.recall.archive``, ``loki.recall.tool``,
+``loki.recall.block``, ``loki.recall.blocks``. Subscribed by every instance:
+``loki.memory.key`` (the gateway hands over or withdraws the memory key). At start the
+service reads the whole archive from Redis (building the search index) *before* it subscribes,
+so it never answers from a partial index, then asks ``loki.memory.status`` for the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import time
+
+from faststream.nats import NatsBroker
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from loki_shared import subjects
+from loki_shared.memkey import KDF_REDIS_KEY, BadKdf, KdfParams
+from loki_shared.messages.base import ErrorInfo
+from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply, MemoryStatusRequest
+from loki_shared.messages.recall import (
+    ArchiveReply,
+    ArchiveRequest,
+    BlockReply,
+    BlockRequest,
+    BlocksReply,
+    BlocksRequest,
+    ToolReply,
+    ToolRequest,
+)
+from loki_shared.messages.events import ArchiveEvent
+from loki_shared.nats import make_broker
+from loki_shared.sealing import service_sealer
+
+from . import tools
+from .archive import Archive
+from .errors import RecallError, StoreUnavailable, UnknownTool
+from .settings import Settings
+
+log = logging.getLogger("loki.recall")
+
+
+def _error(exc: Exception) -> ErrorInfo:
+    if isinstance(exc, RecallError):
+        return ErrorInfo(type=exc.type, message=str(exc))
+    log.exception("internal error")
+    return ErrorInfo(type="internal", message=f"{type(exc).__name__}: {exc}")
+
+
+class RecallService:
+    """One recall service instance.
+
+    Use ``await start()`` then ``await stop()``; :attr:`archive` is the archive it serves.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        secret = settings.secret_key.get_secret_value() if settings.secret_key else None
+        self.redis = Redis.from_url(settings.redis_url)
+        self.archive = Archive(self.redis, service_sealer(settings.home, secret))
+        self.broker: NatsBroker = make_broker(settings.nats_url, "recall")
+        self._memory_key_id: str | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._register()
+
+    # --- handlers --------------------------------------------------------------------------
+    def _register(self) -> None:
+        broker, archive = self.broker, self.archive
+        workers = self.settings.recall_workers
+        q = subjects.QUEUE_RECALL
+
+        @broker.subscriber(subjects.RECALL_ARCHIVE, queue=q, max_workers=workers)
+        async def on_archive(req: ArchiveRequest) -> ArchiveReply:
+            try:
+                block = await archive.archive(req)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply
+                return ArchiveReply(error=_error(exc))
+            try:
+                await broker.publish(
+                    ArchiveEvent(id=block.id, seq=block.seq, conversation=block.conversation,
+                                 ts=block.created),
+                    subjects.EVENTS_ARCHIVE,
+                )
+            except Exception as exc:  # noqa: BLE001 - audit is best effort
+                log.warning("archive event not published: %s", exc)
+            return ArchiveReply(id=block.id, seq=block.seq)
+
+        @broker.subscriber(subjects.RECALL_TOOL, queue=q, max_workers=workers)
+        async def on_tool(req: ToolRequest) -> ToolReply:
+            try:
+                if req.name == tools.RECALL:
+                    text = await tools.recall(req.arguments, archive)
+                elif req.name == tools.RECALL_SEARCH:
+                    text = await tools.recall_search(req.arguments, archive)
+                else:
+                    raise UnknownTool(f"unknown tool {req.name!r}")
+            except Exception as exc:  # noqa: BLE001
+                return ToolReply(error=_error(exc))
+            return ToolReply(text=text)
+
+        @broker.subscriber(subjects.RECALL_BLOCK, queue=q, max_workers=workers)
+        async def on_block(req: BlockRequest) -> BlockReply:
+            try:
+                return BlockReply(block=await archive.get(req.seq))
+            except Exception as exc:  # noqa: BLE001
+                return BlockReply(error=_error(exc))
+
+        @broker.subscriber(subjects.RECALL_BLOCKS, queue=q, max_workers=workers)
+        async def on_blocks(req: BlocksRequest) -> BlocksReply:
+            try:
+                blocks, next_after = await archive.page(req.after, max(req.max_bytes, 1))
+            except Exception as exc:  # noqa: BLE001
+                return BlocksReply(error=_error(exc))
+            return BlocksReply(blocks=blocks, next_after=next_after)
+
+        @broker.subscriber(subjects.MEMORY_KEY)
+        async def on_memory_key(event: MemoryKeyEvent) -> None:
+            await self.apply_memory(event.state, event.key_b64)
+
+    # --- memory key ------------------------------------------------------------------------
+    async def apply_memory(self, state: str, key_b64: str | None) -> None:
+        """Take the memory state the gateway reports: hold the key when ``unlocked`` (after
+        checking it against the stored check value), forget it otherwise. The key is never
+        logged."""
+        key: bytes | None = None
+        if state == "unlocked" and key_b64:
+            try:
+                key = base64.b64decode(key_b64, validate=True)
+                raw = await self.redis.get(KDF_REDIS_KEY)
+                if raw is None or not KdfParams.from_json(raw).verify(key):
+                    log.warning("memory key refused: it does not match the stored check value")
+                    key = None
+            except (binascii.Error, BadKdf, RedisError) as exc:
+                log.warning("memory key refused: %s", type(exc).__name__)
+                key = None
+            if key is None:
+                return
+        from loki_shared.memkey import key_id
+
+        new_id = key_id(key) if key is not None else None
+        if new_id == self._memory_key_id:
+            return
+        self._memory_key_id = new_id
+        await self.archive.set_memory_key(key)
+        log.info("memory %s", "unlocked" if key is not None else state)
+
+    async def _ask_memory(self) -> None:
+        try:
+            msg = await self.broker.request(
+                MemoryStatusRequest(), subjects.MEMORY_STATUS, timeout=2.0
+            )
+            reply = MemoryStatusReply.model_validate_json(msg.body)
+        except Exception as exc:  # noqa: BLE001 - gateway absent: keep the current state
+            log.debug("memory status unknown: %s", type(exc).__name__)
+            return
+        if reply.error is None:
+            await self.apply_memory(reply.state, reply.key_b64)
+
+    async def _poll_memory(self) -> None:
+        while True:
+            await self._ask_memory()
+            await asyncio.sleep(self.settings.recall_memory_poll_s)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the archive, then serve.
+
+        Waits (retrying every second) while Redis does not answer.
+        """
+        t0 = time.monotonic()
+        while True:
+            try:
+                await self.archive.load()
+                break
+            except StoreUnavailable as exc:  # Redis not up yet: wait for it
+                log.warning("archive not loaded (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+        stats = self.archive.stats()
+        log.info(
+            "archive loaded: %d blocks, %d words, %.1f s",
+            stats["blocks"], stats["vocabulary"], time.monotonic() - t0,
+        )
+        await self.broker.start()
+        self._poller = asyncio.create_task(self._poll_memory())
+        log.info("recall service serving")
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+        await self.archive.set_memory_key(None)
+        await self.broker.stop()
+        await self.redis.aclose()
