@@ -21,6 +21,7 @@ CHAT_REPLAY = "loki.chat.replay"  # ReplayRequest -> ReplayReply
 CHAT_CONVERSATIONS = "loki.chat.conversations"  # ConversationsRequest -> ConversationsReply
 CHAT_EVENTS_PREFIX = "loki.chat.events"  # + ".<conversation>": ChatEvent, live display events
 CHAT_EVENTS_ALL = "loki.chat.events.*"
+CHAT_INSTANCE_PREFIX = "loki.chat.instance"  # + ".<instance>": ForwardRequest -> reply (owner)
 
 
 def chat_events(conversation: str) -> str:
@@ -33,6 +34,18 @@ def chat_events(conversation: str) -> str:
     if not conversation or any(c in conversation for c in ".*> \t\r\n"):
         raise ValueError(f"conversation id {conversation!r} is not a valid subject token")
     return f"{CHAT_EVENTS_PREFIX}.{conversation}"
+
+
+def chat_instance(instance: str) -> str:
+    """Subject where chat instance ``instance`` serves requests other instances forward to it
+    for the conversations it owns (``loki.chat.instance.<id>``, no queue group).
+
+    Raises:
+        ValueError: the id is empty or holds ``.``, ``*``, ``>`` or white space.
+    """
+    if not instance or any(c in instance for c in ".*> \t\r\n"):
+        raise ValueError(f"instance id {instance!r} is not a valid subject token")
+    return f"{CHAT_INSTANCE_PREFIX}.{instance}"
 
 
 # --- recall service (queue group QUEUE_RECALL) ---------------------------------------------

@@ -58,14 +58,33 @@ class ChatMessage(Msg):
 
 class ChatEvent(Msg):
     """One entry of a conversation's display log, also published live on
-    ``loki.chat.events.<conversation>``.
+    ``loki.chat.events.<conversation>`` (the same object is stored and published, so replay
+    and live events never gap nor repeat: a client subscribes first, replays after its last
+    seq, and drops seqs it already has).
 
-    ``seq`` starts at 1 and increases by one per event of the conversation; it is the SSE
-    ``id``. ``ts`` is a Unix time in seconds. ``delta`` holds OpenAI delta keys
-    (``role``, ``content``, ``reasoning_content``, ``tool_calls``) or, for a tool result,
-    ``{"role": "tool", "tool_call_id", "name", "content"}``. ``finish_reason``, ``usage``
-    and ``timings`` are set on the end-of-turn event. ``loki`` carries Loki's own event marks
-    (``{"event": "turn_start" | "turn_end" | "compaction" | "error" | "stopped" | ...}``).
+    ``seq`` starts at 1 and increases by one per event of the conversation (a reset empties
+    the log, seq goes on); it is the SSE ``id``. ``ts`` is a Unix time in seconds.
+
+    Shapes (``delta`` uses OpenAI delta keys; ``loki.event`` names Loki's own events):
+
+    - user message: ``delta={"role": "user", "content": text}``, ``loki={"event": "user"}``;
+    - reminder Loki injected: ``delta={"role": "user", "content": text}`` when stored (or
+      ``{}`` when sent once at the end of the user's message), ``loki={"event": "reminder",
+      "injected": "budget" | "act", "stored": bool}``;
+    - assistant deltas: ``delta`` with ``content``, ``reasoning_content`` and/or
+      ``tool_calls`` (``[{"index", "id"?, "type"?, "function": {"name"?, "arguments"?}}]``,
+      fragments as streamed); the first delta of each completion step also carries
+      ``"role": "assistant"``; ``loki`` is None;
+    - tool result: ``delta={"role": "tool", "tool_call_id", "name", "content"}`` with the
+      WHOLE result (the model's view may be cut), ``loki={"event": "tool_result"}``;
+    - end of turn: ``delta={}``, ``finish_reason`` (``stop``, ``length``, ``stopped``,
+      ``error``, ``step_budget``), ``usage`` and ``timings`` of the turn's last completion,
+      ``loki={"event": "turn_end", "steps", "ctx_used", "stopped"?, "error"?,
+      "interrupted"?}``;
+    - others (``delta={}``): ``loki.event`` = ``"retry"`` (``attempt``, ``delay_s``,
+      ``reason``), ``"stopped"`` / ``"error"`` (the step's partial reply was kept and marked;
+      ``message``), ``"discarded"`` (an answer replaced by a replay), ``"reset"``, and the
+      compaction markers the compaction policy adds.
     """
 
     conversation: str
@@ -92,6 +111,15 @@ class ChatEvent(Msg):
         if self.loki is not None:
             data["loki"] = self.loki
         return data
+
+
+class ForwardRequest(Msg):
+    """``loki.chat.instance.<id>``: a request another chat instance forwards to the owner of
+    a conversation. ``op`` is ``send``, ``control``, ``state``, ``replay`` or
+    ``conversations``; ``payload`` the original request; the reply is the op's reply."""
+
+    op: str
+    payload: dict[str, Any] = Field(default_factory=dict)
 
 
 class SendRequest(Msg):

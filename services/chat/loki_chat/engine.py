@@ -1,0 +1,202 @@
+"""One streamed completion against the engine, with network retries and stop.
+
+Rule (network retries): while no byte of the response has been streamed, a failed
+connection or an HTTP 429, 502, 503 or 504 is retried up to three times after 0.8 s, 1.6 s
+and 3.2 s (``Settings.retry_delays``); the pauses are interrupted by a stop. Once a byte of a
+200 response arrived, nothing is ever retried (the user already saw it). HTTP 500 is not
+retried here: llama.cpp answers 500 to deterministic failures (unparsable tool call,
+template error, prompt too long) that the turn loop handles itself. The count is per
+request, so it restarts once a response arrives.
+
+Stop closes the upstream HTTP request (the ``async with`` of the stream exits), which makes
+llama-server cancel the task and free the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .errors import EngineHTTPError, EngineUnreachable, StepError, StreamError
+from .stream import DONE, SSEDecoder, StepAccumulator, StreamErrorPayload
+
+log = logging.getLogger("loki.chat.engine")
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+DeltaSink = Callable[[list[dict[str, Any]]], Awaitable[None]]
+RetrySink = Callable[[int, float, str], Awaitable[None]]
+
+
+@dataclass
+class StepResult:
+    """The outcome of one completion request.
+
+    ``ttft_ms``: milliseconds from sending to the first delta of any type; ``total_ms``:
+    to the end of the stream. ``cut``: the stream started but did not end with ``[DONE]``
+    (or carried an error). ``error`` is set when the step failed, ``stopped`` when a stop
+    closed it; ``acc`` holds whatever was received (partial on error or stop).
+    """
+
+    acc: StepAccumulator = field(default_factory=StepAccumulator)
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    cut: bool = False
+    stopped: bool = False
+    error: StepError | None = None
+    attempts: int = 0
+    responded: bool = False
+
+
+class EngineClient:
+    """Streams ``POST {base_url}/v1/chat/completions`` with an exact body.
+
+    Args:
+        http: a shared ``httpx.AsyncClient``.
+        retry_delays: pauses in seconds before each retry (rule above).
+        read_timeout_s: longest silence inside a stream before it counts as broken.
+    """
+
+    def __init__(self, http: httpx.AsyncClient, retry_delays: list[float],
+                 read_timeout_s: float = 600.0) -> None:
+        self.http = http
+        self.retry_delays = list(retry_delays)
+        self.timeout = httpx.Timeout(connect=10.0, read=read_timeout_s, write=30.0, pool=10.0)
+
+    async def stream(self, base_url: str, body: bytes, *, api_key: str | None,
+                     stop: asyncio.Event, on_delta: DeltaSink,
+                     on_retry: RetrySink | None = None) -> StepResult:
+        """Send ``body`` (canonical JSON bytes) and stream the answer.
+
+        ``on_delta`` receives the display deltas of each chunk (see
+        :meth:`StepAccumulator.apply`). Never raises for engine trouble: the result's
+        ``error`` says what failed; ``stopped`` is set when ``stop`` fired first.
+        """
+        result = StepResult()
+        task = asyncio.create_task(
+            self._run(base_url, body, api_key, result, on_delta, on_retry)
+        )
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if task not in done:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                result.stopped = True
+                result.cut = result.responded
+            else:
+                task.result()
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            stopper.cancel()
+        return result
+
+    async def _run(self, base_url: str, body: bytes, api_key: str | None, result: StepResult,
+                   on_delta: DeltaSink, on_retry: RetrySink | None) -> None:
+        url = base_url.rstrip("/") + "/v1/chat/completions"
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        attempt = 0
+        t0 = time.monotonic()
+        while True:
+            result.attempts = attempt + 1
+            t0 = time.monotonic()
+            reason = ""
+            try:
+                async with self.http.stream("POST", url, content=body, headers=headers,
+                                            timeout=self.timeout) as resp:
+                    if resp.status_code != 200:
+                        text = (await resp.aread()).decode("utf-8", "replace")
+                        if resp.status_code in RETRY_STATUSES and attempt < len(self.retry_delays):
+                            reason = f"HTTP {resp.status_code}"
+                        else:
+                            result.error = EngineHTTPError(
+                                f"engine answered HTTP {resp.status_code}: {text[:300]}",
+                                status=resp.status_code, body=text)
+                            return
+                    else:
+                        await self._consume(resp, result, on_delta, t0)
+                        return
+            except httpx.TransportError as exc:
+                if result.responded:
+                    result.cut = True
+                    result.error = StreamError(f"stream broken: {exc!r}")
+                    result.total_ms = (time.monotonic() - t0) * 1000
+                    return
+                if attempt < len(self.retry_delays):
+                    reason = f"{type(exc).__name__}"
+                else:
+                    result.error = EngineUnreachable(f"engine unreachable: {exc!r}")
+                    return
+            delay = self.retry_delays[attempt]
+            attempt += 1
+            log.warning("engine request failed before the first byte (%s); retry %d in %.1f s",
+                        reason, attempt, delay)
+            if on_retry is not None:
+                await on_retry(attempt, delay, reason)
+            await asyncio.sleep(delay)
+
+    async def _consume(self, resp: httpx.Response, result: StepResult, on_delta: DeltaSink,
+                       t0: float) -> None:
+        decoder = SSEDecoder()
+        acc = result.acc
+        async for data in resp.aiter_bytes():
+            if not data:
+                continue
+            result.responded = True
+            for payload in decoder.feed(data):
+                done, deltas = self._handle(payload, result, t0)
+                if deltas:
+                    await on_delta(deltas)
+                if done:
+                    acc.done = True
+                    break
+                if result.error is not None:
+                    return
+            if acc.done or result.error is not None:
+                break
+        if not acc.done and result.error is None:
+            for payload in decoder.flush():
+                done, deltas = self._handle(payload, result, t0)
+                if deltas:
+                    await on_delta(deltas)
+                acc.done = acc.done or done
+        result.total_ms = (time.monotonic() - t0) * 1000
+        if result.error is None and not acc.done:
+            result.cut = True
+            result.error = StreamError("the stream ended without data: [DONE]")
+
+    def _handle(self, payload: str, result: StepResult,
+                t0: float) -> tuple[bool, list[dict[str, Any]]]:
+        """Apply one SSE data payload; return (``[DONE]`` seen, display deltas)."""
+        if payload.strip() == DONE:
+            return True, []
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            log.warning("undecodable SSE data ignored: %.120r", payload)
+            return False, []
+        try:
+            deltas = result.acc.apply(obj)
+        except StreamErrorPayload as exc:
+            result.cut = True
+            result.total_ms = (time.monotonic() - t0) * 1000
+            result.error = StreamError(f"engine error mid-stream: {exc}",
+                                       body=json.dumps(exc.error, ensure_ascii=False))
+            return False, []
+        if deltas and result.ttft_ms is None:
+            result.ttft_ms = (time.monotonic() - t0) * 1000
+        return False, deltas

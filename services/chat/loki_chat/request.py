@@ -1,0 +1,115 @@
+"""Building the exact request sent to the engine.
+
+Rules:
+
+- OpenAI ``/v1/chat/completions`` body with ``stream: true`` and
+  ``stream_options: {"include_usage": true}`` (llama-server then sends a final chunk with
+  ``usage`` and ``timings``).
+- Serialised with :func:`loki_shared.canonical.canonical_json`: the same conversation state
+  always gives the same bytes (prefix stability, the basis of llama.cpp's prompt-cache reuse);
+  nothing volatile (clock, ids made per request) is added anywhere.
+- llama.cpp-only fields (``id_slot``, ``chat_template_kwargs``, ``top_k``, ``min_p``) go to a
+  local llama-server only; a strict external OpenAI-compatible API answers 400 to unknown
+  fields.
+- Loki's marks (``loki``, ``reasoning_model``) never leave the service. ``reasoning_content``
+  is sent back only with ``REASONING_ECHO``, to the model that wrote it, on the local engine,
+  and only on a message with text or tool calls.
+- What is sent never holds two consecutive ``user`` messages (strict-alternation templates
+  reject them): consecutive ones are merged into one, and an ephemeral instruction is put at
+  the end of the last message instead of after it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loki_shared.canonical import canonical_json
+from loki_shared.messages.chat import ChatMessage
+from loki_shared.messages.engine import Lease
+
+from .settings import Settings
+
+
+def wire_messages(system_prompt: str, messages: list[ChatMessage], *,
+                  echo_model: str | None = None, suffix: str | None = None,
+                  ) -> list[dict[str, Any]]:
+    """The ``messages`` array sent to the engine.
+
+    Args:
+        system_prompt: the fixed system message (first).
+        messages: the model view (without the system message).
+        echo_model: send ``reasoning_content`` back on messages written by this model (None:
+            never).
+        suffix: an ephemeral instruction appended to the last message's text (never stored).
+    """
+    out: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}]
+    for message in messages:
+        item: dict[str, Any] = {"role": message.role}
+        if message.role == "assistant":
+            item["content"] = message.content if message.content is not None else ""
+            if message.tool_calls:
+                item["tool_calls"] = [c.model_dump(exclude_none=True) for c in message.tool_calls]
+            if (echo_model and message.reasoning_content
+                    and message.reasoning_model == echo_model
+                    and (message.content or message.tool_calls)):
+                item["reasoning_content"] = message.reasoning_content
+        elif message.role == "tool":
+            item["content"] = message.content if message.content is not None else ""
+            item["tool_call_id"] = message.tool_call_id or ""
+        else:
+            item["content"] = message.content if message.content is not None else ""
+        prev = out[-1]
+        if item["role"] == "user" and prev["role"] == "user" and len(out) > 1:
+            prev["content"] = _join(prev["content"], item["content"])
+            continue
+        out.append(item)
+    if suffix:
+        out[-1]["content"] = _join(out[-1].get("content") or "", suffix)
+    return out
+
+
+def _join(a: Any, b: Any) -> Any:
+    if isinstance(a, str) and isinstance(b, str):
+        return f"{a}\n\n{b}" if a else b
+    parts_a = a if isinstance(a, list) else [{"type": "text", "text": a}]
+    parts_b = b if isinstance(b, list) else [{"type": "text", "text": b}]
+    return parts_a + parts_b
+
+
+def build_payload(settings: Settings, lease: Lease, messages: list[dict[str, Any]],
+                  tools: list[dict[str, Any]] | None, *, tool_choice: str | None = None,
+                  ) -> dict[str, Any]:
+    """The request body as a dict (see the module rules). ``tools`` None or empty: no
+    ``tools`` key (the no-tools fallback)."""
+    payload: dict[str, Any] = {
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if lease.model:
+        payload["model"] = lease.model
+    if tools:
+        payload["tools"] = tools
+        if tool_choice:
+            payload["tool_choice"] = tool_choice
+    if settings.temperature is not None:
+        payload["temperature"] = settings.temperature
+    if settings.top_p is not None:
+        payload["top_p"] = settings.top_p
+    if settings.max_tokens is not None:
+        payload["max_tokens"] = settings.max_tokens
+    if not lease.external:
+        if settings.top_k is not None:
+            payload["top_k"] = settings.top_k
+        if settings.min_p is not None:
+            payload["min_p"] = settings.min_p
+        if settings.chat_template_kwargs:
+            payload["chat_template_kwargs"] = settings.chat_template_kwargs
+        if lease.id_slot is not None:
+            payload["id_slot"] = lease.id_slot
+    return payload
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    """Canonical JSON bytes of the body."""
+    return canonical_json(payload)

@@ -1,0 +1,59 @@
+"""Settings of the chat service (``LOKI_*`` environment variables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from loki_shared.settings import LokiSettings
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Loki, a helpful assistant. Answer in the user's language. "
+    "Use the tools when they help; `recall` brings back an archived block by its id "
+    "(recall:r<seq>) and `recall_search` finds archived blocks by keywords."
+)
+
+
+class Settings(LokiSettings):
+    """Chat service settings. Beyond :class:`LokiSettings`:
+
+    - ``LOKI_SYSTEM_PROMPT`` — the system message (fixed text: no clock or other volatile
+      value, so the prompt prefix stays byte-identical across turns and restarts).
+    - ``LOKI_STEP_BUDGET`` — completion steps per turn (default 12); a reminder is sent
+      before the last one.
+    - ``LOKI_TOOL_RESULT_MAX`` — characters of a tool result in the model's view (30000).
+    - ``LOKI_REASONING_ECHO`` — keep ``reasoning_content`` and send it back to the same
+      model on the local engine (off by default).
+    - ``LOKI_TEMPERATURE``, ``LOKI_TOP_P``, ``LOKI_TOP_K``, ``LOKI_MIN_P``, ``LOKI_MAX_TOKENS``
+      — sampling of the preset (unset = not sent); ``top_k``/``min_p`` go to a local
+      llama-server only.
+    - ``LOKI_CHAT_TEMPLATE_KWARGS`` — JSON object sent as ``chat_template_kwargs`` to a local
+      llama-server only (never to an external API).
+    - ``LOKI_RETRY_DELAYS`` — pauses (s) before the retries of a request that got no byte
+      back (connection failure, 429, 502, 503, 504): 0.8, 1.6, 3.2.
+    - ``LOKI_LOCK_TTL_S`` — expiry of a conversation's ownership lock (renewed every third).
+    - ``LOKI_RECALL_TIMEOUT_S`` — bound of a recall tool call (s).
+    - ``LOKI_LEASE_TIMEOUT_S`` — bound of a lease request to the supervisor (s).
+    - ``LOKI_ENGINE_TIMEOUT_S`` — read timeout of the engine stream (s; no byte for that long
+      is an error).
+    - ``LOKI_INSTANCE_ID`` — this instance's name (default: random).
+    """
+
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    step_budget: int = Field(default=12, ge=1)
+    tool_result_max: int = Field(default=30_000, ge=100)
+    reasoning_echo: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    retry_delays: list[float] = Field(default_factory=lambda: [0.8, 1.6, 3.2])
+    lock_ttl_s: float = Field(default=15.0, gt=0.5)
+    idle_release_s: float = Field(default=300.0, gt=0)
+    recall_timeout_s: float = Field(default=5.0, gt=0)
+    lease_timeout_s: float = Field(default=70.0, gt=0)
+    engine_timeout_s: float = Field(default=600.0, gt=0)
+    instance_id: str | None = None

@@ -1,0 +1,173 @@
+"""Tools the model can call, and the rules applied to every call.
+
+Rules:
+
+- Schemas: ``{"type": "function", "function": {"name", "description", "parameters"}}``; a
+  tool without ``parameters`` gets ``{"type": "object", "properties": {}}``.
+- Arguments that are not valid JSON (or not an object): the call is NOT executed; the
+  history keeps ``{}`` as its arguments (templates re-parse them at every request) and the
+  result tells the model exactly what to resend. Empty arguments are valid (``{}``).
+- A result longer than ``tool_result_max`` characters (30,000) is cut in the model's view,
+  with a note inviting a targeted call; the display log keeps the whole result.
+- Recall tools (``recall``, ``recall_search``) are served by the recall service over
+  ``loki.recall.tool`` with a short timeout; unreachable, the result says so and invites a
+  retry, and the turn goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from loki_shared import subjects
+from loki_shared.messages.recall import ToolReply, ToolRequest
+
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+ToolFn = Callable[[dict[str, Any]], Awaitable[str]]
+
+
+@dataclass
+class ToolSpec:
+    """One tool: ``run`` gets the decoded argument object and returns the result text."""
+
+    name: str
+    description: str
+    run: ToolFn
+    parameters: dict[str, Any] | None = None
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters or EMPTY_PARAMETERS,
+            },
+        }
+
+
+@dataclass
+class ToolOutcome:
+    """``text``: the full result; ``executed``: whether the tool ran; ``arguments``: the
+    arguments text to keep in the history (``{}`` when the model's were not valid JSON)."""
+
+    text: str
+    executed: bool
+    arguments: str
+
+
+def parse_arguments(text: str) -> tuple[dict[str, Any] | None, str]:
+    """Decode a call's arguments. Returns (object or None, error reason). Empty or blank
+    text is ``{}`` (a tool without parameters)."""
+    if not text.strip():
+        return {}, ""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return None, f"JSON error: {exc.msg} at character {exc.pos}"
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    return value, ""
+
+
+def _example(spec: ToolSpec | None) -> str:
+    if spec is None or not spec.parameters:
+        return "{}"
+    props = spec.parameters.get("properties") or {}
+    sample = {k: f"<{(v or {}).get('type', 'value')}>" for k, v in props.items()}
+    return json.dumps(sample, ensure_ascii=False)
+
+
+class ToolBox:
+    """The tools offered to the model, in a fixed order (the order of registration)."""
+
+    def __init__(self, specs: list[ToolSpec] | None = None) -> None:
+        self.specs: dict[str, ToolSpec] = {}
+        for spec in specs or []:
+            self.add(spec)
+
+    def add(self, spec: ToolSpec) -> None:
+        self.specs[spec.name] = spec
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [spec.schema() for spec in self.specs.values()]
+
+    async def execute(self, name: str, arguments: str) -> ToolOutcome:
+        """Run one call by the rules above. Never raises for a tool's own failure."""
+        spec = self.specs.get(name)
+        args, reason = parse_arguments(arguments)
+        if args is None:
+            return ToolOutcome(
+                text=(f"Error: the arguments of this call to `{name}` are not valid JSON "
+                      f"({reason}). The call was NOT executed. Send the call again with "
+                      f"its arguments as one JSON object, for example {_example(spec)}."),
+                executed=False, arguments="{}")
+        if spec is None:
+            known = ", ".join(self.specs) or "none"
+            return ToolOutcome(text=f"Error: there is no tool named `{name}`. Tools: {known}.",
+                               executed=False, arguments=arguments)
+        try:
+            text = await spec.run(args)
+        except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's to see
+            text = f"Error: the tool `{name}` failed: {exc}"
+        return ToolOutcome(text=text, executed=True, arguments=arguments)
+
+
+def cut_for_model(text: str, limit: int) -> str:
+    """The model's view of a result: at most ``limit`` characters plus a note when cut."""
+    if len(text) <= limit:
+        return text
+    return (text[:limit] + f"\n\n[Result cut at {limit} of {len(text)} characters. "
+            "Make a more targeted call (a narrower query, a range or a part) to see the rest.]")
+
+
+UNREACHABLE = ("The archive (recall service) is unreachable right now; nothing was "
+               "recalled. Try the call again in a moment.")
+
+
+def recall_tools(request: Callable[[str, ToolRequest, float], Awaitable[ToolReply]],
+                 timeout_s: float) -> list[ToolSpec]:
+    """``recall`` and ``recall_search``, forwarded to ``loki.recall.tool``.
+
+    ``request(subject, message, timeout)`` sends the NATS request and returns the decoded
+    reply; any exception from it (no responders, timeout, bad reply) becomes the
+    "unreachable" result.
+    """
+
+    def make(name: str) -> ToolFn:
+        async def run(args: dict[str, Any]) -> str:
+            try:
+                reply = await request(subjects.RECALL_TOOL, ToolRequest(name=name, arguments=args),
+                                      timeout_s)
+            except Exception:  # noqa: BLE001 - unreachable for any reason
+                return UNREACHABLE
+            if reply.error is not None:
+                return f"Error: {reply.error.message}"
+            return reply.text
+
+        return run
+
+    return [
+        ToolSpec(
+            name="recall",
+            description=("Bring back, verbatim, an archived block cited as recall:r<seq> "
+                         "in a summary."),
+            parameters={"type": "object",
+                        "properties": {"id": {"type": "string",
+                                              "description": "the block id, e.g. r12"}},
+                        "required": ["id"]},
+            run=make("recall"),
+        ),
+        ToolSpec(
+            name="recall_search",
+            description="Find archived blocks of earlier conversation by keywords.",
+            parameters={"type": "object",
+                        "properties": {"query": {"type": "string",
+                                                 "description": "keywords"}},
+                        "required": ["query"]},
+            run=make("recall_search"),
+        ),
+    ]

@@ -1,0 +1,519 @@
+"""The turn loop: an explicit state machine of small steps.
+
+States (each a method returning the next one)::
+
+    begin -> check(start) -> build -> complete -> assess --text--------> finish
+                               ^                     |--tool calls--> tools -> check(mid) -+
+                               |                     |--reasoning only (<= 2 reminders)----+
+                               |                     |--500: replay tool_choice none, then no tools
+                               |                     |--overflow: echo off, then compaction, replay
+                               +---------------------+
+
+Rules implemented here (tests named in docs/behaviour/chat.md):
+
+- Step budget per turn (``LOKI_STEP_BUDGET``); a reminder goes with the last step. A step
+  that ends with reasoning only (no text, no call) gets at most two reminders to act.
+- Reminders are persisted exactly as sent, as user messages marked by the field
+  ``loki.injected`` (never a text prefix). Behind another user message a reminder is sent
+  once at the end of that message and not stored (no two consecutive user messages). One
+  left unanswered by a stop or an error is removed before the conversation is persisted.
+- Text the model wrote before a tool call is stored once (in the message that carries the
+  calls). Calls written as text (``<tool_call>…</tool_call>``) are executed like native ones.
+  Calls run in index order; invalid JSON arguments are not executed (see :mod:`.tools`).
+- HTTP 500 from the local engine: replay once with the same tools and system message,
+  ``tool_choice: "none"`` and an instruction at the end of the last message (never
+  persisted); refused again, a tool call anyway, or an empty answer: once more without tools.
+- Context overflow only from llama.cpp's ``exceed_context_size_error`` / "exceeds the
+  available context size", OpenAI's ``context_length_exceeded``, or, with no label, a
+  conversation already at 90% of the window: reasoning echo dropped first, then the
+  :class:`~loki_chat.context.ContextPolicy` (at most two compactions per step) and replay.
+  "Context size has been exceeded." without a token count while two slots serve is replayed
+  as is (once), never compacted.
+- A stop or a broken stream keeps the partial text, marked ``loki.stopped`` /
+  ``loki.error``; nothing half-assembled (tool calls) is kept.
+- The conversation is persisted after every accepted step (the blob is written whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from loki_shared.fingerprint import fingerprints
+from loki_shared.messages.chat import ChatEvent, ChatMessage, LokiMeta, ToolCall, ToolCallFunction
+from loki_shared.messages.engine import Lease
+from loki_shared.messages.perf import PerfRecord
+
+from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
+from .conversation import Conversation
+from .engine import EngineClient, StepResult
+from .errors import LeaseError, StepError, StreamError
+from .request import build_payload, encode, wire_messages
+from .settings import Settings
+from .stream import extract_text_tool_calls
+from .tools import ToolBox, cut_for_model, parse_arguments
+
+log = logging.getLogger("loki.chat.turn")
+
+#: Loki's injected user messages (``loki.injected`` values) that the end-of-turn cleaning
+#: removes when they were left unanswered.
+REMINDER_KINDS = ("budget", "act")
+
+BUDGET_REMINDER = ("[Loki] This is the last step of this turn: answer the user now with "
+                   "what you have, without calling a tool.")
+ACT_REMINDER = ("[Loki] You reasoned but neither answered nor called a tool. Act now: "
+                "answer the user, or call the tool you need.")
+NO_TOOL_INSTRUCTION = ("(Answer the user directly now, in the user's language, with text "
+                       "only: do not call any tool.)")
+
+MAX_ACT_REMINDERS = 2
+MAX_COMPACTIONS_PER_STEP = 2
+
+
+class TurnHost(Protocol):
+    """What the loop needs from the conversation's owner (the service's actor)."""
+
+    conv: Conversation
+    settings: Settings
+    toolbox: ToolBox
+    engine: EngineClient
+    policy: ContextPolicy
+    stop: asyncio.Event
+
+    async def emit(self, delta: dict[str, Any] | None = None, **fields: Any) -> ChatEvent: ...
+    async def persist(self) -> None: ...
+    async def lease(self) -> Lease: ...
+    async def release(self, lease: Lease) -> None: ...
+    def publish_perf(self, record: PerfRecord) -> None: ...
+    async def total_slots(self) -> int | None: ...
+    def policy_extra(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class TurnOutcome:
+    """How the turn ended."""
+
+    finish_reason: str | None = None
+    steps: int = 0
+    stopped: bool = False
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+
+
+@dataclass
+class StepPlan:
+    """How the next request is shaped: ``mode`` is ``normal``, ``none`` (tool_choice none
+    after a 500) or ``no_tools``; ``suffix`` an ephemeral instruction; ``echo`` whether
+    reasoning may be sent back."""
+
+    mode: str = "normal"
+    suffix: str | None = None
+    echo: bool = True
+    compactions: int = 0
+    pool_replays: int = 0
+
+
+State = Callable[[], Awaitable["State | None"]]
+
+
+@dataclass
+class TurnRunner:
+    """Runs one turn for ``host.conv``; ``user_text`` None resumes without a new message."""
+
+    host: TurnHost
+    user_text: str | None
+    outcome: TurnOutcome = field(default_factory=TurnOutcome)
+    plan: StepPlan = field(default_factory=StepPlan)
+    act_reminders: int = 0
+    budget_reminded: bool = False
+    lease_n_ctx: int = 0
+    result: StepResult | None = None
+    sent_wire: list[dict[str, Any]] = field(default_factory=list)
+    sent_echo: bool = False
+    sent_tools: bool = False
+    model: str = ""
+    external: bool = False
+    pending_calls: list[ToolCall] = field(default_factory=list)
+    pending_invalid: set[str] = field(default_factory=set)
+    pending_raw: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def conv(self) -> Conversation:
+        return self.host.conv
+
+    @property
+    def settings(self) -> Settings:
+        return self.host.settings
+
+    async def run(self) -> TurnOutcome:
+        """Run the states until the turn ends. Never raises for engine or tool trouble."""
+        state: State | None = self.begin
+        while state is not None:
+            if self.host.stop.is_set() and state not in (self.finish, self.begin):
+                self.outcome.stopped = True
+                state = self.finish
+            state = await state()
+        return self.outcome
+
+    # -- states ---------------------------------------------------------------------------
+    async def begin(self) -> State:
+        conv = self.conv
+        if self.user_text is not None:
+            if conv.pending and conv.pending[0] == self.user_text:
+                conv.pending.pop(0)
+            conv.messages.append(ChatMessage(role="user", content=self.user_text))
+            if not conv.title:
+                conv.title = self.user_text.strip().splitlines()[0][:60] if self.user_text.strip() else ""
+            await self.host.emit({"role": "user", "content": self.user_text},
+                                 loki={"event": "user"})
+        conv.turn_open = True
+        await self.host.persist()
+        return await self.check("start", then=self.build)
+
+    async def check(self, trigger: Trigger, then: State) -> State:
+        if await self.compact(trigger):
+            await self.host.persist()
+        return then
+
+    async def build(self) -> State:
+        if self.outcome.steps >= self.settings.step_budget:
+            self.outcome.finish_reason = "step_budget"
+            return self.finish
+        self.outcome.steps += 1
+        last_step = self.outcome.steps == self.settings.step_budget
+        if last_step and self.settings.step_budget > 1 and not self.budget_reminded:
+            self.budget_reminded = True
+            await self.remind("budget", BUDGET_REMINDER)
+        return self.complete
+
+    async def complete(self) -> State:
+        host = self.host
+        try:
+            lease = await self.wait_or_stop(host.lease())
+        except LeaseError as exc:
+            self.outcome.error = f"engine unavailable: {exc}"
+            return self.finish
+        if lease is None:
+            self.outcome.stopped = True
+            return self.finish
+        try:
+            self.lease_n_ctx = lease.n_ctx
+            self.model = lease.model
+            self.external = lease.external
+            echo_model = (lease.model if self.settings.reasoning_echo and not lease.external
+                          and self.plan.echo else None)
+            wire = wire_messages(self.settings.system_prompt, self.conv.messages,
+                                 echo_model=echo_model, suffix=self.plan.suffix)
+            tools = self.host.toolbox.schemas() if self.plan.mode != "no_tools" else None
+            payload = build_payload(self.settings, lease, wire, tools,
+                                    tool_choice="none" if self.plan.mode == "none" else None)
+            body = encode(payload)
+            self.sent_wire = wire
+            self.sent_tools = bool(tools)
+            self.sent_echo = any("reasoning_content" in m for m in wire)
+            first = True
+
+            async def on_delta(deltas: list[dict[str, Any]]) -> None:
+                nonlocal first
+                for delta in deltas:
+                    if first:
+                        delta = {"role": "assistant", **delta}
+                        first = False
+                    await host.emit(delta)
+
+            async def on_retry(attempt: int, delay: float, reason: str) -> None:
+                await host.emit({}, loki={"event": "retry", "attempt": attempt,
+                                          "delay_s": delay, "reason": reason})
+
+            self.result = await host.engine.stream(lease.base_url, body, api_key=lease.api_key,
+                                                   stop=host.stop, on_delta=on_delta,
+                                                   on_retry=on_retry)
+        finally:
+            await host.release(lease)
+        if self.result.responded:
+            self.publish_perf(lease, wire)
+        return self.assess
+
+    async def assess(self) -> State:
+        result = self.result
+        assert result is not None
+        acc = result.acc
+        if acc.usage is not None:
+            self.outcome.usage = acc.usage
+        if acc.timings is not None:
+            self.outcome.timings = acc.timings
+        if result.stopped:
+            self.outcome.stopped = True
+            await self.keep_partial(stopped=True)
+            return self.finish
+        if isinstance(result.error, StreamError):
+            self.outcome.error = str(result.error)
+            await self.keep_partial(error=str(result.error))
+            return self.finish
+        if result.error is not None:
+            return await self.refused(result.error)
+        content = acc.content
+        calls: list[tuple[str, str, str]] = [
+            (c.id, c.name, c.arguments) for c in acc.ordered_calls() if c.name]
+        if self.sent_tools:
+            content, text_calls = extract_text_tool_calls(content)
+            base = len(self.conv.messages)
+            for i, (name, args) in enumerate(text_calls):
+                calls.append((f"call_t{base}_{i}", name, args))
+        if self.plan.mode == "none":
+            if calls or not content.strip():
+                log.warning("replay with tool_choice none gave %s; falling back to no tools",
+                            "a tool call" if calls else "nothing")
+                self.plan.mode = "no_tools"
+                await self.host.emit({}, loki={"event": "discarded",
+                                               "reason": "tool call or empty under none"})
+                return self.complete
+            self.plan.mode = "normal"
+        elif self.plan.mode == "no_tools":
+            calls = []
+        self.plan.suffix = None
+        if calls:
+            return await self.accept_calls(content, calls)
+        if content.strip():
+            self.accept_message(ChatMessage(role="assistant", content=content))
+            self.outcome.finish_reason = acc.finish_reason or "stop"
+            await self.host.persist()
+            return self.finish
+        # reasoning only, or nothing at all
+        if self.act_reminders < MAX_ACT_REMINDERS and self.outcome.steps < self.settings.step_budget:
+            self.act_reminders += 1
+            await self.remind("act", ACT_REMINDER)
+            return self.build
+        self.outcome.finish_reason = acc.finish_reason or "stop"
+        return self.finish
+
+    async def accept_calls(self, content: str, calls: list[tuple[str, str, str]]) -> State:
+        stored: list[ToolCall] = []
+        self.pending_invalid = set()
+        for n, (call_id, name, args) in enumerate(calls):
+            call_id = call_id or f"call_{len(self.conv.messages)}_{n}"
+            parsed, _ = parse_arguments(args)
+            if parsed is None:
+                self.pending_invalid.add(call_id)
+            stored.append(ToolCall(id=call_id, function=ToolCallFunction(
+                name=name, arguments=args if parsed is not None else "{}")))
+        self.pending_calls = stored
+        self.pending_raw = {c.id: a for c, (_, _, a) in zip(stored, calls)}
+        self.accept_message(ChatMessage(role="assistant", content=content or None,
+                                        tool_calls=stored))
+        await self.host.persist()
+        return self.tools
+
+    async def tools(self) -> State:
+        host = self.host
+        for call in self.pending_calls:
+            if host.stop.is_set():
+                text, model_text = "Not executed: the user stopped the turn.", None
+                self.outcome.stopped = True
+            else:
+                raw = self.pending_raw.get(call.id, call.function.arguments)
+                outcome = await self.wait_or_stop(host.toolbox.execute(call.function.name, raw))
+                if outcome is None:
+                    text = "Not executed: the user stopped the turn."
+                    self.outcome.stopped = True
+                else:
+                    text = outcome.text
+                model_text = None
+            model_text = cut_for_model(text, self.settings.tool_result_max)
+            self.conv.messages.append(ChatMessage(role="tool", tool_call_id=call.id,
+                                                  name=call.function.name, content=model_text))
+            await host.emit({"role": "tool", "tool_call_id": call.id,
+                             "name": call.function.name, "content": text},
+                            loki={"event": "tool_result"})
+        self.pending_calls = []
+        await host.persist()
+        if self.outcome.stopped:
+            return self.finish
+        return await self.check("mid", then=self.build)
+
+    async def finish(self) -> None:
+        conv = self.conv
+        # a reminder left unanswered (stop, error, budget) never stays in the history
+        while conv.messages and conv.messages[-1].loki and \
+                conv.messages[-1].loki.injected in REMINDER_KINDS:
+            conv.messages.pop()
+        conv.turn_open = False
+        if not self.outcome.stopped and self.outcome.error is None:
+            if await self.compact("end"):
+                pass
+        if self.outcome.stopped:
+            finish = "stopped"
+        elif self.outcome.error is not None:
+            finish = "error"
+        else:
+            finish = self.outcome.finish_reason or "stop"
+        self.outcome.finish_reason = finish
+        meta: dict[str, Any] = {"event": "turn_end", "steps": self.outcome.steps}
+        if self.outcome.stopped:
+            meta["stopped"] = True
+        if self.outcome.error is not None:
+            meta["error"] = self.outcome.error
+        meta["ctx_used"] = conv.meter.used(self.settings.system_prompt, conv.messages)
+        await self.host.emit({}, finish_reason=finish, usage=self.outcome.usage,
+                             timings=self.outcome.timings, loki=meta)
+        await self.host.persist()
+        return None
+
+    # -- helpers --------------------------------------------------------------------------
+    async def refused(self, error: StepError) -> State:
+        """The engine refused the request before streaming (HTTP error or unreachable)."""
+        kind, info = classify_refusal(error, self.ctx_used(), self.lease_n_ctx)
+        if kind == "pool":
+            slots = await self.host.total_slots()
+            if slots is not None and slots >= 2 and self.plan.pool_replays < 1:
+                self.plan.pool_replays += 1
+                log.warning("shared KV pool full with two slots; replaying as is")
+                return self.complete
+            kind, info = classify_refusal(error, self.ctx_used(), self.lease_n_ctx, pool=False)
+        if kind == "overflow":
+            if self.sent_echo and self.plan.echo:
+                self.plan.echo = False
+                return self.complete
+            if self.plan.compactions < MAX_COMPACTIONS_PER_STEP and \
+                    await self.compact("reactive", info):
+                self.plan.compactions += 1
+                await self.host.persist()
+                return self.complete
+            self.outcome.error = f"the conversation no longer fits the context window: {error}"
+            return self.finish
+        if error.status == 500 and not self.external:
+            if self.plan.mode == "normal" and self.sent_tools:
+                self.plan.mode = "none"
+                self.plan.suffix = NO_TOOL_INSTRUCTION
+                log.warning("engine answered 500; replaying with tool_choice none")
+                return self.complete
+            if self.plan.mode == "none":
+                self.plan.mode = "no_tools"
+                log.warning("replay with tool_choice none refused; falling back to no tools")
+                return self.complete
+        self.outcome.error = str(error)
+        return self.finish
+
+    async def remind(self, kind: str, text: str) -> None:
+        """Inject a reminder: persisted as a marked user message, unless the last message is
+        a user message (then sent once at its end, not stored)."""
+        conv = self.conv
+        if conv.messages and conv.messages[-1].role == "user":
+            self.plan.suffix = text if not self.plan.suffix else f"{self.plan.suffix}\n\n{text}"
+            await self.host.emit({}, loki={"event": "reminder", "injected": kind,
+                                           "stored": False})
+            return
+        conv.messages.append(ChatMessage(role="user", content=text,
+                                         loki=LokiMeta(injected=kind)))
+        await self.host.emit({"role": "user", "content": text},
+                             loki={"event": "reminder", "injected": kind, "stored": True})
+        await self.host.persist()
+
+    def accept_message(self, message: ChatMessage) -> None:
+        acc = self.result.acc if self.result else None
+        echo = self.settings.reasoning_echo and not self.external
+        if acc is not None and echo and acc.reasoning:
+            message.reasoning_content = acc.reasoning
+            message.reasoning_model = self.model
+        self.conv.messages.append(message)
+        if acc is not None:
+            self.conv.meter.record(acc.usage, acc.reasoning_pieces,
+                                   reasoning_sent_back=bool(echo and message.reasoning_content
+                                                            and (message.content or
+                                                                 message.tool_calls)),
+                                   count=len(self.conv.messages))
+
+    async def keep_partial(self, *, stopped: bool = False, error: str | None = None) -> None:
+        """Keep the partial text of a stopped or broken step, marked; drop partial calls."""
+        acc = self.result.acc if self.result else None
+        text = acc.content if acc else ""
+        if text.strip():
+            self.accept_message(ChatMessage(role="assistant", content=text,
+                                            loki=LokiMeta(stopped=stopped, error=error)))
+        await self.host.emit({}, loki={"event": "stopped" if stopped else "error",
+                                       **({"message": error} if error else {})})
+
+    async def compact(self, trigger: Trigger, overflow: OverflowInfo | None = None) -> bool:
+        view = ContextView(conversation=self.conv, trigger=trigger, n_ctx=self.lease_n_ctx,
+                           ctx_used=self.ctx_used(), overflow=overflow,
+                           emit=lambda d, l: self.host.emit(d, loki=l),
+                           extra=self.host.policy_extra())
+        try:
+            return bool(await self.host.policy.maybe_compact(view))
+        except Exception:  # noqa: BLE001 - a compaction failure never breaks the turn
+            log.exception("compaction (%s) failed", trigger)
+            return False
+
+    def ctx_used(self) -> int:
+        return self.conv.meter.used(self.settings.system_prompt, self.conv.messages)
+
+    async def wait_or_stop(self, coro: Awaitable[Any]) -> Any:
+        """Await ``coro`` unless the stop fires first (then cancel it and return None)."""
+        task = asyncio.ensure_future(coro)
+        stopper = asyncio.ensure_future(self.host.stop.wait())
+        try:
+            done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        try:
+            await task
+        except BaseException:  # noqa: BLE001 - cancelled on purpose
+            pass
+        return None
+
+    def publish_perf(self, lease: Lease, wire: list[dict[str, Any]]) -> None:
+        result = self.result
+        assert result is not None
+        record = PerfRecord(
+            ts=time.time(), conversation=self.conv.id, kind="main", model=lease.model,
+            preset="external" if lease.external else "local", slot=lease.id_slot,
+            timings=result.acc.raw_timings, usage=result.acc.raw_usage,
+            ttft_ms=result.ttft_ms, total_ms=result.total_ms,
+            finish_reason=result.acc.finish_reason, cut=result.cut,
+            fingerprints=fingerprints(wire), roles=[m["role"] for m in wire])
+        self.host.publish_perf(record)
+
+
+_TOKENS_IN_TEXT = re.compile(r"\d+\s*tokens", re.IGNORECASE)
+
+
+def classify_refusal(error: StepError, ctx_used: int, n_ctx: int,
+                     pool: bool = True) -> tuple[str, OverflowInfo | None]:
+    """Classify an engine refusal: ``"overflow"`` (with its info), ``"pool"`` (llama.cpp's
+    "Context size has been exceeded." without a token count: a shared KV pool full, which
+    the caller replays as is when two slots serve) or ``"other"``.
+
+    Overflow only from llama.cpp's ``exceed_context_size_error`` / "exceeds the available
+    context size", OpenAI's ``context_length_exceeded``, or — with no label at all — a
+    400/500 refusal while the conversation is already at 90% of the window.
+    """
+    body = error.body or ""
+    low = body.lower()
+    n_prompt = n_window = None
+    try:
+        obj = json.loads(body)
+        err = obj.get("error") if isinstance(obj, dict) else None
+        if isinstance(err, dict):
+            n_prompt = err.get("n_prompt_tokens") if isinstance(err.get("n_prompt_tokens"), int) else None
+            n_window = err.get("n_ctx") if isinstance(err.get("n_ctx"), int) else None
+    except ValueError:
+        pass
+    info = OverflowInfo(status=error.status, body=body, n_prompt_tokens=n_prompt, n_ctx=n_window)
+    if ("exceed_context_size_error" in low or "exceeds the available context size" in low
+            or "context_length_exceeded" in low):
+        return "overflow", info
+    if pool and "context size has been exceeded" in low and not _TOKENS_IN_TEXT.search(body):
+        return "pool", info
+    if error.status in (400, 500) and n_ctx > 0 and ctx_used >= 0.9 * n_ctx:
+        return "overflow", info
+    return "other", None
