@@ -227,7 +227,8 @@ class PerfService:
             self.ring.add(e)
             if seq > self.totals.seq:
                 self.totals.add(e)
-            if self.settings.perf_log:
+            if self.settings.perf_log and seq > self._target_seq:
+                # Live records only: a restart does not print the rebuilt ring again.
                 print(perf_line(e), file=sys.stderr, flush=True)
         if seq >= self._target_seq and not self.ready.is_set():
             self.ready.set()
