@@ -1,0 +1,126 @@
+"""The gateway application: FastAPI with the routers listed in :mod:`loki_gateway.routes`,
+the auth and body-limit middleware, OpenAI-shaped errors, the SSE hub and the static web UI.
+
+Build it with :func:`create_app` (``__main__`` does, with the settings read from the
+environment); the NATS connection and the HTTP client towards the engine are opened in the
+lifespan, or may be injected (tests).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .auth import ApiKeyMiddleware, BodyLimitMiddleware
+from .bus import Bus
+from .errors import (
+    GatewayError,
+    gateway_error_handler,
+    http_exception_handler,
+    unhandled_error_handler,
+    validation_error_handler,
+)
+from .routes import ROUTERS
+from .settings import Settings
+from .sse import EventHub
+
+log = logging.getLogger("loki.gateway")
+STATIC = Path(__file__).parent / "static"
+
+
+def load_routers() -> tuple[list, list[str]]:
+    """Import every router module listed in ``ROUTERS``.
+
+    A module not written yet is skipped (logged at INFO); one that fails to import is
+    skipped and logged at ERROR, so one broken router never takes the whole door down.
+    Returns the routers and the names of the modules loaded.
+    """
+    routers, loaded = [], []
+    for name in ROUTERS:
+        module_name = f"{__package__}.routes.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                log.info("router %s not present: skipped", name)
+                continue
+            log.exception("router %s failed to import: skipped", name)
+            continue
+        except Exception:
+            log.exception("router %s failed to import: skipped", name)
+            continue
+        router = getattr(module, "router", None)
+        if router is None:
+            log.error("router module %s has no `router`: skipped", name)
+            continue
+        routers.append(router)
+        loaded.append(name)
+    return routers, loaded
+
+
+def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
+    """The gateway app. ``bus`` injected: used as is and not closed at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own_bus = bus is None
+        app.state.bus = bus if bus is not None else await Bus.connect(settings.nats_url)
+        app.state.hub = EventHub(app.state.bus.client, settings.sse_client_buffer)
+        app.state.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0, pool=60.0),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
+            trust_env=False,
+        )
+        log.info("gateway ready (routers: %s)", ", ".join(app.state.routers))
+        try:
+            yield
+        finally:
+            await app.state.http.aclose()
+            if own_bus:
+                await app.state.bus.close()
+
+    app = FastAPI(
+        title="Loki gateway",
+        version="0.1.0",
+        description="Web UI, Loki's /api and an OpenAI-compatible /v1.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.add_exception_handler(GatewayError, gateway_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_exception_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(Exception, unhandled_error_handler)
+
+    routers, loaded = load_routers()
+    app.state.routers = loaded
+    for router in routers:
+        app.include_router(router)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> JSONResponse:
+        """Liveness for containers: no auth, no secrets."""
+        connected = bool(getattr(app.state, "bus", None) and app.state.bus.client.is_connected)
+        return JSONResponse({"ok": connected, "nats": connected}, status_code=200 if connected
+                            else 503)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        """The chat page."""
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    # Outermost first: size limit, then auth (middleware added last runs first).
+    app.add_middleware(ApiKeyMiddleware, key=settings.key())
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    return app

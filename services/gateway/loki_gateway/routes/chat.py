@@ -1,0 +1,232 @@
+"""Chat and conversation routes: send, the SSE stream, state, stop/reset/compact, and the
+conversations index (list, create, rename, delete, export).
+
+Everything is a request to the chat service over NATS (``loki.chat.*``); the SSE stream is
+built by :mod:`loki_gateway.sse`. Conversation ids are 1 to 64 characters of ``A-Z a-z 0-9 _ -``
+(they become a NATS subject token); anything else is a 400 that says so.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from loki_shared import subjects
+from loki_shared.messages.chat import (
+    ControlReply,
+    ControlRequest,
+    ConversationsReply,
+    ConversationsRequest,
+    SendReply,
+    SendRequest,
+    StateReply,
+    StateRequest,
+)
+
+from ..bus import Bus
+from ..deps import get_bus
+from ..errors import BadRequest
+from ..sse import conversation_stream, replay_page
+
+router = APIRouter(tags=["chat"])
+
+CONV_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+_CONV_RE = re.compile(CONV_PATTERN)
+MAX_TITLE = 200
+
+ConvQuery = Annotated[
+    str, Query(pattern=CONV_PATTERN, description="Conversation id (1-64 of A-Z a-z 0-9 _ -).")
+]
+ConvPath = Annotated[str, Path(pattern=CONV_PATTERN, description="Conversation id.")]
+
+
+class SendBody(BaseModel):
+    """``POST /api/chat/send``: no ``conversation`` starts a new one."""
+
+    conversation: str | None = Field(default=None, pattern=CONV_PATTERN)
+    content: str = Field(min_length=1)
+
+
+class SendAccepted(BaseModel):
+    conversation: str
+    queued: bool = False
+
+
+class ControlBody(BaseModel):
+    conversation: str = Field(pattern=CONV_PATTERN)
+
+
+class ControlResult(BaseModel):
+    ok: bool
+    detail: str = ""
+
+
+class CreateBody(BaseModel):
+    title: str | None = Field(default=None, max_length=MAX_TITLE)
+
+
+class RenameBody(BaseModel):
+    title: str = Field(min_length=1, max_length=MAX_TITLE)
+
+
+def _settings(request: Request) -> Any:
+    return request.app.state.settings
+
+
+def _public(reply: BaseModel) -> dict[str, Any]:
+    return reply.model_dump(mode="json", exclude={"error"})
+
+
+@router.post("/api/chat/send", status_code=202, response_model=SendAccepted)
+async def send(body: SendBody, request: Request, bus: Bus = Depends(get_bus)) -> Any:
+    """Start a turn (or queue it behind the running one): 202 with the conversation id."""
+    limit = _settings(request).max_message_chars
+    if len(body.content) > limit:
+        raise BadRequest(f"content is {len(body.content)} characters, the limit is {limit}",
+                         code="content_too_long")
+    reply = await bus.request_ok(
+        subjects.CHAT_SEND,
+        SendRequest(conversation=body.conversation, content=body.content),
+        SendReply,
+        timeout=10.0,
+    )
+    return JSONResponse({"conversation": reply.conversation, "queued": reply.queued}, 202)
+
+
+def _resume_from(header: str | None, query: int | None) -> int:
+    if query is not None:
+        return query
+    if header is None or header.strip() == "":
+        return 0
+    text = header.strip()
+    if not text.isdigit() or len(text) > 15:
+        raise BadRequest(f"Last-Event-ID must be a non-negative integer seq, got {text[:40]!r}",
+                         code="invalid_last_event_id")
+    return int(text)
+
+
+@router.get(
+    "/api/chat",
+    response_class=EventSourceResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
+)
+async def chat_stream(
+    request: Request,
+    conversation: ConvQuery,
+    last_event_id: Annotated[int | None, Query(ge=0, le=10**15)] = None,
+    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    bus: Bus = Depends(get_bus),
+) -> Any:
+    """SSE: the conversation's display log replayed after ``Last-Event-ID`` (header, or the
+    ``last_event_id`` query for clients that cannot set it), then live events; ``: ping``
+    every ``LOKI_SSE_PING_S`` seconds. See :mod:`loki_gateway.sse`."""
+    settings = _settings(request)
+    after = _resume_from(last_event_id_header, last_event_id)
+    hub = request.app.state.hub
+    feed = await hub.attach(conversation)
+    try:
+        first = await replay_page(bus, conversation, after, settings.sse_replay_page)
+    except BaseException:
+        await hub.detach(feed)
+        raise
+    stream = conversation_stream(bus, hub, feed, first, after, settings.sse_replay_page)
+    return EventSourceResponse(
+        stream,
+        ping=settings.sse_ping_s,
+        sep="\n",
+        ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+@router.get("/api/chat/state")
+async def chat_state(conversation: ConvQuery, bus: Bus = Depends(get_bus)) -> Any:
+    """Model-view ``messages``, ``ctx_used``/``n_ctx`` (tokens), ``generating``, ``queued``,
+    ``last_seq``."""
+    reply = await bus.request_ok(
+        subjects.CHAT_STATE, StateRequest(conversation=conversation), StateReply
+    )
+    return _public(reply)
+
+
+async def _control(bus: Bus, conversation: str, action: str, timeout: float) -> Any:
+    reply = await bus.request_ok(
+        subjects.CHAT_CONTROL,
+        ControlRequest(conversation=conversation, action=action),  # type: ignore[arg-type]
+        ControlReply,
+        timeout=timeout,
+    )
+    return {"ok": reply.ok, "detail": reply.detail}
+
+
+@router.post("/api/chat/stop", response_model=ControlResult)
+async def chat_stop(body: ControlBody, bus: Bus = Depends(get_bus)) -> Any:
+    """Stop the running turn (the partial answer is kept, marked stopped)."""
+    return await _control(bus, body.conversation, "stop", 10.0)
+
+
+@router.post("/api/chat/reset", response_model=ControlResult)
+async def chat_reset(body: ControlBody, bus: Bus = Depends(get_bus)) -> Any:
+    """Empty the conversation (messages and display log)."""
+    return await _control(bus, body.conversation, "reset", 10.0)
+
+
+@router.post("/api/chat/compact", response_model=ControlResult)
+async def chat_compact(body: ControlBody, bus: Bus = Depends(get_bus)) -> Any:
+    """Compact the conversation now (may take as long as a summary completion)."""
+    return await _control(bus, body.conversation, "compact", 600.0)
+
+
+async def _conversations(bus: Bus, **fields: Any) -> ConversationsReply:
+    return await bus.request_ok(
+        subjects.CHAT_CONVERSATIONS, ConversationsRequest(**fields), ConversationsReply
+    )
+
+
+@router.get("/api/conversations")
+async def conversations_list(bus: Bus = Depends(get_bus)) -> Any:
+    """``{"conversations": [{"id", "title", "created", "updated"}]}``."""
+    reply = await _conversations(bus, action="list")
+    return {"conversations": [c.model_dump(mode="json") for c in reply.conversations]}
+
+
+@router.post("/api/conversations", status_code=201)
+async def conversations_create(
+    bus: Bus = Depends(get_bus), body: CreateBody | None = None
+) -> Any:
+    """Create an empty conversation: 201 ``{"conversation": {...}}``."""
+    reply = await _conversations(bus, action="create", title=body.title if body else None)
+    info = reply.conversation.model_dump(mode="json") if reply.conversation else None
+    return JSONResponse({"conversation": info}, status_code=201)
+
+
+@router.patch("/api/conversations/{conversation}")
+async def conversations_rename(
+    conversation: ConvPath, body: RenameBody, bus: Bus = Depends(get_bus)
+) -> Any:
+    """Rename: ``{"title"}`` -> ``{"conversation": {...}}``."""
+    reply = await _conversations(bus, action="rename", conversation=conversation, title=body.title)
+    info = reply.conversation.model_dump(mode="json") if reply.conversation else None
+    return {"conversation": info}
+
+
+@router.delete("/api/conversations/{conversation}")
+async def conversations_delete(conversation: ConvPath, bus: Bus = Depends(get_bus)) -> Any:
+    """Delete the conversation and its stored blob."""
+    await _conversations(bus, action="delete", conversation=conversation)
+    return {"ok": True, "deleted": conversation}
+
+
+@router.get("/api/conversations/{conversation}/export")
+async def conversations_export(conversation: ConvPath, bus: Bus = Depends(get_bus)) -> Any:
+    """The whole conversation as JSON (messages and display log), as a download."""
+    reply = await _conversations(bus, action="export", conversation=conversation)
+    return JSONResponse(
+        reply.export or {},
+        headers={"Content-Disposition": f'attachment; filename="loki-{conversation}.json"'},
+    )

@@ -1,0 +1,452 @@
+"""OpenAI-compatible ``/v1``: models, chat completions, completions, embeddings.
+
+Every completion/embedding request runs under an engine lease of kind ``foreign``
+(``loki.engine.lease``, renewed every ``ttl_s / 3``, released by ``loki.engine.release`` once
+the answer is read, failed or abandoned). The body's ``id_slot`` is set to the lease's (or
+removed when the lease names none); the lease's ``api_key`` goes only to the lease's
+``base_url``; the client's own ``Authorization`` is never forwarded. Any ``/slots`` path is
+refused with 405.
+
+Streaming answers are passed through event by event as they arrive (no buffering,
+``X-Accel-Buffering: no``); ``stream_options.include_usage`` is always asked upstream (the
+usage goes to the perf record) and the usage chunk is given to the client only when it asked
+for it. A client that goes away (while the engine is still reading the prompt, after the first
+chunk, or while waiting for a non-streamed answer) closes the upstream connection, which
+makes llama-server cancel the task and free the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import suppress
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from loki_shared import subjects
+from loki_shared.fingerprint import fingerprints
+from loki_shared.messages.engine import (
+    EngineInfo,
+    EngineInfoRequest,
+    Lease,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewRequest,
+)
+from loki_shared.messages.perf import PerfRecord
+
+from ..bus import Bus
+from ..deps import get_bus
+from ..errors import MethodNotAllowed, ServiceUnavailable
+from ..openai_compat import (
+    engine_error,
+    normalise_chat,
+    normalise_completion,
+    normalise_embeddings,
+    parse_object,
+)
+
+log = logging.getLogger("loki.gateway.v1")
+router = APIRouter(tags=["openai"])
+T = TypeVar("T")
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_CHAT_SCHEMA = {
+    "type": "object",
+    "required": ["messages"],
+    "properties": {
+        "model": {"type": "string"},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "role": {"type": "string"},
+                    "content": {"type": ["string", "null"]},
+                },
+            },
+        },
+        "stream": {"type": "boolean"},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 16},
+        "n": {"type": "integer"},
+    },
+}
+_COMPLETION_SCHEMA = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {
+        "prompt": {"type": "string"},
+        "stream": {"type": "boolean"},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 16},
+    },
+}
+_EMBED_SCHEMA = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {"input": {"type": "string"}},
+}
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before the answer was ready."""
+
+
+def _join(base_url: str, path: str) -> str:
+    """``base_url`` (with or without a trailing ``/v1``) joined with a ``/v1/...`` path."""
+    base = base_url.rstrip("/")
+    if base.endswith("/v1") and path.startswith("/v1/"):
+        base = base[: -len("/v1")]
+    return base + path
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def race_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` unless the client disconnects first, in which case it is
+    cancelled (closing any upstream connection it holds) and :class:`ClientGone` raised.
+    The request body must have been read already."""
+    task = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    with suppress(BaseException):
+        await task
+    raise ClientGone()
+
+
+class LeaseHolder:
+    """One ``foreign`` lease: renewed in the background, released exactly once."""
+
+    def __init__(self, bus: Bus, lease: Lease) -> None:
+        self.bus = bus
+        self.lease = lease
+        self._renewer: asyncio.Task | None = None
+        self._released = False
+        if lease.ttl_s and lease.ttl_s > 0:
+            self._renewer = asyncio.create_task(self._renew_loop(lease.ttl_s / 3))
+
+    @classmethod
+    async def acquire(cls, bus: Bus, wait_s: float) -> "LeaseHolder":
+        """Ask the supervisor for a ``foreign`` lease.
+
+        Raises:
+            ServiceUnavailable: the supervisor does not answer.
+            ServiceError: it refused (busy, unavailable...).
+        """
+        lease = await bus.request_ok(
+            subjects.ENGINE_LEASE,
+            LeaseRequest(kind="foreign", wait_s=wait_s),
+            Lease,
+            timeout=wait_s + 5.0,
+        )
+        return cls(bus, lease)
+
+    async def _renew_loop(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(max(every, 0.5))
+            try:
+                await self.bus.request_ok(
+                    subjects.ENGINE_RENEW, RenewRequest(lease_id=self.lease.lease_id), Lease
+                )
+            except Exception as exc:  # expired or supervisor away: the request goes on
+                log.warning("lease %s renewal failed: %s", self.lease.lease_id, exc)
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+        try:
+            await self.bus.request(
+                subjects.ENGINE_RELEASE, ReleaseRequest(lease_id=self.lease.lease_id),
+                ReleaseReply,
+            )
+        except Exception as exc:
+            log.warning("lease %s release failed: %s", self.lease.lease_id, exc)
+
+
+def _state(request: Request) -> Any:
+    return request.app.state
+
+
+def _upstream_headers(lease: Lease) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    if lease.api_key:
+        headers["Authorization"] = f"Bearer {lease.api_key}"
+    return headers
+
+
+async def _publish_perf(request: Request, record: PerfRecord) -> None:
+    try:
+        await _state(request).bus.client.publish(
+            subjects.PERF_RECORD, record.model_dump_json().encode()
+        )
+    except Exception as exc:
+        log.warning("perf record not published: %s", exc)
+
+
+def _record(
+    body: dict[str, Any], lease: Lease, started: float, ttft: float | None,
+    final: dict[str, Any], cut: bool,
+) -> PerfRecord:
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    now = time.monotonic()
+    return PerfRecord(
+        ts=time.time(),
+        kind="foreign",
+        model=str(final.get("model") or lease.model or ""),
+        preset="external" if lease.external else "local",
+        slot=lease.id_slot,
+        timings=final.get("timings"),
+        usage=final.get("usage"),
+        ttft_ms=None if ttft is None else (ttft - started) * 1000.0,
+        total_ms=(now - started) * 1000.0,
+        finish_reason=final.get("finish_reason"),
+        cut=cut,
+        fingerprints=fingerprints(messages),
+        roles=[str(m.get("role")) for m in messages if isinstance(m, dict)],
+    )
+
+
+async def _read_body(request: Request) -> dict[str, Any]:
+    return parse_object(await request.body())
+
+
+async def _proxy(
+    request: Request, path: str, body: dict[str, Any], perf: bool
+) -> Response:
+    """Send ``body`` to the leased engine at ``path`` and relay the answer."""
+    state = _state(request)
+    settings = state.settings
+    client: httpx.AsyncClient = state.http
+    stream = bool(body.get("stream"))
+    wants_usage = False
+    if stream:
+        opts = dict(body.get("stream_options") or {})
+        wants_usage = bool(opts.get("include_usage"))
+        opts["include_usage"] = True
+        body["stream_options"] = opts
+    holder = await race_disconnect(request, LeaseHolder.acquire(state.bus, settings.lease_wait_s))
+    lease = holder.lease
+    if lease.id_slot is not None:
+        body["id_slot"] = lease.id_slot
+    else:
+        body.pop("id_slot", None)
+    started = time.monotonic()
+    upstream = client.build_request(
+        "POST", _join(lease.base_url, path),
+        content=json.dumps(body, ensure_ascii=False).encode("utf-8"),
+        headers=_upstream_headers(lease),
+    )
+    try:
+        resp = await race_disconnect(request, client.send(upstream, stream=True))
+    except ClientGone:
+        await holder.release()
+        if perf:
+            await _publish_perf(request, _record(body, lease, started, None, {}, cut=True))
+        return Response(status_code=499)
+    except httpx.HTTPError as exc:
+        await holder.release()
+        raise ServiceUnavailable(f"engine unreachable: {type(exc).__name__}") from exc
+    except BaseException:
+        await holder.release()
+        raise
+
+    if not stream or resp.status_code != 200:
+        try:
+            raw = await race_disconnect(request, resp.aread())
+        except ClientGone:
+            await resp.aclose()
+            await holder.release()
+            return Response(status_code=499)
+        finally:
+            await resp.aclose()
+            await holder.release()
+        if resp.status_code != 200:
+            status, err = engine_error(resp.status_code, raw)
+            log.info("engine answered %s on %s: %s", resp.status_code, path, err["error"])
+            return JSONResponse(err, status_code=status)
+        if perf:
+            final: dict[str, Any] = {}
+            with suppress(ValueError, UnicodeDecodeError, AttributeError):
+                payload = json.loads(raw)
+                final = {
+                    "usage": payload.get("usage"),
+                    "timings": payload.get("timings"),
+                    "model": payload.get("model"),
+                    "finish_reason": (payload.get("choices") or [{}])[0].get("finish_reason"),
+                }
+            await _publish_perf(request, _record(body, lease, started, None, final, cut=False))
+        return Response(content=raw, status_code=200, media_type="application/json")
+
+    return StreamingResponse(
+        _relay(request, resp, holder, body, started, wants_usage, perf),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _filter_event(data: str, wants_usage: bool, final: dict[str, Any]) -> str | None:
+    """Inspect one upstream ``data:`` payload; return what to send (None: drop the event).
+
+    Only payloads that may hold ``usage``, ``timings`` or a ``finish_reason`` are decoded;
+    the others are relayed byte for byte.
+    """
+    if data == "[DONE]":
+        return data
+    if '"usage"' not in data and '"timings"' not in data and '"finish_reason":"' not in data:
+        return data
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return data
+    if not isinstance(chunk, dict):
+        return data
+    choices = chunk.get("choices") or []
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("finish_reason"):
+            final["finish_reason"] = choice["finish_reason"]
+    if chunk.get("usage"):
+        final["usage"] = chunk["usage"]
+    if chunk.get("timings"):
+        final["timings"] = chunk["timings"]
+    if chunk.get("model"):
+        final["model"] = chunk["model"]
+    if wants_usage or "usage" not in chunk:
+        return data
+    if not choices:
+        return None  # the usage-only chunk the client did not ask for
+    del chunk["usage"]
+    return json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))
+
+
+async def _relay(
+    request: Request,
+    resp: httpx.Response,
+    holder: LeaseHolder,
+    body: dict[str, Any],
+    started: float,
+    wants_usage: bool,
+    perf: bool,
+) -> AsyncIterator[bytes]:
+    """Relay the engine's SSE events one write per event; cleanup happens shielded from
+    the cancellation a client disconnect causes."""
+    final: dict[str, Any] = {}
+    ttft: float | None = None
+    cut = True
+    lines: list[str] = []
+    drop = False
+    try:
+        async for line in resp.aiter_lines():
+            if line:
+                if line.startswith("data:"):
+                    data = line[5:].lstrip(" ")
+                    if ttft is None:
+                        ttft = time.monotonic()
+                    kept = _filter_event(data, wants_usage, final)
+                    if kept is None:
+                        drop = True
+                        continue
+                    line = "data: " + kept
+                lines.append(line)
+                continue
+            if lines and not drop:
+                yield ("\n".join(lines) + "\n\n").encode("utf-8")
+            lines, drop = [], False
+        if lines and not drop:
+            yield ("\n".join(lines) + "\n\n").encode("utf-8")
+        cut = False
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            await resp.aclose()
+            await holder.release()
+            if perf:
+                await _publish_perf(
+                    request, _record(body, holder.lease, started, ttft, final, cut=cut)
+                )
+
+
+@router.get("/v1/models")
+async def models(request: Request, bus: Bus = Depends(get_bus)) -> Any:
+    """The engine's ``/v1/models`` (no lease needed: it does not use a slot)."""
+    info = await bus.request_ok(subjects.ENGINE_INFO, EngineInfoRequest(), EngineInfo)
+    if info.state != "ready" or not info.base_url:
+        raise ServiceUnavailable(f"engine is {info.state}", code="engine_not_ready")
+    headers = {"Authorization": f"Bearer {info.api_key}"} if info.api_key else {}
+    try:
+        resp = await _state(request).http.get(_join(info.base_url, "/v1/models"),
+                                              headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        raise ServiceUnavailable(f"engine unreachable: {type(exc).__name__}") from exc
+    if resp.status_code != 200:
+        status, err = engine_error(resp.status_code, resp.content)
+        return JSONResponse(err, status_code=status)
+    return Response(content=resp.content, media_type="application/json")
+
+
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra={"requestBody": {"required": True,
+                                   "content": {"application/json": {"schema": _CHAT_SCHEMA}}}},
+)
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions, streamed or not (see the module docstring)."""
+    body = normalise_chat(await _read_body(request))
+    return await _proxy(request, "/v1/chat/completions", body, perf=True)
+
+
+@router.post(
+    "/v1/completions",
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": _COMPLETION_SCHEMA}}}},
+)
+async def completions(request: Request) -> Response:
+    """OpenAI (legacy) completions, passed through."""
+    body = normalise_completion(await _read_body(request))
+    return await _proxy(request, "/v1/completions", body, perf=True)
+
+
+@router.post(
+    "/v1/embeddings",
+    openapi_extra={"requestBody": {"required": True,
+                                   "content": {"application/json": {"schema": _EMBED_SCHEMA}}}},
+)
+async def embeddings(request: Request) -> Response:
+    """OpenAI embeddings, passed through when the engine serves them (llama-server started
+    with ``--embeddings``; otherwise the engine's refusal is relayed in OpenAI's shape)."""
+    body = normalise_embeddings(await _read_body(request))
+    body.pop("stream", None)
+    return await _proxy(request, "/v1/embeddings", body, perf=False)
+
+
+@router.api_route("/v1/slots", methods=ALL_METHODS, include_in_schema=False)
+@router.api_route("/v1/slots/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
+@router.api_route("/slots", methods=ALL_METHODS, include_in_schema=False)
+@router.api_route("/slots/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
+async def slots_refused(request: Request) -> Response:
+    """Slot save/restore/erase is the supervisor's alone: any ``/slots`` path is 405."""
+    raise MethodNotAllowed(f"{request.url.path} is not available through the gateway")

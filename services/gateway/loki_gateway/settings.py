@@ -1,0 +1,53 @@
+"""The gateway's settings, read from ``LOKI_*`` environment variables in ``__main__``."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+
+from loki_shared.settings import LokiSettings
+
+LOOPBACK = "127.0.0.1"
+
+
+class Settings(LokiSettings):
+    """Gateway configuration.
+
+    - ``LOKI_WEB_PORT`` (8090): the one public HTTP port.
+    - ``LOKI_WEB_HOST``: the listen address. Unset: ``0.0.0.0`` when ``LOKI_API_KEY`` is set,
+      loopback (``127.0.0.1``) when it is not, so an unprotected Loki is never reachable from
+      another machine unless told so explicitly.
+    - ``LOKI_API_KEY``: when set, every ``/api`` and ``/v1`` route needs
+      ``Authorization: Bearer <key>``.
+    - ``LOKI_MAX_BODY_BYTES`` (16 MiB): request bodies above it get 413.
+    - ``LOKI_MAX_MESSAGE_CHARS`` (1 000 000): longest user message ``/api/chat/send`` accepts.
+    - ``LOKI_SSE_PING_S`` (4): seconds between ``: ping`` comments on ``/api/chat``.
+    - ``LOKI_SSE_CLIENT_BUFFER`` (4096): live events one SSE client may have waiting; past it
+      the client is told to reconnect (and resumes by replay).
+    - ``LOKI_SSE_REPLAY_PAGE`` (500): events asked per ``loki.chat.replay`` request.
+    - ``LOKI_LEASE_WAIT_S`` (60): how long a ``/v1`` request may wait for an engine lease.
+    - ``LOKI_UPSTREAM_TIMEOUT_S`` (600): read timeout towards the engine.
+    """
+
+    web_port: int = Field(default=8090, ge=1, le=65535)
+    web_host: str | None = None
+    api_key: SecretStr | None = None
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_message_chars: int = Field(default=1_000_000, ge=1)
+    sse_ping_s: float = Field(default=4.0, gt=0)
+    sse_client_buffer: int = Field(default=4096, ge=16)
+    sse_replay_page: int = Field(default=500, ge=1)
+    lease_wait_s: float = Field(default=60.0, gt=0)
+    upstream_timeout_s: float = Field(default=600.0, gt=0)
+
+    def listen_host(self) -> str:
+        """The address uvicorn binds: ``LOKI_WEB_HOST``, else loopback without a key."""
+        if self.web_host:
+            return self.web_host
+        return "0.0.0.0" if self.key() else LOOPBACK
+
+    def key(self) -> str | None:
+        """The API key as text, or None when unset or empty."""
+        if self.api_key is None:
+            return None
+        value = self.api_key.get_secret_value()
+        return value or None

@@ -1,0 +1,323 @@
+"""The SSE machinery behind ``GET /api/chat``: replay, then live, with no gap and nothing twice.
+
+How one client's stream is built (see :func:`conversation_stream`):
+
+1. the client's feed is attached to the conversation's live subscription
+   (``loki.chat.events.<id>``) and the SUB is flushed to the NATS server **before** anything
+   else, so no event published from then on can be missed;
+2. the display log is replayed from ``after_seq`` (the ``Last-Event-ID``, or 0) through
+   ``loki.chat.replay``, page by page (``limit`` events per request), each page coalesced
+   (consecutive text deltas of the same key merged into one event carrying the last seq);
+3. live events follow; an event whose seq is not above the last one sent is dropped (it came
+   with the replay); an event that would leave a hole (seq > last + 1, e.g. NATS dropped one)
+   triggers a replay from the last seq sent first.
+
+Live events are written in batches of at most :data:`BATCH_MAX_EVENTS` events or
+:data:`BATCH_MAX_BYTES` bytes per write. Each client has a bounded buffer
+(``LOKI_SSE_CLIENT_BUFFER`` events): the NATS callback never waits for a client, and a client
+whose buffer fills is sent ``event: reconnect`` (data ``{"last_seq": n}``) and closed; it
+resumes by replay with ``Last-Event-ID``. A slow client therefore never slows the turn or the
+other clients.
+
+Every event frame is ``id: <seq>\\ndata: <json>\\n\\n`` with the data of
+:meth:`loki_shared.messages.chat.ChatEvent.sse_data`; it is encoded once per event, whatever
+the number of clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg as NatsMsg
+from nats.aio.subscription import Subscription
+from pydantic import ValidationError
+
+from loki_shared import subjects
+from loki_shared.messages.chat import ChatEvent, ReplayReply, ReplayRequest
+
+from .bus import Bus
+
+log = logging.getLogger("loki.gateway.sse")
+
+BATCH_MAX_EVENTS = 256
+BATCH_MAX_BYTES = 128 * 1024
+TEXT_KEYS = ("content", "reasoning_content")
+
+
+def encode_event(event: ChatEvent) -> bytes:
+    """The SSE frame of one event: ``id: <seq>``, then one ``data:`` line of compact JSON
+    (non-ASCII kept as UTF-8; JSON never holds a raw newline, so one line is enough)."""
+    data = json.dumps(event.sse_data(), ensure_ascii=False, separators=(",", ":"))
+    return f"id: {event.seq}\ndata: {data}\n\n".encode("utf-8")
+
+
+def _text_key(event: ChatEvent) -> str | None:
+    """The text key of a plain text delta (``content`` or ``reasoning_content``, alone, with
+    no finish_reason, usage, timings or mark), else None."""
+    if event.finish_reason or event.usage or event.timings or event.loki:
+        return None
+    keys = set(event.delta)
+    for key in TEXT_KEYS:
+        if keys == {key} and isinstance(event.delta[key], str):
+            return key
+    return None
+
+
+def coalesce(events: list[ChatEvent]) -> list[ChatEvent]:
+    """Merge consecutive plain text deltas of the same key (``content`` with ``content``,
+    ``reasoning_content`` with ``reasoning_content``) into one event.
+
+    The merged event keeps the seq and ts of the last event it absorbed, so resuming after
+    its id resumes after every event it stands for. A text delta may also be merged into a
+    preceding event that carries the same text key plus ``role`` (the first delta of a
+    message). Events are not modified in place.
+    """
+    out: list[ChatEvent] = []
+    for event in events:
+        key = _text_key(event)
+        if key and out:
+            prev = out[-1]
+            prev_keys = set(prev.delta)
+            mergeable = (
+                not (prev.finish_reason or prev.usage or prev.timings or prev.loki)
+                and key in prev_keys
+                and isinstance(prev.delta[key], str)
+                and prev_keys <= {key, "role"}
+            )
+            if mergeable:
+                delta = dict(prev.delta)
+                delta[key] = delta[key] + event.delta[key]
+                out[-1] = prev.model_copy(update={"delta": delta, "seq": event.seq, "ts": event.ts})
+                continue
+        out.append(event)
+    return out
+
+
+@dataclass
+class LiveItem:
+    """One live event as received: its seq and its encoded frame."""
+
+    seq: int
+    frame: bytes
+
+
+@dataclass(eq=False)
+class ClientFeed:
+    """The bounded buffer of one SSE client. ``push`` never blocks: when ``limit`` items are
+    already waiting, the feed is marked ``overflowed`` and stops taking items."""
+
+    conversation: str
+    limit: int
+    items: deque[LiveItem] = field(default_factory=deque)
+    overflowed: bool = False
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def push(self, item: LiveItem) -> None:
+        if self.overflowed:
+            return
+        if len(self.items) >= self.limit:
+            self.overflowed = True
+            self.items.clear()
+        else:
+            self.items.append(item)
+        self.wakeup.set()
+
+    async def take(self, max_events: int, max_bytes: int) -> list[LiveItem]:
+        """Wait until something is buffered, then return up to ``max_events`` items whose
+        frames total at most ``max_bytes`` (always at least one item). Returns [] once the
+        feed has overflowed."""
+        while not self.items and not self.overflowed:
+            self.wakeup.clear()
+            await self.wakeup.wait()
+        if self.overflowed:
+            return []
+        out: list[LiveItem] = []
+        size = 0
+        while self.items and len(out) < max_events:
+            nxt = len(self.items[0].frame)
+            if out and size + nxt > max_bytes:
+                break
+            out.append(self.items.popleft())
+            size += nxt
+        return out
+
+
+class EventHub:
+    """One NATS subscription per watched conversation, fanned out to its clients' feeds.
+
+    ``attach`` returns only once the server has the subscription (``flush``), so a replay
+    asked afterwards cannot miss an event. The subscription is dropped with the last client.
+    """
+
+    def __init__(self, client: Client, buffer: int) -> None:
+        self.client = client
+        self.buffer = buffer
+        self._feeds: dict[str, set[ClientFeed]] = {}
+        self._subs: dict[str, Subscription] = {}
+        self._lock = asyncio.Lock()
+
+    def clients(self, conversation: str) -> int:
+        """Number of SSE clients attached to ``conversation``."""
+        return len(self._feeds.get(conversation, ()))
+
+    async def attach(self, conversation: str) -> ClientFeed:
+        """Register a new client of ``conversation`` (subscribing if it is the first).
+
+        Raises:
+            ValueError: ``conversation`` is not a valid subject token.
+        """
+        subject = subjects.chat_events(conversation)
+        feed = ClientFeed(conversation, self.buffer)
+        async with self._lock:
+            feeds = self._feeds.setdefault(conversation, set())
+            feeds.add(feed)
+            if conversation not in self._subs:
+                self._subs[conversation] = await self.client.subscribe(
+                    subject, cb=self._on_message, pending_msgs_limit=1_000_000
+                )
+                await self.client.flush(timeout=5)
+        return feed
+
+    async def detach(self, feed: ClientFeed) -> None:
+        """Forget ``feed``; unsubscribe when it was the conversation's last client."""
+        async with self._lock:
+            feeds = self._feeds.get(feed.conversation)
+            if feeds is None:
+                return
+            feeds.discard(feed)
+            if not feeds:
+                del self._feeds[feed.conversation]
+                sub = self._subs.pop(feed.conversation, None)
+                if sub is not None:
+                    try:
+                        await sub.unsubscribe()
+                    except Exception:  # connection closing: nothing to undo
+                        pass
+
+    async def _on_message(self, msg: NatsMsg) -> None:
+        try:
+            event = ChatEvent.model_validate_json(msg.data)
+        except ValidationError:
+            log.warning("dropping a malformed event on %s", msg.subject)
+            return
+        conversation = msg.subject[len(subjects.CHAT_EVENTS_PREFIX) + 1 :]
+        feeds = self._feeds.get(conversation)
+        if not feeds:
+            return
+        item = LiveItem(event.seq, encode_event(event))
+        for feed in list(feeds):
+            feed.push(item)
+
+
+async def replay_page(
+    bus: Bus, conversation: str, after_seq: int, limit: int
+) -> ReplayReply:
+    """One ``loki.chat.replay`` page (events with seq > ``after_seq``).
+
+    Raises:
+        ServiceUnavailable, UpstreamError, ServiceError: see :meth:`Bus.request_ok`.
+    """
+    return await bus.request_ok(
+        subjects.CHAT_REPLAY,
+        ReplayRequest(conversation=conversation, after_seq=after_seq, limit=limit),
+        ReplayReply,
+        timeout=10.0,
+    )
+
+
+def frames_in_batches(events: list[ChatEvent]) -> list[bytes]:
+    """Encode ``events`` and group the frames into writes of at most
+    :data:`BATCH_MAX_EVENTS` events / :data:`BATCH_MAX_BYTES` bytes."""
+    chunks: list[bytes] = []
+    current: list[bytes] = []
+    size = 0
+    for event in events:
+        frame = encode_event(event)
+        if current and (len(current) >= BATCH_MAX_EVENTS or size + len(frame) > BATCH_MAX_BYTES):
+            chunks.append(b"".join(current))
+            current, size = [], 0
+        current.append(frame)
+        size += len(frame)
+    if current:
+        chunks.append(b"".join(current))
+    return chunks
+
+
+@dataclass
+class StreamState:
+    """The seq of the last event this client has been sent."""
+
+    last_seq: int
+
+
+async def _replay_from(
+    bus: Bus, conversation: str, state: StreamState, page: int, first: ReplayReply | None = None
+) -> AsyncIterator[bytes]:
+    reply = first
+    while True:
+        if reply is None:
+            reply = await replay_page(bus, conversation, state.last_seq, page)
+        events = [e for e in reply.events if e.seq > state.last_seq]
+        if events:
+            for chunk in frames_in_batches(coalesce(events)):
+                yield chunk
+            state.last_seq = events[-1].seq
+        if not reply.more or not events:
+            return
+        reply = None
+
+
+async def conversation_stream(
+    bus: Bus,
+    hub: EventHub,
+    feed: ClientFeed,
+    first_page: ReplayReply,
+    after_seq: int,
+    page: int,
+) -> AsyncIterator[bytes]:
+    """The byte chunks of one client's SSE stream (see the module docstring).
+
+    ``feed`` must have been attached before ``first_page`` was asked; the feed is detached
+    when the stream ends or the client goes away.
+    """
+    state = StreamState(after_seq)
+    try:
+        yield b"retry: 2000\n\n"
+        async for chunk in _replay_from(bus, feed.conversation, state, page, first_page):
+            yield chunk
+        while True:
+            items = await feed.take(BATCH_MAX_EVENTS, BATCH_MAX_BYTES)
+            if not items:  # overflowed: the client is too far behind
+                log.info(
+                    "SSE client of %s too far behind at seq %d: told to reconnect",
+                    feed.conversation,
+                    state.last_seq,
+                )
+                data = json.dumps({"last_seq": state.last_seq, "reason": "too far behind"})
+                yield f"event: reconnect\ndata: {data}\n\n".encode()
+                return
+            batch: list[bytes] = []
+            for item in items:
+                if item.seq <= state.last_seq:
+                    continue
+                if item.seq > state.last_seq + 1:
+                    # A hole: fill it from the log before going on.
+                    if batch:
+                        yield b"".join(batch)
+                        batch = []
+                    async for chunk in _replay_from(bus, feed.conversation, state, page):
+                        yield chunk
+                    if item.seq <= state.last_seq:
+                        continue
+                batch.append(item.frame)
+                state.last_seq = item.seq
+            if batch:
+                yield b"".join(batch)
+    finally:
+        await hub.detach(feed)

@@ -1,0 +1,282 @@
+"""Fakes of the gateway's NATS peers, on a real NATS server, for gateway tests.
+
+:class:`FakePeers` runs in a background thread with its own event loop and answers:
+
+- the chat service's subjects (``loki.chat.send/control/state/replay/conversations``) with an
+  in-memory conversation store whose display log and live events follow the real contract
+  (log appended first, then the event published on ``loki.chat.events.<id>``);
+- the engine supervisor's ``loki.engine.info/lease/renew/release``, pointing at
+  ``engine_url`` (the real llama-server or the scripted fake engine) and counting leases.
+
+A "turn" plays ``reply_pieces`` as content deltas, ``delay_s`` apart, then an end-of-turn
+event with ``finish_reason``, ``usage`` and ``timings``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+
+from loki_shared import subjects
+from loki_shared.messages.base import ErrorInfo
+from loki_shared.messages.chat import (
+    ChatEvent,
+    ChatMessage,
+    ControlReply,
+    ControlRequest,
+    ConversationInfo,
+    ConversationsReply,
+    ConversationsRequest,
+    ReplayReply,
+    ReplayRequest,
+    SendReply,
+    SendRequest,
+    StateReply,
+    StateRequest,
+)
+from loki_shared.messages.engine import (
+    EngineInfo,
+    Lease,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewRequest,
+)
+
+
+@dataclass
+class Conv:
+    info: ConversationInfo
+    events: list[ChatEvent] = field(default_factory=list)
+    messages: list[ChatMessage] = field(default_factory=list)
+    generating: bool = False
+    stop: bool = False
+    deleted_blob: bool = False
+
+
+class FakePeers:
+    """Fake chat service and engine supervisor (see the module docstring)."""
+
+    def __init__(self, nats_url: str, engine_url: str = "", id_slot: int | None = 1) -> None:
+        self.nats_url = nats_url
+        self.engine_url = engine_url
+        self.id_slot = id_slot
+        self.convs: dict[str, Conv] = {}
+        self.reply_pieces: list[str] = ["Hello", ", ", "wörld", " 🌍", "!"]
+        self.reasoning_pieces: list[str] = []
+        self.delay_s = 0.01
+        self.leases: dict[str, LeaseRequest] = {}
+        self.lease_count = 0
+        self.release_count = 0
+        self.renew_count = 0
+        self.lease_ttl_s = 30.0
+        self.lease_error: str | None = None
+        self.skip_publish: set[int] = set()  # seqs appended to the log but not published
+        self._ids = itertools.count(1)
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.nc: Any = None
+
+    # -- life ---------------------------------------------------------------------------
+    def start(self) -> "FakePeers":
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake peers did not start")
+        return self
+
+    def stop(self) -> None:
+        self.call(self.nc.drain())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        """Run ``coro`` on the fakes' loop from any thread and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._connect())
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _connect(self) -> None:
+        self.nc = await nats.connect(self.nats_url, name="fake-peers")
+        table = {
+            subjects.CHAT_SEND: (SendRequest, self._send),
+            subjects.CHAT_CONTROL: (ControlRequest, self._control),
+            subjects.CHAT_STATE: (StateRequest, self._state),
+            subjects.CHAT_REPLAY: (ReplayRequest, self._replay),
+            subjects.CHAT_CONVERSATIONS: (ConversationsRequest, self._conversations),
+            subjects.ENGINE_INFO: (None, self._info),
+            subjects.ENGINE_LEASE: (LeaseRequest, self._lease),
+            subjects.ENGINE_RENEW: (RenewRequest, self._renew),
+            subjects.ENGINE_RELEASE: (ReleaseRequest, self._release),
+        }
+        for subject, (model, handler) in table.items():
+            await self.nc.subscribe(subject, cb=self._wrap(model, handler))
+        await self.nc.flush()
+
+    def _wrap(self, model: Any, handler: Any) -> Any:
+        async def cb(msg: Any) -> None:
+            request = model.model_validate_json(msg.data) if model else None
+            reply = await handler(request)
+            await msg.respond(reply.model_dump_json().encode())
+
+        return cb
+
+    # -- chat ---------------------------------------------------------------------------
+    def new_conv(self, title: str = "") -> Conv:
+        cid = uuid.uuid4().hex[:12]
+        now = time.time()
+        conv = Conv(ConversationInfo(id=cid, title=title, created=now, updated=now))
+        self.convs[cid] = conv
+        return conv
+
+    async def emit(self, cid: str, delta: dict[str, Any], **extra: Any) -> ChatEvent:
+        """Append one event to the log, then publish it (unless its seq is in skip_publish)."""
+        conv = self.convs[cid]
+        event = ChatEvent(conversation=cid, seq=len(conv.events) + 1, ts=time.time(),
+                          delta=delta, **extra)
+        conv.events.append(event)
+        if event.seq not in self.skip_publish:
+            await self.nc.publish(subjects.chat_events(cid), event.model_dump_json().encode())
+        return event
+
+    async def play_turn(self, cid: str, content: str) -> None:
+        conv = self.convs[cid]
+        conv.generating = True
+        conv.stop = False
+        conv.messages.append(ChatMessage(role="user", content=content))
+        await self.emit(cid, {"role": "user", "content": content})
+        await self.emit(cid, {"role": "assistant"}, loki={"event": "turn_start"})
+        text = ""
+        for piece in self.reasoning_pieces:
+            await asyncio.sleep(self.delay_s)
+            await self.emit(cid, {"reasoning_content": piece})
+        for piece in self.reply_pieces:
+            if conv.stop:
+                break
+            await asyncio.sleep(self.delay_s)
+            text += piece
+            await self.emit(cid, {"content": piece})
+        finish = "stop"
+        conv.messages.append(ChatMessage(role="assistant", content=text))
+        await self.emit(
+            cid, {}, finish_reason=finish,
+            usage={"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45},
+            timings={"prompt_n": 12, "cache_n": 28, "predicted_n": 5},
+            loki={"event": "stopped" if conv.stop else "turn_end"},
+        )
+        conv.generating = False
+
+    async def _send(self, req: SendRequest) -> SendReply:
+        if req.conversation is None:
+            conv = self.new_conv(req.content[:30])
+        elif req.conversation not in self.convs:
+            return SendReply(error=ErrorInfo(type="not_found", message="no such conversation"))
+        else:
+            conv = self.convs[req.conversation]
+        queued = conv.generating
+        asyncio.get_running_loop().create_task(self.play_turn(conv.info.id, req.content))
+        return SendReply(conversation=conv.info.id, queued=queued)
+
+    async def _control(self, req: ControlRequest) -> ControlReply:
+        conv = self.convs.get(req.conversation)
+        if conv is None:
+            return ControlReply(error=ErrorInfo(type="not_found", message="no such conversation"))
+        if req.action == "stop":
+            conv.stop = True
+        elif req.action == "reset":
+            conv.messages.clear()
+            await self.emit(req.conversation, {}, loki={"event": "reset"})
+        elif req.action == "compact":
+            await self.emit(req.conversation, {}, loki={"event": "compaction",
+                                                        "tokens_before": 100, "tokens_after": 20})
+        return ControlReply(ok=True, detail=req.action)
+
+    async def _state(self, req: StateRequest) -> StateReply:
+        conv = self.convs.get(req.conversation)
+        if conv is None:
+            return StateReply(error=ErrorInfo(type="not_found", message="no such conversation"))
+        return StateReply(conversation=conv.info.id, messages=conv.messages, ctx_used=45,
+                          n_ctx=4096, generating=conv.generating,
+                          last_seq=len(conv.events))
+
+    async def _replay(self, req: ReplayRequest) -> ReplayReply:
+        conv = self.convs.get(req.conversation)
+        if conv is None:
+            return ReplayReply(error=ErrorInfo(type="not_found", message="no such conversation"))
+        events = [e for e in conv.events if e.seq > req.after_seq]
+        more = False
+        if req.limit is not None and len(events) > req.limit:
+            events, more = events[: req.limit], True
+        # Like the real service: a page stays well under NATS's 1 MiB max payload.
+        size, cut = 0, len(events)
+        for i, e in enumerate(events):
+            size += len(e.model_dump_json())
+            if size > 512 * 1024 and i > 0:
+                cut = i
+                break
+        if cut < len(events):
+            events, more = events[:cut], True
+        return ReplayReply(events=events, last_seq=len(conv.events), more=more)
+
+    async def _conversations(self, req: ConversationsRequest) -> ConversationsReply:
+        if req.action == "list":
+            infos = sorted((c.info for c in self.convs.values()), key=lambda i: -i.updated)
+            return ConversationsReply(conversations=infos)
+        if req.action == "create":
+            return ConversationsReply(conversation=self.new_conv(req.title or "").info)
+        conv = self.convs.get(req.conversation or "")
+        if conv is None:
+            return ConversationsReply(
+                error=ErrorInfo(type="not_found", message="no such conversation"))
+        if req.action == "rename":
+            conv.info = conv.info.model_copy(update={"title": req.title or ""})
+            return ConversationsReply(conversation=conv.info)
+        if req.action == "delete":
+            del self.convs[conv.info.id]
+            return ConversationsReply(conversation=conv.info)
+        return ConversationsReply(export={
+            "conversation": conv.info.model_dump(),
+            "messages": [m.model_dump(exclude_none=True) for m in conv.messages],
+            "log": [e.model_dump() for e in conv.events],
+        })
+
+    # -- engine supervisor ---------------------------------------------------------------
+    async def _info(self, _: Any) -> EngineInfo:
+        return EngineInfo(state="ready" if self.engine_url else "stopped",
+                          base_url=self.engine_url, model="fake", n_ctx=4096, total_slots=2)
+
+    async def _lease(self, req: LeaseRequest) -> Lease:
+        if self.lease_error:
+            return Lease(error=ErrorInfo(type=self.lease_error, message="no lease for you"))
+        lease_id = f"L{next(self._ids)}"
+        self.leases[lease_id] = req
+        self.lease_count += 1
+        return Lease(lease_id=lease_id, kind=req.kind, base_url=self.engine_url,
+                     id_slot=self.id_slot, n_ctx=4096, model="fake", ttl_s=self.lease_ttl_s,
+                     api_key=None)
+
+    async def _renew(self, req: RenewRequest) -> Lease:
+        self.renew_count += 1
+        if req.lease_id not in self.leases:
+            return Lease(error=ErrorInfo(type="not_found", message="expired"))
+        return Lease(lease_id=req.lease_id, base_url=self.engine_url, ttl_s=self.lease_ttl_s)
+
+    async def _release(self, req: ReleaseRequest) -> ReleaseReply:
+        ok = self.leases.pop(req.lease_id, None) is not None
+        self.release_count += ok
+        return ReleaseReply(ok=ok)
+
+    def held(self) -> int:
+        """Leases granted and not released."""
+        return len(self.leases)
