@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from recall_helpers import Client, recall_settings
+from tests.recall.recall_helpers import Client, recall_settings
 
 from loki_recall.service import RecallService
 

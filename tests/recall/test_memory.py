@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import FastAPI
-from recall_helpers import Client, recall_settings
+from tests.recall.recall_helpers import Client, recall_settings
 from redis.asyncio import Redis
 
 from loki_gateway.bus import Bus

@@ -24,7 +24,7 @@ from loki_shared.messages.recall import (
     ToolReply, ToolRequest,
 )
 
-from recall_helpers import Client, recall_settings
+from tests.recall.recall_helpers import Client, recall_settings
 
 
 async def archive(client: Client, content: str, label: str = "", role: str = "tool",

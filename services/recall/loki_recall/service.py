@@ -186,6 +186,7 @@ class RecallService:
             stats["blocks"], stats["vocabulary"], time.monotonic() - t0,
         )
         await self.broker.start()
+        await self.broker.connection.flush()  # subscriptions are known to the server now
         self._poller = asyncio.create_task(self._poll_memory())
         log.info("recall service serving")
 
