@@ -15,6 +15,7 @@ Usage::
         ...                                          # point a client at engine.url
         engine.requests[0].body                      # the exact bytes received
         engine.requests[0].json["messages"]          # decoded for convenience
+        await engine.await_requests(2)               # async tests: never block the loop
 
 Responses (played in FIFO order, one per completion request; ``engine.default`` when the
 script is empty, a plain "ok" reply unless changed):
@@ -359,6 +360,23 @@ class FakeEngine:
                 if left <= 0:
                     raise TimeoutError("stream still active")
                 self._cond.wait(left)
+
+    async def await_requests(self, n: int, timeout: float = 10.0) -> list[RecordedRequest]:
+        """:meth:`wait_requests` for async tests (never blocks the event loop)."""
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.requests)} requests, expected {n}")
+            await asyncio.sleep(0.01)
+        return list(self.requests)
+
+    async def await_idle(self, timeout: float = 10.0) -> None:
+        """:meth:`wait_idle` for async tests (never blocks the event loop)."""
+        deadline = time.monotonic() + timeout
+        while self.active_streams:
+            if time.monotonic() > deadline:
+                raise TimeoutError("stream still active")
+            await asyncio.sleep(0.01)
 
     # -- server ---------------------------------------------------------------------------
     def _run(self) -> None:

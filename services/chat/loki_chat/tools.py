@@ -17,12 +17,15 @@ Rules:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from loki_shared import subjects
 from loki_shared.messages.recall import ToolReply, ToolRequest
+
+log = logging.getLogger("loki.chat.tools")
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -128,11 +131,12 @@ UNREACHABLE = ("The archive (recall service) is unreachable right now; nothing w
                "recalled. Try the call again in a moment.")
 
 
-def recall_tools(request: Callable[[str, ToolRequest, float], Awaitable[ToolReply]],
+def recall_tools(request: Callable[[str, ToolRequest, type[ToolReply], float],
+                                   Awaitable[ToolReply]],
                  timeout_s: float) -> list[ToolSpec]:
     """``recall`` and ``recall_search``, forwarded to ``loki.recall.tool``.
 
-    ``request(subject, message, timeout)`` sends the NATS request and returns the decoded
+    ``request(subject, message, reply_type, timeout)`` sends the NATS request and returns the decoded
     reply; any exception from it (no responders, timeout, bad reply) becomes the
     "unreachable" result.
     """
@@ -141,8 +145,9 @@ def recall_tools(request: Callable[[str, ToolRequest, float], Awaitable[ToolRepl
         async def run(args: dict[str, Any]) -> str:
             try:
                 reply = await request(subjects.RECALL_TOOL, ToolRequest(name=name, arguments=args),
-                                      timeout_s)
-            except Exception:  # noqa: BLE001 - unreachable for any reason
+                                      ToolReply, timeout_s)
+            except Exception as exc:  # noqa: BLE001 - unreachable for any reason
+                log.warning("recall tool %s unreachable: %r", name, exc)
                 return UNREACHABLE
             if reply.error is not None:
                 return f"Error: {reply.error.message}"

@@ -156,7 +156,8 @@ class TurnRunner:
         """Run the states until the turn ends. Never raises for engine or tool trouble."""
         state: State | None = self.begin
         while state is not None:
-            if self.host.stop.is_set() and state not in (self.finish, self.begin):
+            if self.host.stop.is_set() and state not in (self.finish, self.begin, self.assess,
+                                                         self.tools):
                 self.outcome.stopped = True
                 state = self.finish
             state = await state()
