@@ -1,0 +1,129 @@
+"""Persistence and ownership: one sealed blob, restarts, kill -9, fenced writes, forwarding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import redis.asyncio as aioredis
+
+from fakes.fake_engine import Stream, chunk, text_reply, tool_reply
+from loki_chat.conversation import Conversation
+from loki_chat.errors import FencedWrite
+from loki_chat.store import Store, conv_key
+from loki_shared.messages.chat import SendRequest, StateRequest
+from loki_shared.sealing import service_sealer
+
+from conftest import SECRET
+
+
+async def test_blob_is_sealed_and_restart_loses_nothing(chat_runner, supervisor, client,
+                                                        fake_engine, redis_db):
+    svc = await chat_runner.start()
+    fake_engine.push(tool_reply([("c0", "ping", "")], content="Checking"), text_reply("Done"))
+    cid, _ = await client.turn("Secret plans")
+    before = await client.state(cid)
+    events = (await client.replay(cid)).events
+    r = aioredis.Redis.from_url(redis_db)
+    blob = await r.get(conv_key(cid))
+    assert b"Secret plans" not in blob and blob[0] == 1  # sealed (AES-GCM, version 1)
+    await r.aclose()
+    await chat_runner.stop(svc)
+    await chat_runner.start()
+    after = await client.state(cid)
+    assert [m.model_dump() for m in after.messages] == [m.model_dump() for m in before.messages]
+    assert (await client.replay(cid)).events == events
+    assert (await client.replay(cid, after_seq=3)).events == events[3:]
+
+
+async def test_fenced_write_refused_after_lock_taken_over(redis_db, tmp_path):
+    sealer = service_sealer(tmp_path, SECRET)
+    ra, rb = aioredis.Redis.from_url(redis_db), aioredis.Redis.from_url(redis_db)
+    a = Store(ra, sealer, "a", lock_ttl_s=0.6)
+    b = Store(rb, sealer, "b", lock_ttl_s=0.6)
+    conv = Conversation(id="c1")
+    va = await a.try_acquire("c1")
+    await a.save(conv, va)
+    assert await b.try_acquire("c1") is None and await b.owner("c1") == "a"
+    await asyncio.sleep(0.8)  # a is paused past its lock's expiry
+    vb = await b.try_acquire("c1")
+    assert vb and int(vb.split("|")[1]) > int(va.split("|")[1])  # a newer fencing token
+    conv.title = "stale write"
+    try:
+        await a.save(conv, va)
+        raise AssertionError("stale owner wrote")
+    except FencedWrite:
+        pass
+    assert (await b.load("c1")).title == ""
+    await ra.aclose()
+    await rb.aclose()
+
+
+async def test_second_instance_forwards_to_the_owner(chat_runner, supervisor, fake_engine, client):
+    a = await chat_runner.start()
+    b = await chat_runner.start()
+    fake_engine.push(Stream(frames=[chunk({"content": f"t{i} "}) for i in range(30)],
+                            delay_s=0.03), text_reply("second"))
+    first = await a.send(SendRequest(content="one"))
+    cid = first.conversation
+    await client.tap.wait(lambda: len(client.tap.text(cid)) > 0)
+    state = await b.state(StateRequest(conversation=cid))  # b does not own it: forwarded
+    assert state.generating and state.error is None
+    queued = await b.send(SendRequest(conversation=cid, content="two"))
+    assert queued.queued and queued.error is None
+    assert cid in a.actors and cid not in b.actors
+    await client.tap.wait_turn_ends(cid, 2)
+    users = [m.content for m in (await client.state(cid)).messages if m.role == "user"]
+    assert users == ["one", "two"]
+
+
+async def test_kill_9_mid_turn_loses_nothing_persisted(nats_url, redis_db, tmp_path, supervisor,
+                                                       fake_engine, client, chat_runner):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
+    env.update(LOKI_NATS_URL=nats_url, LOKI_REDIS_URL=redis_db, LOKI_HOME=str(tmp_path / "h"),
+               LOKI_SECRET_KEY=SECRET, LOKI_LOCK_TTL_S="2", LOKI_INSTANCE_ID="doomed",
+               PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "loki_chat"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        fake_engine.push(text_reply("first answer"),
+                         Stream(frames=[chunk({"content": f"p{i} "}) for i in range(400)],
+                                delay_s=0.02))
+        deadline = time.monotonic() + 20
+        while True:  # wait for the subprocess to serve
+            try:
+                cid, _ = await client.turn("first", timeout=10)
+                break
+            except Exception:  # noqa: BLE001 - not subscribed yet
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        await client.send("second", cid)
+        n0 = len(client.tap.events[cid])
+        await client.tap.wait(lambda: len(client.tap.events[cid]) > n0 + 5)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    await chat_runner.start()  # another instance takes over once the lock expires
+    state = await client.state(cid)
+    assert state.error is None
+    roles = [m.role for m in state.messages]
+    assert roles == ["system", "user", "assistant", "user"]  # no half-written message
+    assert [m.content for m in state.messages[1:]] == ["first", "first answer", "second"]
+    ends = [e for e in (await client.replay(cid)).events if (e.loki or {}).get("event") == "turn_end"]
+    assert ends[-1].loki.get("interrupted") and not state.generating
+    fake_engine.push(text_reply("third answer"))
+    await client.turn("third", cid)
+    sent = fake_engine.requests[-1].json["messages"]
+    roles = [m["role"] for m in sent]
+    assert all(not (x == y == "user") for x, y in zip(roles, roles[1:]))
+    assert sent[-1]["content"] == "second\n\nthird"
+    assert json.loads(fake_engine.requests[1].body)["messages"][:3] == sent[:3]
