@@ -33,12 +33,13 @@ import numpy as np
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from loki_shared.memkey import KDF_REDIS_KEY
 from loki_shared.messages.recall import ArchiveRequest, Block
 from loki_shared.recall_label import recall_label
 from loki_shared.sealing import Sealer, SealError
 
 from .errors import MemoryLocked, StoreUnavailable
-from .index import Index
+from .index import FREEZE_AT, Index
 from .text import MAX_SEQ, go_lower, score
 
 SEQ_KEY = "loki:recall:seq"
@@ -48,6 +49,10 @@ KIND_MEMORY = b"M"
 #: How long a seq the counter gave out but that is not stored yet is looked for again.
 PENDING_S = 60.0
 FETCH_CHUNK = 512
+_NEXT_SEQ = """
+if ARGV[1] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+return redis.call('INCR', KEYS[1])
+"""
 
 log = logging.getLogger("loki.recall.archive")
 
@@ -97,6 +102,7 @@ class Archive:
         self._pending: dict[int, float] = {}
         self._sync_lock = asyncio.Lock()
         self._loader: asyncio.Task[None] | None = None
+        self._next_seq = redis.register_script(_NEXT_SEQ)
 
     # --- state -----------------------------------------------------------------------------
     @property
@@ -168,8 +174,8 @@ class Archive:
                 return
         else:
             index, body = self._plain, inner[1:]
-        block = _decode(seq, body)
-        index.add(seq, go_lower(block.label), go_lower(block.content))
+        data = json.loads(body)
+        index.add(seq, go_lower(data["label"]), go_lower(data["content"]))
 
     def _sorted_seqs(self) -> list[int]:
         if self._sorted_dirty:
@@ -183,6 +189,7 @@ class Archive:
         Raises:
             StoreUnavailable: Redis does not answer.
         """
+        self._plain.freeze_at = 1 << 15  # fewer, bigger frozen parts while loading
         try:
             top = int(await self.redis.get(SEQ_KEY) or 0)
             cursor = 0
@@ -194,6 +201,9 @@ class Archive:
                     break
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
+        finally:
+            self._plain.freeze()
+            self._plain.freeze_at = FREEZE_AT
         now = time.monotonic()
         self._synced = max(top, self._synced)
         # Seqs handed out but not stored yet (an archive in flight elsewhere).
@@ -273,13 +283,15 @@ class Archive:
             MemoryLocked: the memory is encrypted (a KDF record exists) but locked.
             StoreUnavailable: Redis does not answer.
         """
-        from loki_shared.memkey import KDF_REDIS_KEY
-
         memory = self._memory
         try:
-            if memory is None and await self.redis.exists(KDF_REDIS_KEY):
+            # One round trip: refuse (0) when the memory is encrypted and this instance has no
+            # key, else INCR the global sequence.
+            seq = int(await self._next_seq(
+                keys=[SEQ_KEY, KDF_REDIS_KEY], args=[1 if memory is None else 0]
+            ))
+            if seq == 0:
                 raise MemoryLocked("the memory is locked: unlock it to archive")
-            seq = int(await self.redis.incr(SEQ_KEY))
             block = Block(
                 seq=seq, id=f"r{seq}",
                 label=req.label or recall_label(req.role, req.content, req.tool_name),

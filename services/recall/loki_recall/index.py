@@ -5,16 +5,22 @@ points (``a``–``z``, ``0``–``9``, U+00E0–U+00FF). Any occurrence of it ins
 text is therefore a run of word code points, so it lies inside one maximal word of that text
 (the same split as the keywords'), and that word is at least as long as the keyword (2+). So
 "the lower-cased text contains keyword k" holds exactly when some word of the text contains k
-as a substring. The index keeps, per distinct word, the list of blocks whose content (and,
-separately, whose label) holds it; a keyword is looked up by scanning the vocabulary (not the
-blocks) for words containing it.
+as a substring. The index keeps, per distinct word, the blocks whose content (and, separately,
+whose label) holds it; a keyword is looked up by scanning the vocabulary (not the blocks) for
+words containing it.
 
 The index returns, per block, an upper bound of its score; :class:`loki_recall.archive.Archive`
 still checks each block it returns with the exact rule, so the index may only narrow the
 candidates, never change an answer.
 
-Memory: block positions are 32-bit (``array('I')``), so a block costs 4 bytes per distinct
-word; the vocabulary is kept once. Nothing of the texts themselves is kept.
+Layout (all numpy, nothing of the texts kept):
+
+- the vocabulary: word → id (dict) and the words in id order, scanned by 8192-word segments
+  joined into one string each (``str.find``);
+- postings as (word id, block position) pairs: recent blocks in a flat "tail" (two
+  ``array('I')``), frozen every :data:`FREEZE_AT` blocks into a part grouped by word id
+  (sorted unique ids, start, length, positions); parts are merged when more than
+  :data:`MAX_PARTS`. A block costs 8 bytes per distinct word while in the tail, 4 after.
 """
 
 from __future__ import annotations
@@ -28,59 +34,114 @@ import numpy as np
 from .text import words
 
 SEGMENT_WORDS = 8192
+FREEZE_AT = 2048
+MAX_PARTS = 16
+MATCH_CACHE = 4096
 
 
-class _Segment:
-    """A run of vocabulary words (ids ``base .. base+len-1``) searched as one string."""
+class _Part:
+    """Frozen postings: for each word id in ``tids`` (sorted), ``pos[start:start+len]``."""
 
-    __slots__ = ("base", "words", "_text", "_starts")
+    __slots__ = ("tids", "starts", "lens", "pos")
 
-    def __init__(self, base: int) -> None:
-        self.base = base
-        self.words: list[str] = []
-        self._text: str | None = None
-        self._starts: list[int] = []
+    def __init__(self, tids: np.ndarray, pos: np.ndarray) -> None:
+        order = np.argsort(tids, kind="stable")
+        sorted_tids = tids[order]
+        self.pos = pos[order]
+        self.tids, starts, lens = np.unique(sorted_tids, return_index=True, return_counts=True)
+        self.starts = starts.astype(np.int64)
+        self.lens = lens.astype(np.int64)
 
-    def append(self, word: str) -> None:
-        self.words.append(word)
-        self._text = None
+    def nbytes(self) -> int:
+        return self.tids.nbytes + self.starts.nbytes + self.lens.nbytes + self.pos.nbytes
 
-    def find(self, kw: str, out: list[int]) -> None:
-        """Append to ``out`` the ids of the words of this segment that contain ``kw``."""
-        if self._text is None:
-            # "\n" is not a word code point, so a match never spans two words.
-            self._text = "\n".join(self.words) + "\n"
-            self._starts = [0, *accumulate(len(w) + 1 for w in self.words)]
-        text, starts = self._text, self._starts
-        pos = text.find(kw)
-        while pos >= 0:
-            i = bisect_right(starts, pos) - 1
-            out.append(self.base + i)
-            pos = text.find(kw, starts[i + 1])
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.repeat(self.tids, self.lens), self.pos
+
+    def gather(self, q: np.ndarray) -> np.ndarray | None:
+        """Positions of every block holding one of the word ids ``q`` (sorted uint32)."""
+        loc = np.searchsorted(self.tids, q)
+        ok = loc < len(self.tids)
+        loc, qq = loc[ok], q[ok]
+        loc = loc[self.tids[loc] == qq]
+        if not len(loc):
+            return None
+        starts, lens = self.starts[loc], self.lens[loc]
+        total = int(lens.sum())
+        offs = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total)
+        return self.pos[offs]
 
 
-def _append(lists: list[array] | dict[int, array], tid: int, pos: int) -> None:
-    posting = lists[tid]
-    try:
-        posting.append(pos)
-    except BufferError:  # a numpy view still exported: copy and go on
-        posting = lists[tid] = array("I", posting)
-        posting.append(pos)
+class _Postings:
+    """(word id, position) pairs: a growing tail plus frozen parts."""
+
+    def __init__(self) -> None:
+        self.parts: list[_Part] = []
+        self.tail_t = array("I")
+        self.tail_p = array("I")
+
+    def extend(self, tids: list[int], pos: int) -> None:
+        try:
+            self.tail_t.extend(tids)
+            self.tail_p.extend([pos] * len(tids))
+        except BufferError:  # a numpy view still exported: copy, keep the pairs aligned
+            n = min(len(self.tail_t), len(self.tail_p))
+            self.tail_t = array("I", self.tail_t[:n])
+            self.tail_p = array("I", self.tail_p[:n])
+            self.tail_t.extend(tids)
+            self.tail_p.extend([pos] * len(tids))
+
+    def freeze(self) -> None:
+        if len(self.tail_t):
+            t = np.array(self.tail_t, dtype=np.uint32)
+            p = np.array(self.tail_p, dtype=np.uint32)
+            self.parts.append(_Part(t, p))
+            self.tail_t, self.tail_p = array("I"), array("I")
+        if len(self.parts) > MAX_PARTS:
+            pairs = [part.pairs() for part in self.parts]
+            self.parts = [_Part(np.concatenate([a for a, _ in pairs]),
+                                np.concatenate([b for _, b in pairs]))]
+
+    def mark(self, q: np.ndarray, n: int) -> np.ndarray | None:
+        """Bool array over positions: blocks holding one of the word ids ``q``."""
+        mark: np.ndarray | None = None
+        for part in self.parts:
+            pos = part.gather(q)
+            if pos is not None:
+                if mark is None:
+                    mark = np.zeros(n, dtype=np.bool_)
+                mark[pos] = True
+        if len(self.tail_t):
+            t = np.frombuffer(self.tail_t, dtype=np.uint32)
+            hit = np.isin(t, q, kind="table") if len(q) else np.zeros(len(t), np.bool_)
+            if hit.any():
+                if mark is None:
+                    mark = np.zeros(n, dtype=np.bool_)
+                mark[np.frombuffer(self.tail_p, dtype=np.uint32)[hit]] = True
+            del t, hit
+        return mark
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts) + 4 * (len(self.tail_t) + len(self.tail_p))
 
 
 class Index:
     """Word → blocks index over a set of readable blocks.
 
     Blocks are added with :meth:`add` (never removed: a lock drops a whole index). Positions
-    are dense (0, 1, 2, ... in order of addition); ``seq`` of each position is kept.
+    are dense (0, 1, 2, ... in order of addition); the ``seq`` of each position is kept.
     """
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
-        self._content: list[array] = []
-        self._label: dict[int, array] = {}
+        self._words: list[str] = []
+        self._texts: list[tuple[str, list[int]] | None] = []  # joined segment, word starts
+        self._content = _Postings()
+        self._label = _Postings()
         self._seqs = array("Q")
-        self._segments: list[_Segment] = []
+        self._tail_blocks = 0
+        self.freeze_at = FREEZE_AT
+        self._match: dict[str, tuple[list[int], int]] = {}
         self.vocab_chars = 0
 
     def __len__(self) -> int:
@@ -89,19 +150,24 @@ class Index:
     @property
     def vocabulary(self) -> int:
         """Number of distinct words."""
-        return len(self._ids)
+        return len(self._words)
 
-    def _word_id(self, word: str) -> int:
-        tid = self._ids.get(word)
-        if tid is None:
-            tid = len(self._ids)
-            self._ids[word] = tid
-            self._content.append(array("I"))
-            if not self._segments or len(self._segments[-1].words) >= SEGMENT_WORDS:
-                self._segments.append(_Segment(tid))
-            self._segments[-1].append(word)
-            self.vocab_chars += len(word)
-        return tid
+    def _tids(self, found: set[str]) -> list[int]:
+        ids = self._ids
+        out = []
+        for word in found:
+            tid = ids.get(word)
+            if tid is None:
+                tid = ids[word] = len(self._words)
+                self._words.append(word)
+                self.vocab_chars += len(word)
+                seg = tid // SEGMENT_WORDS
+                if seg < len(self._texts):
+                    self._texts[seg] = None
+                else:
+                    self._texts.append(None)
+            out.append(tid)
+        return out
 
     def add(self, seq: int, lowered_label: str, lowered_content: str) -> None:
         """Index one block from its lower-cased (:func:`loki_recall.text.go_lower`) texts."""
@@ -111,37 +177,55 @@ class Index:
         except BufferError:
             self._seqs = array("Q", self._seqs)
             self._seqs.append(seq)
-        word_id = self._word_id
-        content = self._content
-        for word in set(words(lowered_content)):
-            _append(content, word_id(word), pos)
-        label = self._label
-        for word in set(words(lowered_label)):
-            tid = word_id(word)
-            if tid not in label:
-                label[tid] = array("I")
-            _append(label, tid, pos)
+        self._content.extend(self._tids(set(words(lowered_content))), pos)
+        if lowered_label:
+            self._label.extend(self._tids(set(words(lowered_label))), pos)
+        self._tail_blocks += 1
+        if self._tail_blocks >= self.freeze_at:
+            self.freeze()
 
-    def matching_words(self, kw: str) -> list[int]:
-        """Ids of the vocabulary words that contain ``kw`` as a substring."""
+    def freeze(self) -> None:
+        """Move the tail's postings into a frozen part (done every ``freeze_at`` blocks)."""
+        self._content.freeze()
+        self._label.freeze()
+        self._tail_blocks = 0
+
+    def _segment(self, seg: int) -> tuple[str, list[int]]:
+        cached = self._texts[seg]
+        if cached is None:
+            chunk = self._words[seg * SEGMENT_WORDS : (seg + 1) * SEGMENT_WORDS]
+            # "\n" is not a word code point, so a match never spans two words.
+            cached = ("\n".join(chunk) + "\n", [0, *accumulate(len(w) + 1 for w in chunk)])
+            self._texts[seg] = cached
+        return cached
+
+    def _scan(self, kw: str, first: int) -> list[int]:
         out: list[int] = []
-        for segment in self._segments:
-            segment.find(kw, out)
+        for seg in range(first // SEGMENT_WORDS, len(self._texts)):
+            text, starts = self._segment(seg)
+            base = seg * SEGMENT_WORDS
+            pos = text.find(kw, starts[first - base] if first > base else 0)
+            while pos >= 0:
+                i = bisect_right(starts, pos) - 1
+                out.append(base + i)
+                pos = text.find(kw, starts[i + 1])
         return out
 
-    @staticmethod
-    def _mark(lists: list[array] | dict[int, array], tids: list[int], n: int) -> np.ndarray | None:
-        empty = ()
-        if isinstance(lists, dict):
-            found = [lists.get(t, empty) for t in tids]
+    def matching_words(self, kw: str) -> list[int]:
+        """Ids of the vocabulary words that contain ``kw`` as a substring (remembered per
+        keyword; a later call only scans the words added since)."""
+        n = len(self._words)
+        cached = self._match.get(kw)
+        if cached is not None and cached[1] == n:
+            return cached[0]
+        if cached is not None:
+            tids = cached[0] + self._scan(kw, cached[1])
         else:
-            found = [lists[t] for t in tids]
-        parts = [np.frombuffer(a, dtype=np.uint32) for a in found if len(a)]
-        if not parts:
-            return None
-        mark = np.zeros(n, dtype=np.bool_)
-        mark[parts[0] if len(parts) == 1 else np.concatenate(parts)] = True
-        return mark
+            tids = self._scan(kw, 0)
+        if len(self._match) >= MATCH_CACHE:
+            self._match.clear()
+        self._match[kw] = (tids, n)
+        return tids
 
     def candidates(self, kws: set[str]) -> tuple[np.ndarray, np.ndarray]:
         """Blocks that may score above 0 for ``kws``: ``(bounds, seqs)``, two aligned arrays
@@ -154,10 +238,11 @@ class Index:
             tids = self.matching_words(kw)
             if not tids:
                 continue
-            mark = self._mark(self._content, tids, n)
+            q = np.unique(np.array(tids, dtype=np.uint32))
+            mark = self._content.mark(q, n)
             if mark is not None:
                 bound += mark
-            mark = self._mark(self._label, tids, n)
+            mark = self._label.mark(q, n)
             if mark is not None:
                 bound += 2 * mark.astype(np.int32)
         hit = np.flatnonzero(bound)
@@ -166,6 +251,5 @@ class Index:
 
     def memory_bytes(self) -> int:
         """Approximate bytes held by the postings and the vocabulary."""
-        postings = sum(a.buffer_info()[1] * 4 + 64 for a in self._content)
-        postings += sum(a.buffer_info()[1] * 4 + 64 for a in self._label.values())
-        return postings + self.vocab_chars + 100 * len(self._ids) + 8 * len(self._seqs)
+        return (self._content.nbytes() + self._label.nbytes() + self.vocab_chars
+                + 100 * len(self._words) + 8 * len(self._seqs))
