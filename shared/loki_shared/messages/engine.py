@@ -92,12 +92,15 @@ class LeaseRequest(Msg):
 
     ``wait_s`` bounds how long the supervisor queues the request (FIFO per slot; the caller's
     NATS timeout must be longer). ``ttl_s``: asked lifetime of the lease before renewal
-    (``None``: the supervisor's default)."""
+    (``None``: the supervisor's default). ``continuation``: a ``compact`` request that
+    continues the conversation's cached prompt (COMPACT_CONTINUATION), routed like ``main``;
+    a plain ``compact`` (summary of a transcript) goes beside it."""
 
     kind: RequestKind
     conversation: str | None = None
     wait_s: float = 60.0
     ttl_s: float | None = None
+    continuation: bool = False
 
 
 class Lease(Reply):

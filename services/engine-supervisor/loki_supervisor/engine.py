@@ -1,0 +1,438 @@
+"""The engine's life: launch llama-server from a plan, wait for ``/health``, read ``/props``,
+restart a crashed engine with backoff, stop it cleanly; or follow an engine already running
+(``LOKI_ENGINE_URL``); or point at an external preset (no engine).
+
+State changes go to a callback (the service publishes them on ``loki.engine.state``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loki_shared import servers
+from loki_shared.messages.engine import EngineState, EngineStateName
+
+from .errors import EngineStartError
+from .routing import build_number
+
+log = logging.getLogger(__name__)
+
+StateCallback = Callable[[EngineState], Awaitable[None]]
+
+
+@dataclass
+class Props:
+    """What ``/props`` (and ``/slots``, ``/v1/models``) say of a running engine."""
+
+    total_slots: int = 0
+    slot_n_ctx: list[int] = field(default_factory=list)
+    build_info: str | None = None
+    chat_template: str | None = None
+    model: str = ""
+    model_path: str | None = None
+
+
+def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
+    """Child side: get SIGTERM when the supervisor dies (Linux ``prctl(PR_SET_PDEATHSIG)``),
+    so a killed supervisor never leaves an orphan engine holding the model in memory."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """``Authorization: Bearer`` header for an engine key (empty when no key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | None) -> Props:
+    """Read ``/props`` (``total_slots``, ``default_generation_settings.n_ctx``,
+    ``build_info``, ``chat_template``, ``model_path``), then ``/slots`` for the per-slot
+    ``n_ctx`` when the engine exposes it, and ``/v1/models`` for the model id.
+
+    Raises:
+        httpx.HTTPError: ``/props`` is unreachable or not 200.
+    """
+    headers = auth_headers(api_key)
+    r = await client.get(f"{base_url}/props", headers=headers)
+    r.raise_for_status()
+    props: dict[str, Any] = r.json()
+    total = int(props.get("total_slots") or 0)
+    dgs = props.get("default_generation_settings") or {}
+    n_ctx = int(dgs.get("n_ctx") or props.get("n_ctx") or 0)
+    slot_ctx = [n_ctx] * total
+    with contextlib.suppress(httpx.HTTPError, ValueError, TypeError):
+        rs = await client.get(f"{base_url}/slots", headers=headers)
+        if rs.status_code == 200 and isinstance(rs.json(), list):
+            listed = [int(s.get("n_ctx") or 0) for s in rs.json()]
+            if listed:
+                slot_ctx = listed
+                total = total or len(listed)
+    model = ""
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        rm = await client.get(f"{base_url}/v1/models", headers=headers)
+        if rm.status_code == 200:
+            model = str(rm.json()["data"][0]["id"])
+    model_path = props.get("model_path")
+    if not model and model_path:
+        model = Path(str(model_path)).name
+    return Props(
+        total_slots=total,
+        slot_n_ctx=slot_ctx,
+        build_info=props.get("build_info"),
+        chat_template=props.get("chat_template"),
+        model=model,
+        model_path=str(model_path) if model_path else None,
+    )
+
+
+def prepare_slot_dir(path: Path) -> None:
+    """Create ``path`` with mode 0700 and empty it (slot files of a previous engine are
+    stale: another model or another launch)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                child.unlink()
+
+
+class EngineProcess:
+    """One llama-server child process: spawn, drain its output into a tail, wait, stop.
+
+    Args:
+        argv: the full command line (binary first).
+        tail_lines: how many output lines to keep for error reports.
+    """
+
+    def __init__(self, argv: list[str], tail_lines: int = 40, env: dict[str, str] | None = None):
+        self.argv = argv
+        self.env = env
+        self.tail: deque[str] = deque(maxlen=tail_lines)
+        self.proc: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Spawn the process (stdout and stderr merged into the tail)."""
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=self.env,
+            preexec_fn=_set_pdeathsig,
+        )
+        self._drain = asyncio.create_task(self._read(), name="llama-server-output")
+
+    async def _read(self) -> None:
+        assert self.proc and self.proc.stdout
+        while True:
+            line = await self.proc.stdout.readline()
+            if not line:
+                return
+            text = line.decode("utf-8", "replace").rstrip()
+            self.tail.append(text)
+            log.debug("[llama-server] %s", text)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def wait(self) -> int:
+        """Wait for the process to exit; return its exit status."""
+        assert self.proc
+        rc = await self.proc.wait()
+        if self._drain:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._drain, 2)
+        return rc
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds."""
+        if not self.alive():
+            return
+        assert self.proc
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.terminate()
+        try:
+            await asyncio.wait_for(self.proc.wait(), grace)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        if self._drain:
+            self._drain.cancel()
+
+
+@dataclass
+class LaunchSpec:
+    """What the runner launches: the argv without the binary, the port, the key, the slot
+    directory to prepare. Built by the service from a :class:`~loki_supervisor.plan.LaunchPlan`."""
+
+    args: list[str]
+    host: str
+    port: int
+    api_key: str | None
+    slot_dir: Path | None
+    binary: Path
+    auto_port: bool = False  # port chosen by the supervisor: take another if it is taken
+
+
+class EngineRunner:
+    """Keeps one configuration of the engine alive until :meth:`stop`.
+
+    Modes: ``launch`` (a :class:`LaunchSpec`), ``follow`` (``LOKI_ENGINE_URL``: poll
+    ``/health``), ``external`` (an external preset: ready at once, no engine).
+
+    Args:
+        on_state: awaited on every state change.
+        start_timeout: seconds ``/health`` has to answer 200 after a spawn.
+        backoff_max: longest wait between restarts (doubling from 1 s, reset after the
+            engine stayed ready for 60 s).
+    """
+
+    def __init__(self, on_state: StateCallback, start_timeout: float = 300.0,
+                 backoff_max: float = 30.0) -> None:
+        self.on_state = on_state
+        self.start_timeout = start_timeout
+        self.backoff_max = backoff_max
+        self.state: EngineStateName = "stopped"
+        self.detail = ""
+        self.stderr_tail: list[str] = []
+        self.props = Props()
+        self.base_url = ""
+        self.api_key: str | None = None
+        self.external = False
+        self.restarts = 0
+        self.build_hint: int | None = None
+        self.process: EngineProcess | None = None
+        self.notes: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self._client = httpx.AsyncClient(timeout=5.0)
+
+    # ------------------------------------------------------------------ state
+    async def _set(self, state: EngineStateName, detail: str = "", tail: list[str] | None = None) -> None:
+        self.state = state
+        self.detail = detail
+        self.stderr_tail = list(tail or [])
+        log.info("engine %s%s", state, f": {detail}" if detail else "")
+        event = EngineState(
+            state=state, ts=time.time(), detail=detail, stderr_tail=self.stderr_tail,
+            notes=list(self.notes), base_url=self.base_url, external=self.external,
+        )
+        try:
+            await self.on_state(event)
+        except Exception:  # noqa: BLE001 - a failed publish must not kill the engine
+            log.exception("publishing engine state failed")
+
+    @property
+    def build(self) -> int | None:
+        """llama.cpp build: from ``/props`` ``build_info``, else the packaging's
+        (:func:`~loki_supervisor.facts.package_build`) for a launched engine; None: unknown."""
+        return build_number(self.props.build_info) or self.build_hint
+
+    # ------------------------------------------------------------------ modes
+    async def run_launch(self, spec: LaunchSpec, notes: list[str]) -> None:
+        """Start keeping ``spec`` alive (returns once the runner task is started)."""
+        await self.stop()
+        self.notes = list(notes)
+        self.external = False
+        self.api_key = spec.api_key
+        self.base_url = f"http://{_url_host(spec.host)}:{spec.port}"
+        self._task = asyncio.create_task(self._launch_loop(spec), name="engine-launch")
+
+    async def run_follow(self, url: str, api_key: str | None) -> None:
+        """Follow the engine at ``url`` (nothing launched)."""
+        await self.stop()
+        self.build_hint = None
+        self.notes = [f"following the engine at {url}"]
+        self.external = False
+        self.api_key = api_key
+        self.base_url = url.rstrip("/")
+        self._task = asyncio.create_task(self._follow_loop(), name="engine-follow")
+
+    async def run_external(self, base_url: str, api_key: str | None, model: str) -> None:
+        """Point at an external OpenAI-compatible API: no local engine runs."""
+        await self.stop()
+        self.build_hint = None
+        self.notes = []
+        self.external = True
+        self.api_key = api_key
+        root = base_url.rstrip("/")
+        self.base_url = root[:-3] if root.endswith("/v1") else root
+        self.props = Props(model=model)
+        await self._set("ready", f"external API {self.base_url}")
+
+    async def stop(self) -> None:
+        """Stop the current mode: the engine process is terminated (SIGTERM, then SIGKILL)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.process is not None:
+            await self.process.stop()
+            self.process = None
+        if self.state != "stopped":
+            await self._set("stopped")
+        self.props = Props()
+
+    async def close(self) -> None:
+        await self.stop()
+        await self._client.aclose()
+
+    # ------------------------------------------------------------------ loops
+    async def _launch_loop(self, spec: LaunchSpec) -> None:
+        backoff = 1.0
+        first = True
+        while True:
+            if not first:
+                self.restarts += 1
+            first = False
+            await self._set("starting", " ".join(_mask(spec.args)))
+            ready_at: float | None = None
+            try:
+                await self._spawn_and_wait(spec)
+                ready_at = time.monotonic()
+                await self._set("ready")
+                assert self.process is not None
+                rc = await self.process.wait()
+                tail = list(self.process.tail)[-15:]
+                raise EngineStartError(f"llama-server exited with status {rc}", tail)
+            except EngineStartError as exc:
+                if self.process is not None:
+                    await self.process.stop()
+                if ready_at is not None and time.monotonic() - ready_at > 60:
+                    backoff = 1.0
+                self.props = Props()
+                await self._set("failed", f"{exc}; restart in {backoff:g} s", exc.tail)
+                await asyncio.sleep(backoff)
+                backoff = min(self.backoff_max, backoff * 2)
+
+    async def _spawn_and_wait(self, spec: LaunchSpec) -> None:
+        if spec.slot_dir is not None:
+            prepare_slot_dir(spec.slot_dir)
+        probe = spec.host if spec.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        if servers.port_open(probe, spec.port):
+            if not spec.auto_port:
+                raise EngineStartError(f"port {spec.port} is already in use")
+            spec.port = servers.free_port()
+            i = spec.args.index("--port")
+            spec.args[i + 1] = str(spec.port)
+            self.base_url = f"http://{_url_host(spec.host)}:{spec.port}"
+        self.process = EngineProcess([str(spec.binary), *spec.args])
+        try:
+            await self.process.start()
+        except OSError as exc:
+            raise EngineStartError(f"cannot run {spec.binary}: {exc}") from exc
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if not self.process.alive():
+                rc = await self.process.wait()
+                raise EngineStartError(
+                    f"llama-server exited with status {rc} while starting",
+                    list(self.process.tail)[-15:],
+                )
+            if time.monotonic() > deadline:
+                raise EngineStartError(
+                    f"/health not ok within {self.start_timeout:g} s", list(self.process.tail)[-15:]
+                )
+            try:
+                r = await self._client.get(f"{self.base_url}/health", headers=auth_headers(self.api_key))
+                if r.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.25)
+        try:
+            self.props = await read_props(self._client, self.base_url, self.api_key)
+        except (httpx.HTTPError, ValueError) as exc:
+            raise EngineStartError(f"/props unreadable: {exc}", list(self.process.tail)[-15:]) from exc
+
+    async def _follow_loop(self) -> None:
+        while True:
+            healthy = False
+            try:
+                r = await self._client.get(f"{self.base_url}/health", headers=auth_headers(self.api_key))
+                healthy = r.status_code == 200
+                why = f"/health answered {r.status_code}"
+            except httpx.HTTPError as exc:
+                why = f"/health unreachable: {exc.__class__.__name__}"
+            if healthy and self.state != "ready":
+                try:
+                    self.props = await read_props(self._client, self.base_url, self.api_key)
+                    await self._set("ready", f"engine at {self.base_url}")
+                except (httpx.HTTPError, ValueError) as exc:
+                    await self._set("failed", f"/props unreadable: {exc}")
+            elif not healthy and self.state != "failed":
+                self.props = Props()
+                await self._set("failed", why)
+            await asyncio.sleep(2.0 if self.state == "ready" else 1.0)
+
+    # ------------------------------------------------------------------ slots
+    async def slot0_idle(self) -> bool | None:
+        """Whether slot 0 is idle per ``/slots`` (``is_processing`` false); None: unknown."""
+        try:
+            r = await self._client.get(f"{self.base_url}/slots", headers=auth_headers(self.api_key), timeout=1.0)
+            if r.status_code != 200:
+                return None
+            for slot in r.json():
+                if int(slot.get("id", -1)) == 0:
+                    return not bool(slot.get("is_processing"))
+        except (httpx.HTTPError, ValueError, TypeError):
+            return None
+        return None
+
+    async def erase_slot(self, slot: int = 0, timeout: float = 2.0) -> str | None:
+        """``POST /slots/<slot>?action=erase`` (llama.cpp; needs ``--slot-save-path``),
+        bounded to ``timeout`` seconds. Returns None on success, else why it failed."""
+        try:
+            r = await self._client.post(
+                f"{self.base_url}/slots/{slot}",
+                params={"action": "erase"},
+                headers=auth_headers(self.api_key),
+                timeout=timeout,
+            )
+        except httpx.HTTPError as exc:
+            return f"erase failed: {exc.__class__.__name__}"
+        if r.status_code != 200:
+            return f"erase answered {r.status_code}: {r.text[:200]}"
+        return None
+
+
+def _mask(args: list[str]) -> list[str]:
+    out: list[str] = []
+    hide = False
+    for a in args:
+        out.append("***" if hide else a)
+        hide = a == "--api-key"
+    return out
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,249 @@
+"""The engine lease: one request per slot at a time, FIFO per slot, expiry of dead holders.
+
+A caller asks a lease before each completion request and releases it after (see
+:mod:`loki_shared.messages.engine`). Queues are keyed by where the request goes:
+
+- ``slot0`` / ``slot1``: a routed request (two slots of CTX): one at a time per slot;
+- ``any``: no ``id_slot`` (one slot, or a shared window): up to ``total_slots`` at a time;
+- ``ext``: an external preset: no limit (the remote API has its own).
+
+Waiters are served in arrival order within a queue; a waiter for a busy queue never blocks a
+waiter for another queue. A lease not renewed within its TTL expires (its holder is presumed
+dead) and the next waiter gets the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from loki_shared.messages.engine import Lease, LeaseRequest
+
+from .errors import Busy, NotFound, Unavailable
+from .routing import EngineView, route, shares_main_slot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where requests go now (a ready engine or an external preset)."""
+
+    base_url: str
+    model: str
+    api_key: str | None
+    view: EngineView
+    preset_id: str | None = None
+    n_ctx: int = 0  # the conversation window granted (0: view.ctx)
+
+
+@dataclass
+class Held:
+    """A granted lease."""
+
+    lease: Lease
+    queue: str
+    deadline: float
+    conversation: str | None
+    granted_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Waiter:
+    request: LeaseRequest
+    future: asyncio.Future[Lease]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class LeaseManager:
+    """Grants, renews, releases and expires leases.
+
+    Args:
+        target: returns the current :class:`Target`, or None while the engine is not ready
+            (waiters then wait until :meth:`pump` is called with a ready engine).
+        ttl: default lease lifetime without renewal (s).
+        max_ttl: the longest TTL a caller may ask (s).
+    """
+
+    def __init__(self, target: Callable[[], Target | None], ttl: float = 30.0,
+                 max_ttl: float = 600.0) -> None:
+        self._target = target
+        self.ttl = ttl
+        self.max_ttl = max_ttl
+        self._waiting: list[_Waiter] = []
+        self.held: dict[str, Held] = {}
+        self._paused = 0
+        self._reaper: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the expiry task (call from a running event loop)."""
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap_loop(), name="lease-reaper")
+
+    async def close(self) -> None:
+        """Stop the expiry task and fail every waiter with :class:`Unavailable`."""
+        if self._reaper:
+            self._reaper.cancel()
+            try:
+                await self._reaper
+            except asyncio.CancelledError:
+                pass
+            self._reaper = None
+        for w in self._waiting:
+            if not w.future.done():
+                w.future.set_exception(Unavailable("supervisor stopping"))
+        self._waiting.clear()
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def in_flight(self) -> int:
+        """Leases held right now."""
+        return len(self.held)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a lease."""
+        return len(self._waiting)
+
+    # ------------------------------------------------------------------ operations
+    async def acquire(self, request: LeaseRequest) -> Lease:
+        """Wait (at most ``request.wait_s``) for a lease for one request of ``request.kind``.
+
+        Raises:
+            Unavailable: the engine was not ready within ``wait_s``.
+            Busy: the request's slot stayed taken for ``wait_s``.
+        """
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(request, loop.create_future())
+        self._waiting.append(waiter)
+        self.pump()
+        timeout = max(0.0, float(request.wait_s))
+        try:
+            done, _ = await asyncio.wait({waiter.future}, timeout=timeout)
+        except asyncio.CancelledError:
+            self._drop(waiter)
+            raise
+        if waiter.future.done():
+            return waiter.future.result()
+        self._drop(waiter)
+        if self._target() is None:
+            raise Unavailable(f"engine not ready within {timeout:g} s")
+        raise Busy(f"no free slot for a {request.kind} request within {timeout:g} s")
+
+    def _drop(self, waiter: _Waiter) -> None:
+        if waiter in self._waiting:
+            self._waiting.remove(waiter)
+        if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+            # Granted at the same instant the wait ended: give the slot back.
+            self.release(waiter.future.result().lease_id)
+        elif not waiter.future.done():
+            waiter.future.cancel()
+
+    def renew(self, lease_id: str) -> Lease:
+        """Extend a held lease by its TTL.
+
+        Raises:
+            NotFound: unknown, released or expired lease.
+        """
+        held = self.held.get(lease_id)
+        if held is None:
+            raise NotFound(f"lease {lease_id} is not held (released or expired)")
+        held.deadline = time.monotonic() + held.lease.ttl_s
+        return held.lease
+
+    def release(self, lease_id: str, pump: bool = True) -> Held:
+        """Free a held lease and serve the next waiter (unless ``pump`` is False).
+
+        Raises:
+            NotFound: unknown, released or expired lease.
+        """
+        held = self.held.pop(lease_id, None)
+        if held is None:
+            raise NotFound(f"lease {lease_id} is not held (released or expired)")
+        if pump:
+            self.pump()
+        return held
+
+    def pause(self) -> None:
+        """Grant nothing until :meth:`resume` (slot erase in progress). Nests."""
+        self._paused += 1
+
+    def resume(self) -> None:
+        """Undo one :meth:`pause` and serve waiters."""
+        self._paused = max(0, self._paused - 1)
+        self.pump()
+
+    def expire(self, now: float | None = None) -> list[Held]:
+        """Drop every lease past its deadline; return them. Serves waiters after."""
+        now = time.monotonic() if now is None else now
+        gone = [h for h in self.held.values() if h.deadline <= now]
+        for h in gone:
+            self.held.pop(h.lease.lease_id, None)
+            log.warning(
+                "lease %s (%s, %s) expired after %.1f s without release or renewal",
+                h.lease.lease_id, h.lease.kind, h.queue, now - h.granted_at,
+            )
+        if gone:
+            self.pump()
+        return gone
+
+    def pump(self) -> None:
+        """Grant leases to waiters, in arrival order per queue, while queues have room."""
+        if self._paused:
+            return
+        target = self._target()
+        if target is None:
+            return
+        busy: dict[str, int] = {}
+        for h in self.held.values():
+            busy[h.queue] = busy.get(h.queue, 0) + 1
+        blocked: set[str] = set()
+        for waiter in list(self._waiting):
+            if waiter.future.done():
+                self._waiting.remove(waiter)
+                continue
+            req = waiter.request
+            id_slot = route(req.kind, target.view, req.continuation)
+            queue, capacity = self._queue_of(id_slot, target)
+            if queue in blocked or busy.get(queue, 0) >= capacity:
+                blocked.add(queue)  # FIFO: nobody overtakes an earlier waiter of this queue
+                continue
+            ttl = min(self.max_ttl, req.ttl_s or self.ttl)
+            lease = Lease(
+                lease_id=uuid.uuid4().hex,
+                kind=req.kind,
+                base_url=target.base_url,
+                id_slot=id_slot,
+                n_ctx=target.n_ctx or target.view.ctx,
+                model=target.model,
+                external=target.view.external,
+                api_key=target.api_key,
+                ttl_s=ttl,
+                shares_main_slot=shares_main_slot(req.kind, id_slot, target.view),
+                preset_id=target.preset_id,
+            )
+            self.held[lease.lease_id] = Held(
+                lease=lease, queue=queue, deadline=time.monotonic() + ttl,
+                conversation=req.conversation,
+            )
+            busy[queue] = busy.get(queue, 0) + 1
+            self._waiting.remove(waiter)
+            waiter.future.set_result(lease)
+
+    @staticmethod
+    def _queue_of(id_slot: int | None, target: Target) -> tuple[str, float]:
+        if target.view.external:
+            return "ext", float("inf")
+        if id_slot is not None:
+            return f"slot{id_slot}", 1
+        return "any", max(1, target.view.total_slots)
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.expire()

@@ -1,0 +1,490 @@
+"""The supervisor service: the active preset, the engine runner, the lease manager, and
+their NATS handlers (``loki.engine.info``, ``.lease``, ``.renew``, ``.release``,
+``.presets``; events on ``loki.engine.state``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from faststream.nats import NatsBroker
+from redis.asyncio import Redis
+
+from loki_shared import servers, subjects
+from loki_shared.messages.base import ErrorInfo
+from loki_shared.messages.engine import (
+    EngineInfo,
+    EngineInfoRequest,
+    EngineState,
+    Lease,
+    LeaseRequest,
+    Preset,
+    PresetsReply,
+    PresetsRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewRequest,
+)
+from loki_shared.sealing import Sealer
+
+from . import facts as facts_mod
+from .engine import EngineRunner, LaunchSpec
+from .errors import InvalidRequest, SupervisorError
+from .lease import LeaseManager, Target
+from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, truthy
+from .presets import ENV_PRESET_ID, PresetStore, public, test_connection
+from .routing import SIDE_KINDS, EngineView, cache_ram_advice, erase_decision
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+ERASE_TIMEOUT_S = 2.0
+
+
+def env_preset(settings: Settings) -> Preset:
+    """The ``env`` preset: the local engine as the ``LOKI_*`` settings describe it."""
+    return Preset(
+        id=ENV_PRESET_ID,
+        name="Local engine (environment)",
+        model=settings.model,
+        ctx=settings.ctx,
+        ngl=settings.ngl,
+        parallel=settings.parallel,
+        extra_args=settings.extra_args,
+        features={
+            "SIDE_SLOT": settings.side_slot,
+            "CACHE_RAM": settings.cache_ram,
+            "CACHE_ISOLATE": settings.cache_isolate,
+        },
+    )
+
+
+def collect_facts(model: Path | None, binary: Path | None) -> Facts:
+    """Read every fact the launch rules need (blocking: GGUF header, NVML, ``--help``)."""
+    return Facts(
+        gguf=facts_mod.try_read_gguf(model),
+        gpu=facts_mod.read_gpus(),
+        host=facts_mod.read_host_memory(),
+        help=facts_mod.read_engine_help(binary) if binary else facts_mod.EngineHelp(),
+        env=dict(os.environ),
+        engine_devices=facts_mod.read_engine_devices(binary) if binary else None,
+    )
+
+
+class Supervisor:
+    """Owns the active preset, the engine and the leases.
+
+    Args:
+        settings: the service settings.
+        redis: asyncio Redis client (presets).
+        sealer: seals external preset keys.
+        publish_state: publishes an :class:`EngineState` event.
+    """
+
+    def __init__(self, settings: Settings, redis: Redis, sealer: Sealer,
+                 publish_state: Callable[[EngineState], Awaitable[None]]) -> None:
+        self.settings = settings
+        self.publish_state = publish_state
+        self.runner = EngineRunner(self._on_state, settings.engine_start_timeout,
+                                   settings.engine_backoff_max)
+        self.leases = LeaseManager(self.target, ttl=settings.lease_ttl)
+        self.store = PresetStore(redis, sealer, env_preset(settings))
+        self.preset: Preset = env_preset(settings)
+        self.plan: LaunchPlan | None = None
+        self.plan_error: str | None = None
+        self._port = settings.engine_port or servers.free_port()
+        self._apply_lock = asyncio.Lock()
+        self._apply_task: asyncio.Task[None] | None = None
+        self._side_counter = 0
+        self._side_seen: OrderedDict[str, int] = OrderedDict()
+        self._advised = False
+        self._advice_notes: list[str] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Apply the active preset (launch the engine) and start lease expiry."""
+        self.leases.start()
+        active = await self.store.active_id()
+        self.preset = await self.store.get(active)
+        await self.apply(self.preset)
+
+    async def close(self) -> None:
+        """Stop the engine (SIGTERM) and fail waiting lease requests."""
+        if self._apply_task:
+            self._apply_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._apply_task
+        await self.leases.close()
+        await self.runner.close()
+
+    async def _on_state(self, event: EngineState) -> None:
+        await self.publish_state(event)
+        self.leases.pump()
+
+    # ------------------------------------------------------------------ the plan
+    def local_config(self, preset: Preset) -> LocalConfig:
+        """Resolve a local preset into a :class:`LocalConfig` (model path, port, key, ...)."""
+        model = Path(preset.model) if preset.model else servers.find_bundled_model()
+        return LocalConfig(
+            model=model,
+            ctx=preset.ctx,
+            ngl=preset.ngl,
+            parallel=preset.parallel,
+            extra_args=preset.extra_args,
+            side_slot=truthy(preset.features.get("SIDE_SLOT")),
+            cache_ram=preset.features.get("CACHE_RAM", "") or "",
+            host=self.settings.engine_host,
+            port=self._port,
+            api_key=self.settings.engine_api_key.get_secret_value()
+            if self.settings.engine_api_key else None,
+            threads=self.settings.engine_threads,
+            slot_dir=Path(self.settings.home).resolve() / "slots",
+        )
+
+    async def make_plan(self, preset: Preset) -> tuple[LocalConfig, LaunchPlan]:
+        """Compute the launch plan of a local preset from fresh facts.
+
+        Raises:
+            InvalidRequest: the preset cannot be planned (malformed EXTRA_ARGS or CACHE_RAM).
+            servers.ServerNotFound: no llama-server or no model.
+        """
+        cfg = self.local_config(preset)
+        binary = servers.find_llama_server()
+        facts = await asyncio.to_thread(collect_facts, cfg.model, binary)
+        try:
+            return cfg, plan_launch(cfg, facts)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+
+    # ------------------------------------------------------------------ applying
+    async def apply(self, preset: Preset) -> None:
+        """Make ``preset`` the running configuration: an external preset stops the local
+        engine; with ``LOKI_ENGINE_URL`` the engine there is followed; otherwise
+        llama-server is (re)launched from the preset's plan. A preset that cannot be planned
+        leaves the engine ``failed`` with the reason."""
+        async with self._apply_lock:
+            self.preset = preset
+            self.plan = None
+            self.plan_error = None
+            if preset.external:
+                key = await self.store.api_key(preset.id) if preset.api_key_set else None
+                await self.runner.run_external(preset.base_url, key, preset.api_model)
+                return
+            api_key = (self.settings.engine_api_key.get_secret_value()
+                       if self.settings.engine_api_key else None)
+            if self.settings.engine_url:
+                await self.runner.run_follow(self.settings.engine_url, api_key)
+                return
+            try:
+                cfg, plan = await self.make_plan(preset)
+                binary = servers.find_llama_server()
+            except (SupervisorError, servers.ServerNotFound, OSError) as exc:
+                await self.runner.stop()
+                self.plan_error = str(exc)
+                await self.runner._set("failed", f"cannot launch: {exc}")
+                return
+            self.plan = plan
+            self.runner.build_hint = facts_mod.package_build(binary)
+            for note in plan.notes:
+                log.warning("%s", note) if "refused" in note or "imposed" in note else log.info("%s", note)
+            await self.runner.run_launch(
+                LaunchSpec(args=list(plan.args), host=cfg.host, port=cfg.port,
+                           api_key=cfg.api_key, slot_dir=plan.slot_save_path, binary=binary,
+                           auto_port=self.settings.engine_port is None),
+                plan.notes,
+            )
+
+    def apply_in_background(self, preset: Preset) -> None:
+        """:meth:`apply` without waiting (a launch takes seconds to minutes)."""
+        self._apply_task = asyncio.create_task(self.apply(preset), name="apply-preset")
+
+    # ------------------------------------------------------------------ views
+    def view(self) -> EngineView:
+        props = self.runner.props
+        return EngineView(
+            external=self.runner.external,
+            total_slots=props.total_slots,
+            slot_n_ctx=tuple(props.slot_n_ctx),
+            ctx=self.preset.ctx,
+            shared_window=bool(self.plan and self.plan.shared_window),
+        )
+
+    def n_ctx(self) -> int:
+        """The conversation window: CTX, or the smallest slot's ``n_ctx`` when smaller."""
+        slots = [n for n in self.runner.props.slot_n_ctx if n > 0]
+        return min([self.preset.ctx, *slots]) if slots else self.preset.ctx
+
+    def target(self) -> Target | None:
+        """Where requests go now; None while the engine is not ready."""
+        if self.runner.state != "ready":
+            return None
+        return Target(
+            base_url=self.runner.base_url,
+            model=self.runner.props.model or self.preset.api_model,
+            api_key=self.runner.api_key,
+            view=self.view(),
+            preset_id=self.preset.id,
+            n_ctx=self.n_ctx(),
+        )
+
+    def info(self) -> EngineInfo:
+        props = self.runner.props
+        plan = self.plan
+        return EngineInfo(
+            state=self.runner.state,
+            base_url=self.runner.base_url,
+            model=props.model or self.preset.api_model,
+            model_path=props.model_path,
+            n_ctx=self.n_ctx(),
+            total_slots=props.total_slots,
+            slot_n_ctx=list(props.slot_n_ctx),
+            build_info=props.build_info,
+            build_number=self.runner.build,
+            chat_template=props.chat_template,
+            external=self.runner.external,
+            api_key=self.runner.api_key,
+            detail=self.runner.detail,
+            preset_id=self.preset.id,
+            sampling=dict(self.preset.sampling),
+            system_prompt=self.preset.system_prompt,
+            vision=self.preset.vision,
+            features=dict(self.preset.features),
+            side_slot=bool(plan and plan.side_slot),
+            side_slot_refusal=plan.side_slot_refusal if plan else None,
+            notes=[*self.runner.notes, *self._advice_notes],
+            argv=plan.masked_args() if plan else [],
+            in_flight=self.leases.in_flight,
+            cache_ram_mib=plan.cache_ram.effective_mib if plan else None,
+            restarts=self.runner.restarts,
+        )
+
+    # ------------------------------------------------------------------ leases
+    async def lease(self, req: LeaseRequest) -> Lease:
+        return await self.leases.acquire(req)
+
+    def renew(self, req: RenewRequest) -> Lease:
+        return self.leases.renew(req.lease_id)
+
+    async def release(self, req: ReleaseRequest) -> ReleaseReply:
+        """Free a lease; after the last request of a side job, erase slot 0 when CACHE_ISOLATE
+        allows it (bounded to 2 s, no lease granted meanwhile); advise raising CACHE_RAM
+        once when a conversation came back with less than half its prompt cached after a
+        side job shared its slot.
+
+        Raises:
+            NotFound: the lease is not held.
+        """
+        held = self.leases.release(req.lease_id, pump=False)
+        reply = ReleaseReply(ok=True)
+        try:
+            lease = held.lease
+            if lease.kind in SIDE_KINDS and lease.shares_main_slot:
+                self._side_counter += 1
+            if lease.kind == "main" and held.conversation:
+                reply.advice = self._advice(held.conversation, req)
+            if req.job_done:
+                self.leases.pause()
+                try:
+                    reply.erase_skipped = await asyncio.wait_for(
+                        self._erase_after_side_job(lease.kind), ERASE_TIMEOUT_S + 0.5)
+                except asyncio.TimeoutError:
+                    reply.erase_skipped = "erase timed out"
+                finally:
+                    self.leases.resume()
+                reply.slot_erased = reply.erase_skipped is None
+                if reply.slot_erased:
+                    log.info("slot 0 erased after a %s job", lease.kind)
+        finally:
+            self.leases.pump()
+        return reply
+
+    async def _erase_after_side_job(self, kind: str) -> str | None:
+        common = dict(
+            kind=kind, job_done=True,
+            cache_isolate=truthy(self.preset.features.get("CACHE_ISOLATE"), default=True),
+            external=self.runner.external or self.runner.state != "ready",
+            build=self.runner.build,
+            total_slots=self.runner.props.total_slots,
+            in_flight=self.leases.in_flight,
+        )
+        reason = erase_decision(slot0_idle=True, **common)
+        if reason is not None:
+            return reason
+        reason = erase_decision(slot0_idle=await self.runner.slot0_idle(), **common)
+        if reason is not None:
+            return reason
+        return await self.runner.erase_slot(0, ERASE_TIMEOUT_S)
+
+    def _advice(self, conversation: str, req: ReleaseRequest) -> str | None:
+        seen = self._side_seen.pop(conversation, None)
+        self._side_seen[conversation] = self._side_counter
+        while len(self._side_seen) > 1000:
+            self._side_seen.popitem(last=False)
+        if (self._advised or seen is None or self._side_counter == seen
+                or not cache_ram_advice(req.prompt_tokens, req.cached_tokens)):
+            return None
+        self._advised = True
+        current = self.plan.cache_ram.effective_mib if self.plan else None
+        advice = (
+            f"the conversation came back after a side job with {req.cached_tokens} of "
+            f"{req.prompt_tokens} prompt tokens cached: raise CACHE_RAM"
+            f"{f' (now {current} MiB)' if current else ''} or turn SIDE_SLOT on"
+        )
+        log.warning("%s", advice)
+        self._advice_notes.append(advice)
+        return advice
+
+    # ------------------------------------------------------------------ presets
+    async def presets(self, req: PresetsRequest) -> PresetsReply:
+        """Serve one preset action (see :class:`PresetsRequest`).
+
+        Raises:
+            InvalidRequest, NotFound: bad request, unknown preset.
+        """
+        active = await self.store.active_id()
+        if req.action == "list":
+            return PresetsReply(presets=[public(p) for p in await self.store.list()], active=active)
+        if req.action == "get":
+            return PresetsReply(preset=public(await self.store.get(self._need_id(req))), active=active)
+        if req.action == "save":
+            if not req.preset:
+                raise InvalidRequest("save needs a preset")
+            data = dict(req.preset)
+            if req.preset_id and not data.get("id"):
+                data["id"] = req.preset_id
+            saved = await self.store.save(data)
+            detail = await self._preview(saved)
+            if saved.id == active:
+                detail["applied"] = True
+                self.apply_in_background(saved)
+            return PresetsReply(preset=public(saved), active=active, detail=detail)
+        if req.action == "delete":
+            pid = self._need_id(req)
+            if pid == active:
+                raise InvalidRequest("the active preset cannot be deleted: switch first")
+            await self.store.delete(pid)
+            return PresetsReply(active=active)
+        if req.action == "switch":
+            preset = await self.store.get(self._need_id(req))
+            await self.store.set_active(preset.id)
+            detail = await self._preview(preset)
+            self.apply_in_background(preset)
+            return PresetsReply(preset=public(preset), active=preset.id, detail=detail)
+        if req.action == "test":
+            return PresetsReply(active=active, detail=await self._test(req))
+        if req.action == "cacheram":
+            preset = await self._preset_of(req, active)
+            if preset.external:
+                return PresetsReply(active=active, detail={"reason": "external preset: no engine"})
+            return PresetsReply(preset=public(preset), active=active,
+                                detail=await self._preview(preset))
+        raise InvalidRequest(f"unknown action {req.action}")
+
+    @staticmethod
+    def _need_id(req: PresetsRequest) -> str:
+        if not req.preset_id:
+            raise InvalidRequest(f"{req.action} needs preset_id")
+        return req.preset_id
+
+    async def _preset_of(self, req: PresetsRequest, active: str) -> Preset:
+        pid = req.preset_id or (req.preset or {}).get("id")
+        if pid:
+            base = await self.store.get(pid)
+        elif req.preset:
+            base = Preset()
+        else:
+            base = await self.store.get(active)
+        if req.preset:
+            merged = {**base.model_dump(), **{k: v for k, v in req.preset.items() if v is not None}}
+            try:
+                return Preset.model_validate(merged)
+            except ValueError as exc:
+                raise InvalidRequest(f"bad preset: {exc}") from exc
+        return base
+
+    async def _preview(self, preset: Preset) -> dict[str, Any]:
+        """The launch plan's verdicts for the preset editor: notes, SIDE_SLOT (second slot's
+        memory or the refusal's reason), CACHE_RAM arithmetic."""
+        if preset.external:
+            return {"external": True, "notes": ["external preset: the local engine stops"]}
+        if self.settings.engine_url:
+            return {"notes": [f"engine followed at {self.settings.engine_url}: nothing launched"]}
+        try:
+            _, plan = await self.make_plan(preset)
+        except (SupervisorError, servers.ServerNotFound, OSError) as exc:
+            return {"error": str(exc)}
+        return {
+            "notes": plan.notes,
+            "side_slot": plan.side_slot,
+            "side_slot_refusal": plan.side_slot_refusal,
+            "side_slot_mib": (plan.side_slot_bytes + 1048575) // 1048576
+            if plan.side_slot_bytes is not None else None,
+            "cache_ram": plan.cache_ram.as_dict(),
+            "argv": plan.masked_args(),
+            "placement": plan.placement,
+        }
+
+    async def _test(self, req: PresetsRequest) -> dict[str, Any]:
+        data = dict(req.preset or {})
+        pid = req.preset_id or data.get("id")
+        stored: Preset | None = None
+        if pid:
+            with contextlib.suppress(SupervisorError):
+                stored = await self.store.get(pid)
+        base_url = data.get("base_url") or (stored.base_url if stored else "")
+        model = data.get("api_model") or (stored.api_model if stored else "")
+        key = data.get("api_key") or (await self.store.api_key(pid) if stored and pid else None)
+        if not base_url:
+            raise InvalidRequest("test needs an external preset's base_url")
+        return await test_connection(base_url, key, model)
+
+
+def error_of(exc: SupervisorError) -> ErrorInfo:
+    return ErrorInfo(type=exc.type, message=str(exc))
+
+
+def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
+    """Register the supervisor's NATS handlers on ``broker`` (queue group ``engine``).
+
+    Lease requests are served concurrently (a waiting lease never blocks another queue)."""
+
+    @broker.subscriber(subjects.ENGINE_INFO, queue=subjects.QUEUE_ENGINE)
+    async def on_info(_: EngineInfoRequest) -> EngineInfo:
+        return sup.info()
+
+    @broker.subscriber(subjects.ENGINE_LEASE, queue=subjects.QUEUE_ENGINE, max_workers=256)
+    async def on_lease(req: LeaseRequest) -> Lease:
+        try:
+            return await sup.lease(req)
+        except SupervisorError as exc:
+            return Lease(error=error_of(exc))
+
+    @broker.subscriber(subjects.ENGINE_RENEW, queue=subjects.QUEUE_ENGINE, max_workers=16)
+    async def on_renew(req: RenewRequest) -> Lease:
+        try:
+            return sup.renew(req)
+        except SupervisorError as exc:
+            return Lease(error=error_of(exc))
+
+    @broker.subscriber(subjects.ENGINE_RELEASE, queue=subjects.QUEUE_ENGINE, max_workers=16)
+    async def on_release(req: ReleaseRequest) -> ReleaseReply:
+        try:
+            return await sup.release(req)
+        except SupervisorError as exc:
+            return ReleaseReply(error=error_of(exc))
+
+    @broker.subscriber(subjects.ENGINE_PRESETS, queue=subjects.QUEUE_ENGINE, max_workers=4)
+    async def on_presets(req: PresetsRequest) -> PresetsReply:
+        try:
+            return await sup.presets(req)
+        except SupervisorError as exc:
+            return PresetsReply(error=error_of(exc))
+        except Exception as exc:  # noqa: BLE001 - reply instead of leaving the caller hanging
+            log.exception("preset action %s failed", req.action)
+            return PresetsReply(error=ErrorInfo(type="internal", message=str(exc)))

@@ -1,0 +1,47 @@
+"""Supervisor configuration, from ``LOKI_*`` environment variables (built in ``__main__``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+
+from loki_shared.settings import LokiSettings
+
+
+class Settings(LokiSettings):
+    """The engine supervisor's settings.
+
+    The local engine (the ``env`` preset, used until another preset is switched to):
+
+    - ``LOKI_MODEL``: GGUF path (default: the bundled SmolLM2-135M-Instruct Q4_1).
+    - ``LOKI_CTX``: CTX, the window of one conversation in tokens (default 8192).
+    - ``LOKI_NGL``: GPU layers: unset/``auto``, ``all``, ``999`` (all three → ``-ngl auto``
+      on an engine that knows it), or a number (imposed; a warning is noted).
+    - ``LOKI_PARALLEL``: ``-np`` (unset: one slot, or two with SIDE_SLOT).
+    - ``LOKI_EXTRA_ARGS``: more llama-server arguments (shell-quoted), appended last.
+    - ``LOKI_SIDE_SLOT`` (``on``/``off``, default off), ``LOKI_CACHE_RAM`` (MiB: empty/auto,
+      a number, -1, 0), ``LOKI_CACHE_ISOLATE`` (default on).
+    - ``LOKI_ENGINE_URL``: use the llama-server already running there (nothing launched).
+    - ``LOKI_ENGINE_HOST`` (default 127.0.0.1), ``LOKI_ENGINE_PORT`` (default: a free port),
+      ``LOKI_ENGINE_API_KEY`` (``--api-key`` of the local engine; the key sent to it).
+    - ``LOKI_ENGINE_THREADS``: ``-t`` (unset: llama-server's default).
+    - ``LOKI_ENGINE_START_TIMEOUT`` (s, default 300): ``/health`` must answer 200 by then.
+    - ``LOKI_ENGINE_BACKOFF_MAX`` (s, default 30): longest wait between restarts.
+    - ``LOKI_LEASE_TTL`` (s, default 30): lease lifetime without renewal.
+    """
+
+    model: str = Field(default="", description="GGUF path; empty: bundled model.")
+    ctx: int = Field(default=8192, ge=256)
+    ngl: str | None = None
+    parallel: int | None = Field(default=None, ge=1)
+    extra_args: str = ""
+    side_slot: str = "off"
+    cache_ram: str = ""
+    cache_isolate: str = "on"
+    engine_url: str = ""
+    engine_host: str = "127.0.0.1"
+    engine_port: int | None = None
+    engine_api_key: SecretStr | None = None
+    engine_threads: int | None = None
+    engine_start_timeout: float = 300.0
+    engine_backoff_max: float = 30.0
+    lease_ttl: float = 30.0

@@ -1,0 +1,186 @@
+"""Real launches of llama-server by ``python -m loki_supervisor`` on CPU with the bundled
+model: one slot, two slots (SIDE_SLOT), crash and restart, slot erase after a side job,
+clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from loki_shared import servers, subjects
+from loki_shared.messages.engine import (
+    Lease,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewRequest,
+)
+
+from .conftest import chat, collect_states, port_of, process_alive, request, wait_info
+
+pytestmark = pytest.mark.engine
+
+
+async def lease(nc, kind: str, wait: float = 30.0, **kw) -> Lease:
+    reply = await request(nc, subjects.ENGINE_LEASE, LeaseRequest(kind=kind, wait_s=wait, **kw),
+                          Lease, timeout=wait + 5)
+    assert reply.error is None, reply.error
+    return reply
+
+
+async def release(nc, lease_id: str, **kw) -> ReleaseReply:
+    return await request(nc, subjects.ENGINE_RELEASE, ReleaseRequest(lease_id=lease_id, **kw),
+                         ReleaseReply, timeout=10)
+
+
+async def test_one_slot_launch_lease_and_clean_stop(engine_env, supervisor_factory, nc):
+    states: list[dict] = []
+    await collect_states(nc, states)
+    sup = supervisor_factory(engine_env)
+    info = await wait_info(nc, lambda i: i.state == "ready", sup=sup)
+    assert info.total_slots == 1 and info.slot_n_ctx == [2048] and info.n_ctx == 2048
+    assert not info.external and info.base_url.startswith("http://127.0.0.1:")
+    argv = info.argv
+    assert argv[argv.index("-c") + 1] == "2048" and argv[argv.index("-np") + 1] == "1"
+    assert "--metrics" in argv and "--slot-save-path" in argv
+    assert info.chat_template and info.model
+    assert [s["state"] for s in states][:2] == ["starting", "ready"]
+
+    granted = await lease(nc, "main", conversation="c1")
+    assert granted.id_slot is None and granted.base_url == info.base_url
+    assert granted.n_ctx == 2048 and granted.shares_main_slot
+    # One slot: a second request waits; with a short wait it is refused as busy.
+    busy = await request(nc, subjects.ENGINE_LEASE, LeaseRequest(kind="verify", wait_s=0.3),
+                         Lease, timeout=5)
+    assert busy.error is not None and busy.error.type == "busy"
+    body = await asyncio.to_thread(chat, granted.base_url, "Reply with one word: pong")
+    assert body["choices"][0]["message"]["content"] is not None
+    renewed = await request(nc, subjects.ENGINE_RENEW, RenewRequest(lease_id=granted.lease_id),
+                            Lease)
+    assert renewed.lease_id == granted.lease_id
+    assert (await release(nc, granted.lease_id)).ok
+    again = await release(nc, granted.lease_id)
+    assert again.error is not None and again.error.type == "not_found"
+
+    engine_pids = sup.engine_pids()
+    assert len(engine_pids) == 1
+    port = port_of(info.base_url)
+    assert sup.stop() == 0
+    assert not servers.port_open("127.0.0.1", port)
+    assert not process_alive(engine_pids[0])
+    await asyncio.sleep(0.2)
+    assert states[-1]["state"] == "stopped"
+
+
+async def test_two_slots_with_side_slot(engine_env, supervisor_factory, nc):
+    sup = supervisor_factory({**engine_env, "LOKI_SIDE_SLOT": "on"})
+    info = await wait_info(nc, lambda i: i.state == "ready", sup=sup)
+    argv = info.argv
+    assert argv[argv.index("-c") + 1] == "4096"
+    assert argv[argv.index("-np") + 1] == "2" and "--no-kv-unified" in argv
+    assert info.side_slot and info.side_slot_refusal is None
+    assert info.total_slots == 2 and info.slot_n_ctx == [2048, 2048] and info.n_ctx == 2048
+    assert any("second slot uses" in n for n in info.notes)
+
+    main = await lease(nc, "main", conversation="c1")
+    side = await lease(nc, "verify", conversation="c1", wait=5)  # not blocked by slot 0
+    assert (main.id_slot, side.id_slot) == (0, 1)
+    assert main.shares_main_slot and not side.shares_main_slot
+    foreign = await request(nc, subjects.ENGINE_LEASE, LeaseRequest(kind="foreign", wait_s=0.3),
+                            Lease, timeout=5)
+    assert foreign.error is not None and foreign.error.type == "busy"
+    # Both slots serve at once, each with its own window.
+    r0, r1 = await asyncio.gather(
+        asyncio.to_thread(chat, main.base_url, "Say hello.", 0),
+        asyncio.to_thread(chat, side.base_url, "Say bye.", 1),
+    )
+    assert r0["choices"] and r1["choices"]
+    await release(nc, main.lease_id)
+    # Two slots: the slot erase abstains even at the end of a side job.
+    rel = await release(nc, side.lease_id, job_done=True)
+    assert rel.ok and not rel.slot_erased and "2 slots" in (rel.erase_skipped or "")
+
+
+async def test_crash_is_restarted_with_backoff(engine_env, supervisor_factory, nc):
+    states: list[dict] = []
+    await collect_states(nc, states)
+    sup = supervisor_factory(engine_env)
+    await wait_info(nc, lambda i: i.state == "ready", sup=sup)
+    [pid] = sup.engine_pids()
+    os.kill(pid, signal.SIGKILL)
+    info = await wait_info(nc, lambda i: i.state == "ready" and i.restarts == 1, sup=sup)
+    assert sup.engine_pids() != [pid]
+    names = [s["state"] for s in states]
+    assert names[:2] == ["starting", "ready"]
+    failed = [s for s in states if s["state"] == "failed"]
+    assert failed and "status -9" in failed[0]["detail"] and "restart in" in failed[0]["detail"]
+    assert failed[0]["stderr_tail"], "the last engine output lines are reported"
+    assert names[names.index("failed"):][:3] == ["failed", "starting", "ready"]
+    granted = await lease(nc, "main")
+    assert granted.base_url == info.base_url
+    await asyncio.to_thread(chat, granted.base_url, "Hi")
+    await release(nc, granted.lease_id)
+
+
+async def test_lease_waits_through_a_restart(engine_env, supervisor_factory, nc):
+    sup = supervisor_factory(engine_env)
+    await wait_info(nc, lambda i: i.state == "ready", sup=sup)
+    [pid] = sup.engine_pids()
+    os.kill(pid, signal.SIGKILL)
+    await wait_info(nc, lambda i: i.state != "ready", sup=sup, timeout=10)
+    t0 = time.monotonic()
+    granted = await lease(nc, "main", wait=60)
+    assert granted.lease_id and time.monotonic() - t0 > 0.1
+    await asyncio.to_thread(chat, granted.base_url, "Hi")
+    await release(nc, granted.lease_id)
+
+
+LONG_SIDE_PROMPT = "Check this list of fruits and say if it is sorted: " + ", ".join(
+    f"fruit number {i}" for i in range(60)
+)
+
+
+async def test_slot_erase_after_a_side_job(engine_env, supervisor_factory, nc):
+    sup = supervisor_factory(engine_env)
+    info = await wait_info(nc, lambda i: i.state == "ready", sup=sup)
+    assert info.build_number is not None and info.build_number >= 8660
+    main = await lease(nc, "main", conversation="c1")
+    await asyncio.to_thread(chat, main.base_url, "Tell me about the sea.")
+    await release(nc, main.lease_id)
+
+    # Control: without an erase, the side prompt sent twice is served from the slot.
+    side = await lease(nc, "verify", conversation="c1")
+    await asyncio.to_thread(chat, side.base_url, LONG_SIDE_PROMPT)
+    again = await asyncio.to_thread(chat, side.base_url, LONG_SIDE_PROMPT)
+    prompt_n = again["timings"]["prompt_n"] + again["timings"]["cache_n"]
+    assert again["timings"]["cache_n"] > prompt_n // 2
+    rel = await release(nc, side.lease_id, job_done=True)
+    assert rel.ok and rel.slot_erased, rel.erase_skipped
+
+    # The slot no longer holds the side job: the same prompt is mostly recomputed.
+    probe = await lease(nc, "verify", conversation="c1")
+    after = await asyncio.to_thread(chat, probe.base_url, LONG_SIDE_PROMPT)
+    assert after["timings"]["cache_n"] < prompt_n // 2
+    # Not the end of the job, or a compaction: no erase.
+    rel = await release(nc, probe.lease_id, job_done=False)
+    assert not rel.slot_erased
+    comp = await lease(nc, "compact", conversation="c1")
+    rel = await release(nc, comp.lease_id, job_done=True)
+    assert not rel.slot_erased and "compaction" in (rel.erase_skipped or "")
+
+
+async def test_parallel_two_without_side_slot_has_no_id_slot_and_a_smaller_window(engine_env, supervisor_factory, nc):
+    sup = supervisor_factory({**engine_env, "LOKI_PARALLEL": "2"})
+    info = await wait_info(nc, lambda i: i.state == "ready", sup=sup)
+    # PARALLEL=2 without SIDE_SLOT: two slots of CTX/2 → no id_slot, two leases at once.
+    assert info.total_slots == 2 and info.slot_n_ctx == [1024, 1024] and info.n_ctx == 1024
+    a = await lease(nc, "verify")
+    b = await lease(nc, "main", wait=5)
+    assert a.id_slot is None and b.id_slot is None
+    rel = await release(nc, a.lease_id, job_done=True)
+    assert not rel.slot_erased and "2 slots" in (rel.erase_skipped or "")
+    await release(nc, b.lease_id)

@@ -1,0 +1,136 @@
+"""The lease manager: one request per slot at a time, FIFO per slot, queues independent,
+expiry of a dead holder, renewal, waiting for a ready engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loki_shared.messages.engine import LeaseRequest
+from loki_supervisor.errors import Busy, NotFound, Unavailable
+from loki_supervisor.lease import LeaseManager, Target
+from loki_supervisor.routing import EngineView
+
+TWO = EngineView(external=False, total_slots=2, slot_n_ctx=(2048, 2048), ctx=2048)
+ONE = EngineView(external=False, total_slots=1, slot_n_ctx=(2048,), ctx=2048)
+EXT = EngineView(external=True, total_slots=0, slot_n_ctx=(), ctx=2048)
+
+
+def manager(view, ttl=30.0):
+    state = {"target": Target(base_url="http://127.0.0.1:1", model="m", api_key="k", view=view)}
+    return LeaseManager(lambda: state["target"], ttl=ttl), state
+
+
+def req(kind="main", wait=5.0, **kw):
+    return LeaseRequest(kind=kind, conversation="c1", wait_s=wait, **kw)
+
+
+async def test_one_slot_is_fifo_one_at_a_time():
+    lm, _ = manager(ONE)
+    first = await lm.acquire(req("main"))
+    assert first.id_slot is None and first.shares_main_slot and first.api_key == "k"
+    order: list[str] = []
+
+    async def take(kind):
+        lease = await lm.acquire(req(kind))
+        order.append(kind)
+        return lease
+
+    t1 = asyncio.create_task(take("verify"))
+    await asyncio.sleep(0.01)
+    t2 = asyncio.create_task(take("main"))
+    await asyncio.sleep(0.05)
+    assert order == [] and lm.waiting == 2
+    lm.release(first.lease_id)
+    l1 = await t1
+    await asyncio.sleep(0.05)
+    assert order == ["verify"] and not t2.done()
+    lm.release(l1.lease_id)
+    await t2
+    assert order == ["verify", "main"]
+
+
+async def test_two_slots_queues_do_not_block_each_other():
+    lm, _ = manager(TWO)
+    main = await lm.acquire(req("main"))
+    side = await lm.acquire(req("verify"))
+    assert (main.id_slot, side.id_slot) == (0, 1)
+    assert main.shares_main_slot and not side.shares_main_slot
+    # slot 1 busy: a second side request waits, a second main request for slot 0 too.
+    waiting_side = asyncio.create_task(lm.acquire(req("subagent")))
+    await asyncio.sleep(0.02)
+    lm.release(main.lease_id)
+    main2 = await asyncio.wait_for(lm.acquire(req("main")), 1)
+    assert main2.id_slot == 0 and not waiting_side.done()
+    lm.release(side.lease_id)
+    assert (await asyncio.wait_for(waiting_side, 1)).id_slot == 1
+
+
+async def test_wait_bounded_busy_and_unavailable():
+    lm, state = manager(ONE)
+    held = await lm.acquire(req())
+    with pytest.raises(Busy):
+        await lm.acquire(req(wait=0.1))
+    assert lm.waiting == 0
+    lm.release(held.lease_id)
+    state["target"] = None
+    with pytest.raises(Unavailable):
+        await lm.acquire(req(wait=0.1))
+
+
+async def test_waiter_is_served_when_engine_becomes_ready():
+    lm, state = manager(ONE)
+    saved, state["target"] = state["target"], None
+    task = asyncio.create_task(lm.acquire(req(wait=2)))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    state["target"] = saved
+    lm.pump()
+    assert (await asyncio.wait_for(task, 1)).lease_id
+
+
+async def test_dead_holder_lease_expires_and_next_waiter_gets_the_slot():
+    lm, _ = manager(ONE, ttl=0.3)
+    lm.start()
+    try:
+        await lm.acquire(req())  # never released: its holder "died"
+        nxt = await asyncio.wait_for(lm.acquire(req(wait=5)), 3)
+        assert nxt.lease_id and lm.in_flight == 1
+    finally:
+        await lm.close()
+
+
+async def test_renewal_keeps_a_lease_and_release_twice_is_not_found():
+    lm, _ = manager(ONE, ttl=0.4)
+    lm.start()
+    try:
+        lease = await lm.acquire(req())
+        for _ in range(4):
+            await asyncio.sleep(0.2)
+            lm.renew(lease.lease_id)
+        assert lm.in_flight == 1
+        lm.release(lease.lease_id)
+        with pytest.raises(NotFound):
+            lm.release(lease.lease_id)
+        with pytest.raises(NotFound):
+            lm.renew(lease.lease_id)
+    finally:
+        await lm.close()
+
+
+async def test_external_preset_has_no_slot_and_no_limit():
+    lm, _ = manager(EXT)
+    leases = [await lm.acquire(req(k)) for k in ("main", "verify", "main", "foreign")]
+    assert all(l.id_slot is None and l.external and not l.shares_main_slot for l in leases)
+    assert lm.in_flight == 4
+
+
+async def test_pause_holds_grants_until_resume():
+    lm, _ = manager(ONE)
+    lm.pause()
+    task = asyncio.create_task(lm.acquire(req(wait=2)))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    lm.resume()
+    assert (await asyncio.wait_for(task, 1)).lease_id
