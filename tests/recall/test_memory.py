@@ -4,6 +4,8 @@ and the four reads of a sealed block while locked and after unlock; the recall r
 from __future__ import annotations
 
 import asyncio
+import base64
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -74,8 +76,10 @@ async def eventually(check, timeout: float = 10.0) -> None:
 
 
 async def test_locked_memory_hides_sealed_blocks(
-    recall: RecallService, client: Client, gateway: httpx.AsyncClient, redis_db: str
+    recall: RecallService, client: Client, gateway: httpx.AsyncClient, redis_db: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     http = gateway
     assert (await http.get("/api/memory")).json() == {"state": "off"}
     plain = await archive(client, "public notes about the diary", "tool: public")
@@ -141,6 +145,11 @@ async def test_locked_memory_hides_sealed_blocks(
         assert b"secret" not in raw
     finally:
         await redis.aclose()
+    # ... and in no log line of the gateway or the recall service
+    key = kdf.unlock("correct horse")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "memory unlocked" in logged
+    assert base64.b64encode(key).decode() not in logged and key.hex() not in logged
 
 
 async def test_restarted_recall_gets_the_key_from_the_gateway(
