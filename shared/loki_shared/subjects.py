@@ -84,3 +84,22 @@ EVENTS_ARCHIVE = "loki.events.archive"  # ArchiveEvent
 STREAM_PERF = "LOKI_PERF"  # subjects [PERF_RECORD], max 5000 messages (the perf ring)
 STREAM_PERF_MAX_MSGS = 5000
 STREAM_EVENTS = "LOKI_EVENTS"  # subjects [EVENTS_COMPACTION, EVENTS_ARCHIVE]
+
+# --- health (every service; used by container health checks, see loki_shared.health) ---------
+# Every instance of a service answers HEALTH_PREFIX.<service>.<instance> (its own check, no
+# queue group) and HEALTH_PREFIX.<service> (queue group QUEUE_HEALTH: "is any instance up").
+HEALTH_PREFIX = "loki.health"  # + ".<service>[.<instance>]": HealthRequest -> HealthReply
+QUEUE_HEALTH = "health"
+
+
+def health(service: str, instance: str | None = None) -> str:
+    """Subject of the health check of ``service`` (one ``instance`` when given).
+
+    Raises:
+        ValueError: a token is empty or holds a character that would change the subject.
+    """
+    tokens = [service] if instance is None else [service, instance]
+    for token in tokens:
+        if not token or any(c in token for c in ".*> \t\r\n"):
+            raise ValueError(f"{token!r} is not a valid subject token")
+    return ".".join([HEALTH_PREFIX, *tokens])
