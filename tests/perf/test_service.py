@@ -12,22 +12,7 @@ from loki_shared import subjects
 from loki_shared.nats import make_broker
 from loki_shared.perf_publish import publish_record
 
-from .perf_helpers import PerfProc, record, request, reset_stream, start_own_nats, wait_summary
-
-
-@pytest.fixture(scope="module")
-def perf_nats(tmp_path_factory):
-    proc, url = start_own_nats(tmp_path_factory.mktemp("perf-nats"))
-    yield url
-    proc.stop()
-
-
-@pytest.fixture
-async def nc(perf_nats):
-    client = await nats.connect(perf_nats)
-    await reset_stream(client)
-    yield client
-    await client.drain()
+from .perf_helpers import PerfProc, record, request, wait_summary
 
 
 COMPLETIONS = "lokiassist_completions_total"
