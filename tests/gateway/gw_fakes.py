@@ -41,6 +41,7 @@ from loki_shared.messages.chat import (
     StateReply,
     StateRequest,
 )
+from loki_shared.messages.perf import PerfRecord
 from loki_shared.messages.engine import (
     EngineInfo,
     Lease,
@@ -78,7 +79,9 @@ class FakePeers:
         self.renew_count = 0
         self.lease_ttl_s = 30.0
         self.lease_error: str | None = None
-        self.skip_publish: set[int] = set()  # seqs appended to the log but not published
+        self.skip_publish: set[int] = set()
+        self.perf_records: list[PerfRecord] = []
+        self.api_key: str | None = None  # seqs appended to the log but not published
         self._ids = itertools.count(1)
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -122,6 +125,11 @@ class FakePeers:
         }
         for subject, (model, handler) in table.items():
             await self.nc.subscribe(subject, cb=self._wrap(model, handler))
+
+        async def on_perf(msg: Any) -> None:
+            self.perf_records.append(PerfRecord.model_validate_json(msg.data))
+
+        await self.nc.subscribe(subjects.PERF_RECORD, cb=on_perf)
         await self.nc.flush()
 
     def _wrap(self, model: Any, handler: Any) -> Any:
@@ -264,7 +272,7 @@ class FakePeers:
         self.lease_count += 1
         return Lease(lease_id=lease_id, kind=req.kind, base_url=self.engine_url,
                      id_slot=self.id_slot, n_ctx=4096, model="fake", ttl_s=self.lease_ttl_s,
-                     api_key=None)
+                     api_key=self.api_key)
 
     async def _renew(self, req: RenewRequest) -> Lease:
         self.renew_count += 1

@@ -45,7 +45,7 @@ from loki_shared.messages.perf import PerfRecord
 
 from ..bus import Bus
 from ..deps import get_bus
-from ..errors import MethodNotAllowed, ServiceUnavailable
+from ..errors import MethodNotAllowed, ServiceError, ServiceUnavailable
 from ..openai_compat import (
     engine_error,
     normalise_chat,
@@ -156,12 +156,16 @@ class LeaseHolder:
             ServiceUnavailable: the supervisor does not answer.
             ServiceError: it refused (busy, unavailable...).
         """
-        lease = await bus.request_ok(
-            subjects.ENGINE_LEASE,
-            LeaseRequest(kind="foreign", wait_s=wait_s),
-            Lease,
-            timeout=wait_s + 5.0,
-        )
+        try:
+            lease = await bus.request_ok(
+                subjects.ENGINE_LEASE,
+                LeaseRequest(kind="foreign", wait_s=wait_s),
+                Lease,
+                timeout=wait_s + 5.0,
+            )
+        except ServiceError as exc:
+            raise ServiceUnavailable(f"engine not available: {exc.message}",
+                                     code=f"engine_{exc.code}") from exc
         return cls(bus, lease)
 
     async def _renew_loop(self, every: float) -> None:
@@ -310,38 +314,35 @@ async def _proxy(
     )
 
 
-def _filter_event(data: str, wants_usage: bool, final: dict[str, Any]) -> str | None:
-    """Inspect one upstream ``data:`` payload; return what to send (None: drop the event).
-
-    Only payloads that may hold ``usage``, ``timings`` or a ``finish_reason`` are decoded;
-    the others are relayed byte for byte.
-    """
-    if data == "[DONE]":
-        return data
-    if '"usage"' not in data and '"timings"' not in data and '"finish_reason":"' not in data:
-        return data
+def _inspect(data: str, final: dict[str, Any]) -> dict[str, Any] | None:
+    """Decode one upstream ``data:`` payload when it may hold ``usage``, ``timings`` or a
+    ``finish_reason`` (others are relayed byte for byte, undecoded), note those in ``final``
+    and return the decoded chunk (None when not decoded)."""
+    if data == "[DONE]" or (
+        '"usage"' not in data and '"timings"' not in data and '"finish_reason":"' not in data
+    ):
+        return None
     try:
         chunk = json.loads(data)
     except ValueError:
-        return data
+        return None
     if not isinstance(chunk, dict):
-        return data
-    choices = chunk.get("choices") or []
-    for choice in choices:
+        return None
+    for choice in chunk.get("choices") or []:
         if isinstance(choice, dict) and choice.get("finish_reason"):
             final["finish_reason"] = choice["finish_reason"]
-    if chunk.get("usage"):
-        final["usage"] = chunk["usage"]
-    if chunk.get("timings"):
-        final["timings"] = chunk["timings"]
-    if chunk.get("model"):
-        final["model"] = chunk["model"]
-    if wants_usage or "usage" not in chunk:
-        return data
-    if not choices:
-        return None  # the usage-only chunk the client did not ask for
-    del chunk["usage"]
+    for key in ("usage", "timings", "model"):
+        if chunk.get(key):
+            final[key] = chunk[key]
+    return chunk
+
+
+def _dump(chunk: dict[str, Any]) -> str:
     return json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))
+
+
+def _frame(lines: list[str]) -> bytes:
+    return ("\n".join(lines) + "\n\n").encode("utf-8")
 
 
 async def _relay(
@@ -353,32 +354,76 @@ async def _relay(
     wants_usage: bool,
     perf: bool,
 ) -> AsyncIterator[bytes]:
-    """Relay the engine's SSE events one write per event; cleanup happens shielded from
-    the cancellation a client disconnect causes."""
+    """Relay the engine's SSE events, one write per event, as they come.
+
+    When the client did not ask for ``include_usage`` the stream it gets is the one
+    llama-server sends without it: the usage-only chunk (``choices: []``) is dropped, its
+    ``timings`` moved onto the chunk holding ``finish_reason`` (held back until the next
+    event for that), and ``usage`` removed from any other chunk. Cleanup (closing upstream,
+    releasing the lease, the perf record) runs shielded from the cancellation a client
+    disconnect causes.
+    """
     final: dict[str, Any] = {}
     ttft: float | None = None
     cut = True
     lines: list[str] = []
-    drop = False
-    try:
+    parsed: dict[str, Any] | None = None
+    held: dict[str, Any] | None = None  # finish_reason chunk waiting for the timings
+
+    def flush_held() -> bytes | None:
+        nonlocal held
+        if held is None:
+            return None
+        out = _frame(["data: " + _dump(held)])
+        held = None
+        return out
+
+    async def events() -> AsyncIterator[tuple[list[str], dict[str, Any] | None]]:
+        nonlocal lines, parsed, ttft
         async for line in resp.aiter_lines():
             if line:
                 if line.startswith("data:"):
                     data = line[5:].lstrip(" ")
                     if ttft is None:
                         ttft = time.monotonic()
-                    kept = _filter_event(data, wants_usage, final)
-                    if kept is None:
-                        drop = True
-                        continue
-                    line = "data: " + kept
+                    parsed = _inspect(data, final)
+                    line = "data: " + data
                 lines.append(line)
                 continue
-            if lines and not drop:
-                yield ("\n".join(lines) + "\n\n").encode("utf-8")
-            lines, drop = [], False
-        if lines and not drop:
-            yield ("\n".join(lines) + "\n\n").encode("utf-8")
+            if lines:
+                yield lines, parsed
+            lines, parsed = [], None
+        if lines:
+            yield lines, parsed
+
+    try:
+        async for ev_lines, chunk in events():
+            if wants_usage or chunk is None:
+                out = flush_held()
+                if out:
+                    yield out
+                yield _frame(ev_lines)
+                continue
+            if "usage" in chunk and not chunk.get("choices"):
+                # the usage-only chunk the client did not ask for
+                if held is not None and chunk.get("timings") and "timings" not in held:
+                    held["timings"] = chunk["timings"]
+                out = flush_held()
+                if out:
+                    yield out
+                continue
+            chunk.pop("usage", None)
+            out = flush_held()
+            if out:
+                yield out
+            if any(isinstance(c, dict) and c.get("finish_reason")
+                   for c in chunk.get("choices") or []):
+                held = chunk
+                continue
+            yield _frame(["data: " + _dump(chunk)])
+        out = flush_held()
+        if out:
+            yield out
         cut = False
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):

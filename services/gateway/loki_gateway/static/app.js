@@ -1,0 +1,452 @@
+// Loki's chat page. Plain JS, no build step.
+//
+// The reply stream is read with fetch() (not EventSource) so the API key can be sent as a
+// header; it resumes from the last seen id (Last-Event-ID) after a network error or when the
+// server says `event: reconnect`, so a reload or a drop never loses or repeats an event.
+"use strict";
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const md = window.LokiMarkdown;
+  const FOLD_CHARS = 600;
+
+  const state = {
+    conversation: null,
+    lastSeq: 0,
+    abort: null,
+    generating: false,
+    turn: null,        // pointers of the turn being drawn
+    dirty: new Set(),  // answer bubbles to re-render
+  };
+
+  // ---- API -------------------------------------------------------------------------------
+  function authHeaders() {
+    const key = localStorage.getItem("lokiKey");
+    return key ? { Authorization: "Bearer " + key } : {};
+  }
+
+  function askKey() {
+    return new Promise((resolve) => {
+      const dlg = $("key-dialog");
+      dlg.onclose = () => {
+        const v = $("key-input").value.trim();
+        if (v) localStorage.setItem("lokiKey", v);
+        resolve(!!v);
+      };
+      if (!dlg.open) dlg.showModal();
+    });
+  }
+
+  async function api(path, opts = {}, retried = false) {
+    const headers = Object.assign({}, opts.headers || {}, authHeaders());
+    if (opts.json !== undefined) {
+      headers["Content-Type"] = "application/json";
+      opts = Object.assign({}, opts, { body: JSON.stringify(opts.json) });
+    }
+    const resp = await fetch(path, Object.assign({}, opts, { headers }));
+    if (resp.status === 401 && !retried && (await askKey())) return api(path, opts, true);
+    return resp;
+  }
+
+  async function apiJSON(path, opts) {
+    const resp = await api(path, opts);
+    let body = null;
+    try { body = await resp.json(); } catch (e) { body = null; }
+    if (!resp.ok) {
+      const msg = body && body.error ? body.error.message : resp.status + " " + resp.statusText;
+      throw new Error(msg);
+    }
+    return body;
+  }
+
+  // ---- conversations -------------------------------------------------------------------
+  async function loadConversations() {
+    let list = [];
+    try { list = (await apiJSON("/api/conversations")).conversations || []; } catch (e) { return; }
+    const ul = $("conversations");
+    ul.textContent = "";
+    for (const c of list) {
+      const li = document.createElement("li");
+      li.dataset.id = c.id;
+      if (c.id === state.conversation) { li.classList.add("active"); $("conv-title").textContent = c.title || "Untitled"; }
+      const title = document.createElement("span");
+      title.className = "title";
+      title.textContent = c.title || "Untitled";
+      li.appendChild(title);
+      const ren = document.createElement("button");
+      ren.title = "Rename"; ren.textContent = "✎";
+      ren.onclick = async (ev) => {
+        ev.stopPropagation();
+        const t = prompt("New title", c.title || "");
+        if (t && t.trim()) { await apiJSON("/api/conversations/" + c.id, { method: "PATCH", json: { title: t.trim() } }); loadConversations(); }
+      };
+      const del = document.createElement("button");
+      del.title = "Delete"; del.textContent = "🗑";
+      del.onclick = async (ev) => {
+        ev.stopPropagation();
+        if (!confirm("Delete this conversation?")) return;
+        await apiJSON("/api/conversations/" + c.id, { method: "DELETE" });
+        if (c.id === state.conversation) openConversation(null);
+        loadConversations();
+      };
+      li.append(ren, del);
+      li.onclick = () => openConversation(c.id);
+      ul.appendChild(li);
+    }
+  }
+
+  function openConversation(id) {
+    if (state.abort) state.abort.abort();
+    state.abort = null;
+    state.conversation = id;
+    state.lastSeq = 0;
+    state.turn = null;
+    $("messages").textContent = "";
+    $("messages").dataset.conversation = id || "";
+    $("messages").dataset.lastSeq = "0";
+    setGenerating(false);
+    if (id) { localStorage.setItem("lokiConv", id); history.replaceState(null, "", "#c=" + id); }
+    else { localStorage.removeItem("lokiConv"); history.replaceState(null, "", "#"); $("conv-title").textContent = "New chat"; setGauge(0, 0); }
+    for (const li of $("conversations").children) li.classList.toggle("active", li.dataset.id === id);
+    if (id) { stream(id); refreshState(); }
+  }
+
+  // ---- SSE over fetch ------------------------------------------------------------------
+  async function stream(id) {
+    const ctrl = new AbortController();
+    state.abort = ctrl;
+    let delay = 500;
+    while (!ctrl.signal.aborted && state.conversation === id) {
+      let reconnectNow = false;
+      try {
+        const headers = Object.assign({ Accept: "text/event-stream" }, authHeaders());
+        if (state.lastSeq) headers["Last-Event-ID"] = String(state.lastSeq);
+        const resp = await fetch("/api/chat?conversation=" + encodeURIComponent(id), { headers, signal: ctrl.signal });
+        if (resp.status === 401) { await askKey(); continue; }
+        if (resp.status === 404) { openConversation(null); loadConversations(); return; }
+        if (!resp.ok || !resp.body) throw new Error("stream " + resp.status);
+        delay = 500;
+        const reader = resp.body.getReader();
+        const dec = new TextDecoder();
+        let buf = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, { stream: true });
+          let cut;
+          const batch = [];
+          while ((cut = buf.indexOf("\n\n")) >= 0) {
+            const block = buf.slice(0, cut);
+            buf = buf.slice(cut + 2);
+            const f = parseFrame(block);
+            if (f.event === "reconnect") { reconnectNow = true; break; }
+            if (f.data) batch.push(f);
+          }
+          for (const f of batch) {
+            let data;
+            try { data = JSON.parse(f.data); } catch (e) { continue; }
+            if (typeof data.seq === "number" && data.seq <= state.lastSeq) continue; // never twice
+            handleEvent(data);
+            if (typeof data.seq === "number") state.lastSeq = data.seq;
+          }
+          $("messages").dataset.lastSeq = String(state.lastSeq);
+          scheduleRender();
+          if (reconnectNow) { reader.cancel().catch(() => {}); break; }
+        }
+      } catch (e) {
+        if (ctrl.signal.aborted) return;
+      }
+      if (!reconnectNow) { await new Promise((r) => setTimeout(r, delay)); delay = Math.min(delay * 2, 5000); }
+    }
+  }
+
+  function parseFrame(block) {
+    const f = { id: null, event: null, data: "" };
+    for (const line of block.split("\n")) {
+      if (!line || line[0] === ":") continue;
+      const i = line.indexOf(":");
+      const name = i < 0 ? line : line.slice(0, i);
+      let value = i < 0 ? "" : line.slice(i + 1);
+      if (value[0] === " ") value = value.slice(1);
+      if (name === "data") f.data = f.data ? f.data + "\n" + value : value;
+      else if (name === "id") f.id = value;
+      else if (name === "event") f.event = value;
+    }
+    return f;
+  }
+
+  // ---- drawing events ------------------------------------------------------------------
+  function box() { return $("messages"); }
+
+  function add(el) {
+    const m = box();
+    const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 80;
+    m.appendChild(el);
+    if (atBottom) m.scrollTop = m.scrollHeight;
+    return el;
+  }
+
+  function newTurn() { state.turn = { answer: null, reasoning: null, tools: {}, last: null, lastEl: null }; return state.turn; }
+  function turn() { return state.turn || newTurn(); }
+
+  function bubble(cls, tag) {
+    const el = document.createElement(tag || "div");
+    el.className = "msg " + cls;
+    return el;
+  }
+
+  function foldable(parent, text) {
+    const pre = document.createElement("pre");
+    parent.appendChild(pre);
+    if (text.length <= FOLD_CHARS) { pre.textContent = text; return; }
+    pre.textContent = text.slice(0, FOLD_CHARS) + "…";
+    const more = document.createElement("button");
+    more.className = "more"; more.type = "button"; more.textContent = "show more";
+    let open = false;
+    more.onclick = () => { open = !open; pre.textContent = open ? text : text.slice(0, FOLD_CHARS) + "…"; more.textContent = open ? "show less" : "show more"; };
+    parent.appendChild(more);
+  }
+
+  function handleEvent(ev) {
+    const choice = (ev.choices && ev.choices[0]) || {};
+    const delta = choice.delta || {};
+    const mark = (ev.loki && ev.loki.event) || null;
+
+    if (mark === "reset") { box().textContent = ""; state.turn = null; return; }
+    if (mark === "compaction") {
+      const el = document.createElement("div");
+      el.className = "marker compaction";
+      const b = ev.loki.tokens_before, a = ev.loki.tokens_after;
+      el.textContent = "conversation compacted" + (b ? " (" + b + " → " + a + " tokens)" : "");
+      add(el);
+      state.turn = null;
+      return;
+    }
+    if (delta.role === "user") {
+      state.turn = null;
+      const el = bubble("user");
+      el.textContent = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
+      add(el);
+      setGenerating(true);
+      return;
+    }
+    if (mark === "turn_start") { newTurn(); setGenerating(true); }
+    if (delta.role === "tool") {
+      const t = turn();
+      const el = bubble("tool", "div");
+      const head = document.createElement("div");
+      head.textContent = "↳ result of " + (delta.name || "tool");
+      el.appendChild(head);
+      foldable(el, String(delta.content == null ? "" : delta.content));
+      add(el);
+      t.last = "tool"; t.answer = null;
+      return;
+    }
+    const t = turn();
+    if (typeof delta.reasoning_content === "string" && delta.reasoning_content) {
+      if (t.last !== "reasoning" || !t.reasoning) {
+        const el = bubble("reasoning", "details");
+        const s = document.createElement("summary"); s.textContent = "Reasoning";
+        const body = document.createElement("div"); body.className = "body";
+        el.append(s, body);
+        t.reasoning = { el, body, text: "" };
+        add(el);
+      }
+      t.reasoning.text += delta.reasoning_content;
+      t.reasoning.body.textContent = t.reasoning.text;
+      t.last = "reasoning";
+    }
+    if (typeof delta.content === "string" && delta.content) {
+      if (t.last !== "content" || !t.answer) {
+        const el = bubble("assistant typing");
+        t.answer = { el, text: "" };
+        add(el);
+      }
+      t.answer.text += delta.content;
+      state.dirty.add(t.answer);
+      t.last = "content";
+    }
+    if (Array.isArray(delta.tool_calls)) {
+      for (const tc of delta.tool_calls) {
+        const idx = tc.index || 0;
+        let call = t.tools[idx];
+        if (!call || (tc.id && call.id && tc.id !== call.id)) {
+          const el = bubble("tool", "details");
+          const s = document.createElement("summary");
+          const pre = document.createElement("pre");
+          el.append(s, pre);
+          call = t.tools[idx] = { id: tc.id, name: "", args: "", el, s, pre };
+          add(el);
+        }
+        const fn = tc.function || {};
+        if (fn.name) call.name += fn.name;
+        if (fn.arguments) call.args += fn.arguments;
+        call.s.textContent = "⚙ " + (call.name || "tool") + (call.args.length > 80 ? " (" + call.args.length + " chars)" : " " + call.args);
+        call.pre.textContent = call.args;
+      }
+      t.last = "tool"; t.answer = null;
+    }
+    if (mark === "error") {
+      const el = document.createElement("div");
+      el.className = "marker error";
+      el.textContent = "error: " + (ev.loki.message || ev.loki.detail || "the turn failed");
+      add(el);
+    }
+    if (choice.finish_reason) {
+      const tm = ev.timings || {};
+      const badge = document.createElement("div");
+      badge.className = "badge";
+      const parts = [];
+      if (tm.prompt_n != null || tm.cache_n != null) parts.push("prefill " + (tm.prompt_n ?? "?") + " new / " + (tm.cache_n ?? "?") + " cached");
+      if (tm.predicted_n != null) parts.push(tm.predicted_n + " tokens" + (tm.predicted_per_second ? " at " + tm.predicted_per_second.toFixed(1) + " t/s" : ""));
+      if (mark === "stopped" || choice.finish_reason === "stopped") parts.push("stopped");
+      badge.textContent = parts.join(" · ") || choice.finish_reason;
+      add(badge);
+      for (const el of box().querySelectorAll(".typing")) el.classList.remove("typing");
+      state.turn = null;
+      setGenerating(false);
+      refreshStateSoon();
+    }
+  }
+
+  let renderQueued = false;
+  function scheduleRender() {
+    if (renderQueued) return;
+    renderQueued = true;
+    requestAnimationFrame(() => {
+      renderQueued = false;
+      const m = box();
+      const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 120;
+      for (const a of state.dirty) a.el.innerHTML = md.render(a.text);
+      state.dirty.clear();
+      if (atBottom) m.scrollTop = m.scrollHeight;
+    });
+  }
+
+  // ---- state, gauge, engine ------------------------------------------------------------
+  function setGenerating(on) {
+    state.generating = on;
+    $("stop-btn").hidden = !on;
+  }
+
+  function setGauge(used, nctx) {
+    // Same figure as the server's: ctx_used / n_ctx of the conversation's state.
+    const pct = nctx ? Math.min(100, Math.round((100 * used) / nctx)) : 0;
+    $("gauge-fill").style.width = pct + "%";
+    $("gauge-fill").classList.toggle("high", pct >= 80);
+    $("gauge-text").textContent = used + " / " + (nctx || "?") + " (" + pct + "%)";
+  }
+
+  async function refreshState() {
+    const id = state.conversation;
+    if (!id) return;
+    try {
+      const st = await apiJSON("/api/chat/state?conversation=" + encodeURIComponent(id));
+      if (id !== state.conversation) return;
+      setGauge(st.ctx_used || 0, st.n_ctx || 0);
+      if (st.generating) setGenerating(true);
+    } catch (e) { /* the stream shows errors */ }
+  }
+  let stateTimer = null;
+  function refreshStateSoon() { clearTimeout(stateTimer); stateTimer = setTimeout(() => { refreshState(); loadConversations(); }, 300); }
+
+  async function firstJSON(paths) {
+    for (const p of paths) {
+      try {
+        const r = await api(p);
+        if (r.ok) return await r.json();
+      } catch (e) { /* next */ }
+    }
+    return null;
+  }
+
+  async function refreshEngine() {
+    const info = await firstJSON(["/api/engine", "/api/engine/info"]);
+    const pill = $("engine-state");
+    if (!info) { pill.textContent = "engine: unknown"; pill.className = "pill"; return; }
+    const st = info.state || "unknown";
+    pill.textContent = "engine: " + st + (info.model ? " · " + String(info.model).split("/").pop() : "");
+    pill.className = "pill " + st;
+    const presets = await firstJSON(["/api/engine/presets", "/api/presets"]);
+    const sel = $("preset-picker");
+    if (presets && Array.isArray(presets.presets)) {
+      const cur = sel.value;
+      sel.textContent = "";
+      for (const p of presets.presets) {
+        const o = document.createElement("option");
+        o.value = p.id; o.textContent = p.name || p.id;
+        if (p.id === (presets.active || cur)) o.selected = true;
+        sel.appendChild(o);
+      }
+    }
+  }
+
+  async function switchPreset(id) {
+    for (const [path, json] of [["/api/engine/presets/" + encodeURIComponent(id) + "/switch", undefined],
+                                ["/api/engine/presets/switch", { preset_id: id }]]) {
+      const r = await api(path, { method: "POST", json: json === undefined ? {} : json });
+      if (r.status !== 404 && r.status !== 405) break;
+    }
+    refreshEngine();
+  }
+
+  // ---- actions -------------------------------------------------------------------------
+  async function send(text) {
+    const body = { content: text };
+    if (state.conversation) body.conversation = state.conversation;
+    const r = await apiJSON("/api/chat/send", { method: "POST", json: body });
+    if (r.conversation !== state.conversation) { openConversation(r.conversation); loadConversations(); }
+  }
+
+  async function control(action) {
+    if (!state.conversation) return;
+    try { await apiJSON("/api/chat/" + action, { method: "POST", json: { conversation: state.conversation } }); }
+    catch (e) { alert(action + ": " + e.message); }
+    refreshStateSoon();
+  }
+
+  async function exportConversation(ev) {
+    ev.preventDefault();
+    if (!state.conversation) return;
+    const r = await api("/api/conversations/" + state.conversation + "/export");
+    if (!r.ok) return;
+    const url = URL.createObjectURL(await r.blob());
+    const a = document.createElement("a");
+    a.href = url; a.download = "loki-" + state.conversation + ".json";
+    a.click();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  }
+
+  function init() {
+    $("composer").onsubmit = async (ev) => {
+      ev.preventDefault();
+      const text = $("input").value.trim();
+      if (!text) return;
+      $("input").value = "";
+      try { await send(text); } catch (e) { alert("send: " + e.message); $("input").value = text; }
+    };
+    $("input").onkeydown = (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $("composer").requestSubmit(); }
+    };
+    $("stop-btn").onclick = () => control("stop");
+    $("reset-btn").onclick = () => { if (confirm("Empty this conversation?")) control("reset"); };
+    $("compact-btn").onclick = () => control("compact");
+    $("export-btn").onclick = exportConversation;
+    $("new-chat").onclick = async () => {
+      try {
+        const r = await apiJSON("/api/conversations", { method: "POST", json: {} });
+        await loadConversations();
+        openConversation(r.conversation.id);
+      } catch (e) { openConversation(null); }
+    };
+    $("preset-picker").onchange = (ev) => switchPreset(ev.target.value);
+    const fromHash = (location.hash.match(/c=([A-Za-z0-9_-]+)/) || [])[1];
+    const start = fromHash || localStorage.getItem("lokiConv");
+    loadConversations().then(() => openConversation(start || null));
+    refreshEngine();
+    setInterval(refreshEngine, 10000);
+  }
+
+  window.lokiDebug = state;
+  init();
+})();
