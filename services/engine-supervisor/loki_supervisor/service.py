@@ -393,15 +393,15 @@ class Supervisor:
         return req.preset_id
 
     async def _preset_of(self, req: PresetsRequest, active: str) -> Preset:
-        pid = req.preset_id or (req.preset or {}).get("id")
-        if pid:
-            base = await self.store.get(pid)
-        elif req.preset:
-            base = Preset()
-        else:
-            base = await self.store.get(active)
+        """The preset a request names (``preset_id``, ``preset.id``, else the active one),
+        with the request's edited fields laid over it (``features`` merged key by key)."""
+        pid = req.preset_id or (req.preset or {}).get("id") or active
+        base = await self.store.get(pid)
         if req.preset:
-            merged = {**base.model_dump(), **{k: v for k, v in req.preset.items() if v is not None}}
+            edits = {k: v for k, v in req.preset.items() if v is not None}
+            merged = {**base.model_dump(), **edits}
+            if isinstance(edits.get("features"), dict):
+                merged["features"] = {**base.features, **edits["features"]}
             try:
                 return Preset.model_validate(merged)
             except ValueError as exc:
