@@ -9,6 +9,11 @@ the service's container by Docker's ``HEALTHCHECK`` / compose's ``healthcheck``:
     python -m loki_shared.health --any recall         # NATS: any recall instance
     python -m loki_shared.health --http http://127.0.0.1:8090/healthz
     python -m loki_shared.health --process loki_chat  # a process runs ``-m loki_chat``
+    python -m loki_shared.health chat --fallback-process loki_chat
+
+``--fallback-process`` is for a service that does not answer its health subject yet: when NATS
+says nobody at all subscribes to the subject ("no responders"), a live process running
+``-m MODULE`` counts as healthy instead. A timeout or an ``ok: false`` answer never falls back.
 
 Exit status 0 = healthy, 1 = unhealthy (one line on stderr says why), 2 = usage error. The
 NATS URL comes from ``LOKI_NATS_URL``; the instance token is this host's name (a container's
@@ -45,6 +50,11 @@ if TYPE_CHECKING:  # pragma: no cover
 Check = Callable[[], Awaitable[dict[str, str]]]
 
 DEFAULT_TIMEOUT_S = 3.0
+
+
+class NoResponder(RuntimeError):
+    """Nobody subscribes to the health subject (the service has not attached a responder,
+    or is not connected)."""
 
 
 def instance_token(hostname: str | None = None) -> str:
@@ -87,7 +97,8 @@ async def ask_nats(
     """Request the health subject over NATS and return the parsed reply.
 
     Raises:
-        RuntimeError: NATS unreachable, no responder, timeout, or an unreadable reply.
+        NoResponder: nobody subscribes to the subject.
+        RuntimeError: NATS unreachable, timeout, or an unreadable reply.
     """
     import nats
     from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
@@ -102,7 +113,7 @@ async def ask_nats(
     try:
         msg = await nc.request(subject, b"{}", timeout=timeout)
     except NoRespondersError as exc:
-        raise RuntimeError(f"no responder on {subject}") from exc
+        raise NoResponder(f"no responder on {subject}") from exc
     except NatsTimeout as exc:
         raise RuntimeError(f"no answer on {subject} within {timeout:g} s") from exc
     finally:
@@ -159,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--any", action="store_true", help="any instance, not this host's")
     parser.add_argument("--http", metavar="URL", help="GET this URL instead; 2xx is healthy")
     parser.add_argument("--process", metavar="MODULE", help="a live process runs -m MODULE")
+    parser.add_argument(
+        "--fallback-process", metavar="MODULE",
+        help="when nobody subscribes to the health subject, a live -m MODULE process is healthy",
+    )
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds")
     args = parser.parse_args(argv)
     chosen = [bool(args.service), bool(args.http), bool(args.process)]
@@ -174,7 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             nats_url = os.environ.get("LOKI_NATS_URL", "nats://127.0.0.1:4222")
             instance = None if args.any else instance_token()
-            reply = asyncio.run(ask_nats(nats_url, args.service, instance, args.timeout))
+            try:
+                reply = asyncio.run(ask_nats(nats_url, args.service, instance, args.timeout))
+            except NoResponder as exc:
+                if not args.fallback_process:
+                    raise
+                pid = check_process(args.fallback_process)
+                print(f"{exc}; process fallback: pid {pid}")
+                return 0
             if not reply.ok:
                 raise RuntimeError(f"{reply.service}/{reply.instance} unhealthy: "
                                    + json.dumps(reply.detail))
