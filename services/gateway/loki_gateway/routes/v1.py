@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import suppress
@@ -58,6 +59,7 @@ log = logging.getLogger("loki.gateway.v1")
 router = APIRouter(tags=["openai"])
 T = TypeVar("T")
 
+_FINISH = re.compile(r'"finish_reason"\s*:\s*"')
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _CHAT_SCHEMA = {
     "type": "object",
@@ -319,7 +321,7 @@ def _inspect(data: str, final: dict[str, Any]) -> dict[str, Any] | None:
     ``finish_reason`` (others are relayed byte for byte, undecoded), note those in ``final``
     and return the decoded chunk (None when not decoded)."""
     if data == "[DONE]" or (
-        '"usage"' not in data and '"timings"' not in data and '"finish_reason":"' not in data
+        '"usage"' not in data and '"timings"' not in data and not _FINISH.search(data)
     ):
         return None
     try:
