@@ -25,16 +25,20 @@
     return key ? { Authorization: "Bearer " + key } : {};
   }
 
+  let keyPrompt = null;  // one dialog for all the requests refused at once
   function askKey() {
-    return new Promise((resolve) => {
+    if (keyPrompt) return keyPrompt;
+    keyPrompt = new Promise((resolve) => {
       const dlg = $("key-dialog");
       dlg.onclose = () => {
         const v = $("key-input").value.trim();
         if (v) localStorage.setItem("lokiKey", v);
+        keyPrompt = null;
         resolve(!!v);
       };
-      if (!dlg.open) dlg.showModal();
+      dlg.showModal();
     });
+    return keyPrompt;
   }
 
   async function api(path, opts = {}, retried = false) {
@@ -81,7 +85,7 @@
         if (t && t.trim()) { await apiJSON("/api/conversations/" + c.id, { method: "PATCH", json: { title: t.trim() } }); loadConversations(); }
       };
       const del = document.createElement("button");
-      del.title = "Delete"; del.textContent = "🗑";
+      del.title = "Delete"; del.textContent = "×";
       del.onclick = async (ev) => {
         ev.stopPropagation();
         if (!confirm("Delete this conversation?")) return;
@@ -361,13 +365,13 @@
   }
 
   async function refreshEngine() {
-    const info = await firstJSON(["/api/engine", "/api/engine/info"]);
+    const info = await firstJSON(["/api/engine"]);
     const pill = $("engine-state");
     if (!info) { pill.textContent = "engine: unknown"; pill.className = "pill"; return; }
     const st = info.state || "unknown";
     pill.textContent = "engine: " + st + (info.model ? " · " + String(info.model).split("/").pop() : "");
     pill.className = "pill " + st;
-    const presets = await firstJSON(["/api/engine/presets", "/api/presets"]);
+    const presets = await firstJSON(["/api/presets"]);
     const sel = $("preset-picker");
     if (presets && Array.isArray(presets.presets)) {
       const cur = sel.value;
@@ -382,11 +386,8 @@
   }
 
   async function switchPreset(id) {
-    for (const [path, json] of [["/api/engine/presets/" + encodeURIComponent(id) + "/switch", undefined],
-                                ["/api/engine/presets/switch", { preset_id: id }]]) {
-      const r = await api(path, { method: "POST", json: json === undefined ? {} : json });
-      if (r.status !== 404 && r.status !== 405) break;
-    }
+    try { await apiJSON("/api/presets/switch", { method: "POST", json: { id: id } }); }
+    catch (e) { alert("preset: " + e.message); }
     refreshEngine();
   }
 
