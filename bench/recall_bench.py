@@ -37,7 +37,7 @@ import nats
 from redis.asyncio import Redis
 
 from loki_recall.archive import BLOCKS_KEY, _decode, block_aad
-from loki_recall.text import go_lower, keywords
+from loki_recall.text import keywords
 from loki_recall.tools import hits_text, reference_search
 from loki_shared import servers, subjects
 from loki_shared.messages.recall import ArchiveReply, ArchiveRequest, Block, ToolReply, ToolRequest

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import nats
-import pytest
 
 from loki_recall.archive import BLOCKS_KEY
 from loki_recall.service import RecallService

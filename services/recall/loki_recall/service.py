@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from loki_shared import subjects
-from loki_shared.memkey import KDF_REDIS_KEY, BadKdf, KdfParams
+from loki_shared.memkey import KDF_REDIS_KEY, BadKdf, KdfParams, key_id
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply, MemoryStatusRequest
 from loki_shared.messages.recall import (
@@ -140,8 +140,6 @@ class RecallService:
                 key = None
             if key is None:
                 return
-        from loki_shared.memkey import key_id
-
         new_id = key_id(key) if key is not None else None
         if new_id == self._memory_key_id:
             return
@@ -186,9 +184,28 @@ class RecallService:
             stats["blocks"], stats["vocabulary"], time.monotonic() - t0,
         )
         await self.broker.start()
-        await self.broker.connection.flush()  # subscriptions are known to the server now
+        await self._until_routable()
         self._poller = asyncio.create_task(self._poll_memory())
         log.info("recall service serving")
+
+    async def _until_routable(self, tries: int = 100) -> None:
+        """Return once the server routes ``loki.recall.block`` to a recall subscriber (ours
+        or another instance's), so a caller right after ``start`` is never answered "no
+        responders"."""
+        nc = self.broker.connection
+        await nc.flush()
+        probe = BlockRequest(seq=0).model_dump_json().encode()
+        for attempt in range(tries):
+            try:
+                await nc.request(subjects.RECALL_BLOCK, probe, timeout=1.0)
+            except Exception as exc:  # noqa: BLE001 - not routable yet
+                log.debug("subscriptions not routable yet (%s)", type(exc).__name__)
+                await asyncio.sleep(0.05)
+                continue
+            if attempt:
+                log.info("subscriptions routable after %d probes", attempt + 1)
+            return
+        log.warning("subscriptions still not routable after %d probes", tries)
 
     async def stop(self) -> None:
         if self._poller is not None:
