@@ -1,0 +1,225 @@
+"""Issue 9, the proof by processes: the services started as plain processes with the compose
+file's environment (hosts replaced by loopback addresses of real servers) serve a chat turn
+through the gateway on the real llama-server, answer the compose health checks, and expose
+the /metrics endpoints Prometheus is configured to scrape.
+
+Only the compose *wiring* values are changed, each for a stated reason:
+
+- host names (``nats``, ``redis``, ``engine``) and listen addresses (``0.0.0.0``) become
+  127.0.0.1 — loopback servers started by the fixtures;
+- the container ports (8090, 9464, 8081) become free ports, since this machine is shared;
+- ``LOKI_HOME=/data`` becomes a temporary directory and ``LOKI_LLAMA_SERVER=/app/llama-server``
+  (set by the engine image) the llama-server installed here.
+
+Every other ``LOKI_*`` value is passed exactly as compose renders it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from httpx_sse import connect_sse
+
+from loki_cli.stack import Stack, StackConfig
+from loki_shared import servers
+
+from .compose_model import BASE, LOKI_SERVICES, ROOT, dockerfile_of, dockerfile_stages, env_of
+from .compose_model import instructions, render, stage
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+HOSTS = {"nats", "redis", "engine"}
+
+
+def _image_env(svc: dict) -> dict[str, str]:
+    stages = dockerfile_stages(dockerfile_of(svc))
+    final = stage(stages, svc["build"].get("target"))
+    env: dict[str, str] = {}
+    for word, arg in instructions(stages, final):
+        if word == "ENV":
+            for item in shlex.split(arg):
+                key, _, value = item.partition("=")
+                env[key] = value
+    return env
+
+
+def compose_env() -> dict[str, dict[str, str]]:
+    """service -> the LOKI_* environment its container gets (image ENV, then compose)."""
+    out = render([BASE], ["gpu"])
+    assert out.returncode == 0, out.stderr
+    envs: dict[str, dict[str, str]] = {}
+    for name, svc in out.services.items():
+        if name in LOKI_SERVICES:
+            merged = {**_image_env(svc), **env_of(svc)}
+            envs[name] = {k: v for k, v in merged.items() if k.startswith("LOKI_")}
+    return envs
+
+
+def to_loopback(
+    envs: dict[str, dict[str, str]], nats_url: str, redis_url: str, home: Path,
+) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """One environment for the stack, with the compose wiring mapped to loopback.
+
+    Returns the environment and, for the record, every value changed (old, new).
+
+    Raises:
+        AssertionError: two services get different values for one variable, or a value names
+            a host this mapping does not know.
+    """
+    merged: dict[str, str] = {}
+    for service, env in envs.items():
+        for key, value in env.items():
+            assert merged.get(key, value) == value, (key, merged[key], service, value)
+            merged[key] = value
+    ports = {p: str(servers.free_port()) for p in ("8090", "9464", "8081")}
+    replace = {
+        "LOKI_NATS_URL": nats_url,
+        "LOKI_REDIS_URL": redis_url,
+        "LOKI_HOME": str(home),
+        "LOKI_WEB_HOST": "127.0.0.1",
+        "LOKI_PERF_METRICS_HOST": "127.0.0.1",
+        "LOKI_ENGINE_HOST": "127.0.0.1",
+        "LOKI_LLAMA_SERVER": str(servers.find_llama_server()),
+    }
+    changed: dict[str, tuple[str, str]] = {}
+    out: dict[str, str] = {}
+    for key, value in merged.items():
+        new = replace.get(key, ports.get(value, value))
+        if key in replace:
+            assert key != "LOKI_NATS_URL" or value == "nats://nats:4222", value
+            assert key != "LOKI_REDIS_URL" or value.startswith("redis://redis:6379/"), value
+        if new != value:
+            changed[key] = (value, new)
+        # Nothing left that names a compose host.
+        assert not re.search(r"(//|@|^)(nats|redis|engine)(:\d|/|$)", new), (key, new)
+        out[key] = new
+    return out, changed
+
+
+@pytest.fixture(scope="module")
+def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, dict]]:
+    from tests.conftest import start_nats, start_redis
+
+    root = tmp_path_factory.mktemp("compose-procs")
+    envs = compose_env()
+    nats = start_nats(root / "nats")
+    redis = start_redis(root / "redis")
+    try:
+        env, changed = to_loopback(envs, nats.url, redis.url, root / "home")
+    except BaseException:
+        redis.process.stop()
+        nats.process.stop()
+        raise
+    web_port = int(env["LOKI_WEB_PORT"])
+    # Only compose's values: the stack must not add LOKI_* of its own beyond what it needs to
+    # find the servers (and the test environment's LOKI_* must not leak in).
+    with pytest.MonkeyPatch.context() as mp:
+        for key in [k for k in os.environ if k.startswith("LOKI_")]:
+            mp.delenv(key)
+        stack = Stack(StackConfig(home=root / "home", web_port=web_port, nats_url=nats.url,
+                                  redis_url=redis.url, env=env, echo=False))
+        try:
+            stack.start()
+            stack.wait_engine_ready(timeout=240)
+            yield stack, {"env": env, "changed": changed}
+        finally:
+            stack.stop()
+            redis.process.stop()
+            nats.process.stop()
+
+
+def test_only_wiring_values_are_changed(compose_stack: tuple[Stack, dict]) -> None:
+    _, info = compose_stack
+    assert set(info["changed"]) <= {
+        "LOKI_NATS_URL", "LOKI_REDIS_URL", "LOKI_HOME", "LOKI_WEB_HOST", "LOKI_WEB_PORT",
+        "LOKI_PERF_METRICS_HOST", "LOKI_PERF_METRICS_PORT", "LOKI_ENGINE_HOST",
+        "LOKI_ENGINE_PORT", "LOKI_LLAMA_SERVER",
+    }, info["changed"]
+
+
+def test_chat_turn_through_the_gateway(compose_stack: tuple[Stack, dict]) -> None:
+    stack, info = compose_stack
+    base = f"http://127.0.0.1:{stack.config.web_port}"
+    with httpx.Client(base_url=base, timeout=30) as http:
+        r = http.post("/api/chat/send", json={"content": "Reply with one word: pong"})
+        assert r.status_code == 202, r.text
+        conv = r.json()["conversation"]
+        events: list[dict] = []
+        deadline = time.monotonic() + 180
+        with httpx.Client(base_url=base, timeout=httpx.Timeout(180, read=30)) as sse_http:
+            with connect_sse(sse_http, "GET", "/api/chat", params={"conversation": conv}) as src:
+                for sse in src.iter_sse():
+                    if sse.data:
+                        data = json.loads(sse.data)
+                        events.append(data)
+                        if data["choices"][0].get("finish_reason"):
+                            break
+                    assert time.monotonic() < deadline, "no end of turn"
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                   if e["choices"][0]["delta"].get("role") != "user")
+    assert text.strip(), events
+    assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    # The engine the supervisor launched is the one the compose wiring names.
+    engine = stack.engine_info()
+    assert engine and engine.get("state") == "ready", engine
+    assert str(info["env"]["LOKI_ENGINE_PORT"]) in json.dumps(engine), engine
+
+
+def _health(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
+    run_env.update(env)
+    return subprocess.run([sys.executable, "-m", "loki_shared.health", *args], env=run_env,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_compose_healthchecks_pass(compose_stack: tuple[Stack, dict]) -> None:
+    """Each compose healthcheck command, with its ports mapped like the environment, exits 0
+    against the running services."""
+    stack, info = compose_stack
+    env = info["env"]
+    out = render([BASE], ["gpu"])
+    port_map = {old: new for key, (old, new) in info["changed"].items() if key.endswith("_PORT")}
+    results = {}
+    for name, svc in out.services.items():
+        if name not in LOKI_SERVICES:
+            continue
+        args = svc["healthcheck"]["test"][4:]
+        args = [re.sub(r":(\d+)/", lambda m: f":{port_map.get(m.group(1), m.group(1))}/", a)
+                for a in args]
+        proc = _health(args, env)
+        assert proc.returncode == 0, (name, args, proc.stdout, proc.stderr)
+        results[name] = proc.stdout.strip()
+        folder, _ = LOKI_SERVICES[name]
+        wired = any("health.attach(" in p.read_text()
+                    for p in (ROOT / "services" / folder).rglob("*.py"))
+        if wired:  # a service that answers its health subject must not need the fallback
+            assert "process fallback" not in results[name], (name, results[name])
+    print("health checks:", json.dumps(results, indent=1))
+    # A stopped service fails its check: the checks are not vacuous.
+    stack.stop_service("recall")
+    try:
+        proc = _health(["recall"], env)
+        assert proc.returncode == 1, proc.stdout
+    finally:
+        stack.start_service("recall")
+
+
+def test_prometheus_targets_serve_metrics(compose_stack: tuple[Stack, dict]) -> None:
+    """The perf service and llama-server answer /metrics on the ports compose gives them
+    (the ports deploy/prometheus/prometheus.yml scrapes)."""
+    _, info = compose_stack
+    env = info["env"]
+    for port in (env["LOKI_PERF_METRICS_PORT"], env["LOKI_ENGINE_PORT"]):
+        r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert r.status_code == 200, (port, r.text[:200])
+        assert "# TYPE" in r.text, r.text[:200]
