@@ -52,8 +52,9 @@ def test_loss_is_previous_total_minus_cache_n_and_names_peer_conversation():
     assert e.loss is not None and e.loss.type == "loss"
     assert e.loss.tokens == 120 - 5 and e.loss.prev_total == 120
     assert e.loss.cause == "conversation"
-    assert e.loss.between == [{"kind": "main", "cause": "conversation", "conversation": "b",
-                               "count": 1}]
+    (view,) = f.ring.losses()
+    assert view["between"] == [{"kind": "main", "cause": "conversation", "conversation": "b",
+                                "count": 1}]
 
 
 def test_cause_is_the_last_request_in_between_and_all_are_named():
@@ -65,7 +66,7 @@ def test_cause_is_the_last_request_in_between_and_all_are_named():
     f.add(msgs("y"), cache_n=0, prompt_n=30, conversation="v1client", kind="foreign")
     e = f.add(msgs("q1", "a1", "q2"), cache_n=0, prompt_n=150)
     assert e.loss.cause == "foreign"
-    assert [(b["kind"], b["count"]) for b in e.loss.between] == [
+    assert [(b["kind"], b["count"]) for b in f.ring.losses(1)[0]["between"]] == [
         ("bench", 1), ("subagent", 2), ("foreign", 1)]
 
 
@@ -245,3 +246,17 @@ def test_incremental_aggregates_match_a_full_recount_after_eviction():
     got = {r["depth"]: r["prompt_tps_median"] for r in s["detail"]["speeds_by_depth"]}
     assert got == {DEPTH_NAMES[b]: v for b, v in want["pp"].items()}
     assert len(ring.losses(5000)) == sum(1 for e in ring.entries if e.loss)
+
+
+def test_chained_prefix_matches_a_linear_scan_on_fingerprints():
+    from loki_perf.ring import chained_prefix
+    from loki_shared.fingerprint import common_prefix
+
+    rnd = random.Random(3)
+    for _ in range(300):
+        base = [{"role": "user", "content": str(rnd.randint(0, 3))} for _ in range(rnd.randint(0, 12))]
+        other = list(base[: rnd.randint(0, len(base))])
+        other += [{"role": "user", "content": str(rnd.randint(0, 3))}
+                  for _ in range(rnd.randint(0, 6))]
+        a, b = fingerprints(base), fingerprints(other)
+        assert chained_prefix(a, b) == common_prefix(a, b)

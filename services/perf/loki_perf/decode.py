@@ -53,7 +53,8 @@ class Loss:
     reused (None when a figure is unknown). ``cause`` is the category of the request that ran
     last on the engine in between (``conversation``, ``subagent``, ``verify``, ``task``,
     ``summary``, ``bench``, ``foreign``, ``unknown``), ``none`` when nothing ran in between,
-    or ``divergence``. ``between`` lists what ran in between, oldest first.
+    or ``divergence``. ``between`` lists what ran in between, oldest first, as runs
+    ``[kind, conversation, count]`` of consecutive records.
     """
 
     type: str
@@ -155,6 +156,44 @@ def _take(src: Any, key: str, conv, dropped: list[str], label: str):
     return out
 
 
+def _counts(src: dict, keys: tuple[str, ...], prefix: str, dropped: list[str]) -> list:
+    """``src[k]`` for each key as a token count (None when absent or dropped); the fast path
+    (a plain non-negative int) avoids a call per field."""
+    out = []
+    for k in keys:
+        v = src.get(k)
+        if v is None:
+            out.append(None)
+        elif type(v) is int and v >= 0:
+            out.append(v)
+        else:
+            c = _count(v)
+            if c is None:
+                dropped.append(prefix + k)
+            out.append(c)
+    return out
+
+
+def _durations(src: dict, keys: tuple[str, ...], prefix: str, dropped: list[str]) -> list:
+    """Like :func:`_counts` for durations in milliseconds."""
+    out = []
+    for k in keys:
+        v = src.get(k)
+        if v is None:
+            out.append(None)
+        else:
+            d = _ms(v)
+            if d is None:
+                dropped.append(prefix + k)
+            out.append(d)
+    return out
+
+
+_TIMING_COUNTS = ("cache_n", "prompt_n", "predicted_n", "draft_n", "draft_n_accepted")
+_TIMING_MS = ("prompt_ms", "predicted_ms")
+_USAGE_COUNTS = ("prompt_tokens", "completion_tokens")
+
+
 def depth_bucket(depth: int) -> int:
     """Index into :data:`DEPTH_NAMES` of the smallest bucket holding ``depth`` tokens."""
     for i, bound in enumerate(DEPTH_BOUNDS):
@@ -221,20 +260,11 @@ def decode(raw: bytes | str | dict, seq: int, ts_fallback: float) -> Entry:
         dropped.append("usage")
         usage = None
     if timings:
-        e.cache_n = _take(timings, "cache_n", _count, dropped, "timings.cache_n")
-        e.prompt_n = _take(timings, "prompt_n", _count, dropped, "timings.prompt_n")
-        e.predicted_n = _take(timings, "predicted_n", _count, dropped, "timings.predicted_n")
-        e.draft_n = _take(timings, "draft_n", _count, dropped, "timings.draft_n")
-        e.draft_n_accepted = _take(
-            timings, "draft_n_accepted", _count, dropped, "timings.draft_n_accepted"
-        )
-        e.prompt_ms = _take(timings, "prompt_ms", _ms, dropped, "timings.prompt_ms")
-        e.predicted_ms = _take(timings, "predicted_ms", _ms, dropped, "timings.predicted_ms")
+        (e.cache_n, e.prompt_n, e.predicted_n, e.draft_n,
+         e.draft_n_accepted) = _counts(timings, _TIMING_COUNTS, "timings.", dropped)
+        e.prompt_ms, e.predicted_ms = _durations(timings, _TIMING_MS, "timings.", dropped)
     if usage:
-        e.prompt_tokens = _take(usage, "prompt_tokens", _count, dropped, "usage.prompt_tokens")
-        e.completion_tokens = _take(
-            usage, "completion_tokens", _count, dropped, "usage.completion_tokens"
-        )
+        e.prompt_tokens, e.completion_tokens = _counts(usage, _USAGE_COUNTS, "usage.", dropped)
         details = usage.get("prompt_tokens_details")
         if details is not None and not isinstance(details, dict):
             dropped.append("usage.prompt_tokens_details")
@@ -257,13 +287,16 @@ def decode(raw: bytes | str | dict, seq: int, ts_fallback: float) -> Entry:
         e.cut = None
         dropped.append("cut")
     fps = data.get("fingerprints")
-    if isinstance(fps, list) and all(isinstance(f, str) for f in fps):
+    if isinstance(fps, list) and set(map(type, fps)) <= {str}:
         e.fingerprints = fps
     elif fps is not None:
         dropped.append("fingerprints")
     roles = data.get("roles")
     if isinstance(roles, list):
-        e.roles = [r if isinstance(r, str) else None for r in roles]
+        if set(map(type, roles)) <= {str}:
+            e.roles = roles
+        else:
+            e.roles = [r if isinstance(r, str) else None for r in roles]
     elif roles is not None:
         dropped.append("roles")
 

@@ -33,7 +33,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from loki_shared.fingerprint import common_prefix
 
 from .decode import CAUSES, DEPTH_BOUNDS, DEPTH_NAMES, KINDS, UNKNOWN_KIND, Entry, Loss, category
 
@@ -133,7 +132,7 @@ class Ring:
         self,
         capacity: int = 5000,
         loss_min_tokens: int = 8,
-        scan_limit: int = 256,
+        scan_limit: int = 64,
         key_limit: int = 20000,
     ) -> None:
         self.capacity = capacity
@@ -215,7 +214,7 @@ class Ring:
         if e.fingerprints is None or prev.fingerprints is None:
             return
         pf, cf = prev.fingerprints, e.fingerprints
-        shared = common_prefix(pf, cf)
+        shared = chained_prefix(pf, cf)
         extends = shared == len(pf) and len(cf) > len(pf)
         identical = shared == len(pf) == len(cf)
         if identical:
@@ -224,59 +223,77 @@ class Ring:
         tokens = None
         if prev_total is not None and e.eff_cached is not None:
             tokens = max(0, prev_total - e.eff_cached)
-        between, truncated = self._between(e, prev)
         if extends:
             e.loss_tokens = tokens
+            flagged = tokens is not None and tokens > self.loss_min_tokens
+            if not flagged and not (e.kind == "main" and self._low_cache(e)):
+                return  # nothing to name: skip reading back what ran in between
+            between, truncated = self._between(e, prev)
             if between and e.kind == "main":
                 self._maybe_advise(e, between)
-            if tokens is None or tokens <= self.loss_min_tokens:
+            if not flagged:
                 return
-            cause = category(between[-1]["kind"]) if between else "none"
+            cause = category(between[-1][0]) if between else "none"
             e.loss = Loss("loss", cause, tokens, prev.seq, prev_total,
-                          between=_group(between), between_truncated=truncated)
+                          between=between, between_truncated=truncated)
         else:
+            between, truncated = self._between(e, prev)
             role = None
             if shared < len(cf) and e.roles is not None and shared < len(e.roles):
                 role = e.roles[shared]
             e.loss = Loss("divergence", "divergence", tokens, prev.seq, prev_total,
                           index=shared, role=role,
-                          between=_group(between), between_truncated=truncated)
+                          between=between, between_truncated=truncated)
 
-    def _between(self, e: Entry, prev: Entry) -> tuple[list[dict[str, Any]], bool]:
-        """Records that ran on the engine after ``prev`` (oldest first), at most scan_limit."""
-        out: list[dict[str, Any]] = []
+    def _between(self, e: Entry, prev: Entry) -> tuple[list[list], bool]:
+        """What ran on the engine after ``prev``, oldest first, as runs ``[kind, conversation,
+        count]`` of consecutive records; at most ``scan_limit`` records are read back (the
+        second value tells whether the scan stopped there)."""
+        runs: list[list] = []
+        if self.entries and self.entries[-1] is prev:
+            return runs, False
         scanned = 0
-        truncated = False
+        slot = e.slot
+        prev_seq = prev.seq
         for other in reversed(self.entries):
-            if other.seq <= prev.seq:
-                break
+            if other.seq <= prev_seq:
+                return runs[::-1], False
             scanned += 1
             if scanned > self.scan_limit:
-                truncated = True
-                break
-            if other.external:
+                return runs[::-1], True
+            if other.external or (slot is not None and other.slot is not None
+                                  and other.slot != slot):
                 continue
-            if e.slot is not None and other.slot is not None and other.slot != e.slot:
-                continue
-            out.append({"kind": other.kind, "conversation": other.conversation, "seq": other.seq})
-        out.reverse()
-        return out, truncated
+            if runs and runs[-1][0] == other.kind and runs[-1][1] == other.conversation:
+                runs[-1][2] += 1
+            else:
+                runs.append([other.kind, other.conversation, 1])
+        return runs[::-1], False
 
-    def _maybe_advise(self, e: Entry, between: list[dict[str, Any]]) -> None:
+    @staticmethod
+    def _cache_figures(e: Entry) -> tuple[int | None, int | None]:
+        """(cached tokens, prompt tokens) for the CACHE_RAM rule: ``usage`` first (the
+        figure the rule is written in), then ``timings``; a full hit counts whole."""
         cached = e.cached_tokens if e.cached_tokens is not None else e.cached
         prompt = e.prompt_tokens if e.prompt_tokens is not None else e.depth
-        if cached is None or not prompt:
-            return
-        if e.full_hit:
+        if cached is not None and e.full_hit:
             cached += 1
-        if cached * 2 < prompt:
+        return cached, prompt
+
+    def _low_cache(self, e: Entry) -> bool:
+        cached, prompt = self._cache_figures(e)
+        return cached is not None and bool(prompt) and cached * 2 < prompt
+
+    def _maybe_advise(self, e: Entry, between: list[list]) -> None:
+        if self._low_cache(e):
+            cached, prompt = self._cache_figures(e)
             e.advice = {
                 "seq": e.seq,
                 "ts": e.ts,
                 "conversation": e.conversation,
                 "cached_tokens": cached,
                 "prompt_tokens": prompt,
-                "between": _group(between),
+                "between": between,  # runs; shown through _group()
             }
             self.advice_total += 1
 
@@ -355,13 +372,41 @@ class Ring:
     def advice(self, since_seq: int = 0) -> dict[str, Any]:
         """CACHE_RAM advice events in the ring after ``since_seq``: ``advise`` is true when
         there is at least one; ``events`` newest last (at most 20)."""
-        events = [e.advice for e in self._advice if e.seq > since_seq]
+        count = 0
+        newest: list[Entry] = []
+        for e in reversed(self._advice):
+            if e.seq <= since_seq:
+                break
+            count += 1
+            if len(newest) < 20:
+                newest.append(e)
+        events = [{**e.advice, "between": _group(e.advice["between"])} for e in reversed(newest)]
         return {
-            "advise": bool(events),
-            "count": len(events),
-            "events": events[-20:],
+            "advise": count > 0,
+            "count": count,
+            "events": events,
             "last_seq": self.last_seq,
         }
+
+
+def chained_prefix(a: list[str], b: list[str]) -> int:
+    """Number of leading fingerprints ``a`` and ``b`` share, in O(log n).
+
+    Fingerprints are cumulative (fingerprint i hashes fingerprint i-1 and message i), so
+    ``a[i] == b[i]`` implies the whole prefix up to ``i`` is equal: equality is monotone and a
+    binary search finds the first difference. Same result as
+    :func:`loki_shared.fingerprint.common_prefix` on genuine fingerprint lists.
+    """
+    lo, hi = 0, min(len(a), len(b))
+    if hi and a[hi - 1] == b[hi - 1]:
+        return hi
+    while lo < hi:  # invariant: a[:lo] == b[:lo], a[hi-1] != b[hi-1] or hi == len
+        mid = (lo + hi) // 2
+        if a[mid] == b[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def loss_view(e: Entry) -> dict[str, Any]:
@@ -383,22 +428,14 @@ def loss_view(e: Entry) -> dict[str, Any]:
         "prompt_n": e.computed,
         "index": loss.index,
         "role": loss.role,
-        "between": loss.between,
+        "between": _group(loss.between),
         "between_truncated": loss.between_truncated,
     }
 
 
-def _group(between: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Collapse consecutive runs of the same (kind, conversation) into one item with a count."""
-    out: list[dict[str, Any]] = []
-    for item in between:
-        if out and out[-1]["kind"] == item["kind"] and out[-1]["conversation"] == item["conversation"]:
-            out[-1]["count"] += 1
-        else:
-            out.append({
-                "kind": item["kind"],
-                "cause": category(item["kind"]),
-                "conversation": item["conversation"],
-                "count": 1,
-            })
-    return out
+def _group(runs: list[list]) -> list[dict[str, Any]]:
+    """The JSON view of :meth:`Ring._between`'s runs: ``kind, cause, conversation, count``."""
+    return [
+        {"kind": kind, "cause": category(kind), "conversation": conv, "count": count}
+        for kind, conv, count in runs
+    ]
