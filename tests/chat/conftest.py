@@ -241,6 +241,7 @@ class ChatRunner:
 
     async def start(self, policy: ContextPolicy | None = None, tools: bool = True,
                     **over: Any) -> ChatService:
+        """Start a service; ``tools`` False offers no tool at all."""
         settings = chat_settings(self.nats_url, self.redis_url, self.home, **over)
         from loki_chat.service import instance_id
 
@@ -250,13 +251,25 @@ class ChatRunner:
         broker = make_broker(self.nats_url, "chat-test")
         http = httpx.AsyncClient()
         service = ChatService(settings, broker, store, http, policy=policy)
-        if tools:
-            service.toolbox = make_tools(service.request)
+        service.toolbox = make_tools(service.request) if tools else ToolBox()
         service.register()
         await broker.start()
         await service.start()
         self.running.append((service, broker, redis_client, http))
+        await self._until_served(broker)
         return service
+
+    async def _until_served(self, broker: Any) -> None:
+        """Wait until the chat queue group answers (the server may still route to nobody
+        for a moment after a previous instance stopped)."""
+        nc = broker.config.connection_state.connection
+        body = ConversationsRequest(action="list").model_dump_json().encode()
+        for _ in range(100):
+            try:
+                await nc.request(subjects.CHAT_CONVERSATIONS, body, timeout=1)
+                return
+            except Exception:  # noqa: BLE001 - not routed yet
+                await asyncio.sleep(0.02)
 
     async def stop(self, service: ChatService) -> None:
         for entry in list(self.running):

@@ -58,6 +58,7 @@ from loki_shared.messages.engine import (
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.messages.recall import ToolReply, ToolRequest
 
+from .compaction import CompactionPolicy
 from .context import ContextPolicy, ContextView, NoCompaction
 from .conversation import Conversation
 from .engine import EngineClient
@@ -203,7 +204,8 @@ class ChatService:
         store: the Redis store.
         http: the shared ``httpx.AsyncClient`` for the engine.
         toolbox: tools offered to the model (default: ``recall`` and ``recall_search``).
-        policy: the compaction seam (default :class:`NoCompaction`).
+        policy: the compaction seam (default :class:`~loki_chat.compaction.CompactionPolicy`;
+            :class:`NoCompaction` never compacts).
     """
 
     def __init__(self, settings: Settings, broker: Any, store: Store, http: httpx.AsyncClient,
@@ -215,7 +217,7 @@ class ChatService:
         self.http = http
         self.engine = EngineClient(http, settings.retry_delays, settings.engine_timeout_s)
         self.toolbox = toolbox or ToolBox(recall_tools(self.request, settings.recall_timeout_s))
-        self.policy: ContextPolicy = policy or NoCompaction()
+        self.policy: ContextPolicy = policy or CompactionPolicy(settings)
         self.actors: dict[str, Actor] = {}
         self._guards: dict[str, asyncio.Lock] = {}
         self._bg: set[asyncio.Task[Any]] = set()
@@ -553,7 +555,13 @@ class ChatService:
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start the lock keeper (renews owned locks; releases idle conversations)."""
+        """After ``broker.start()``: make sure the server has our subscriptions (so a
+        request sent right after gets an answer), then start the lock keeper (renews owned
+        locks; releases idle conversations)."""
+        state = getattr(getattr(self.broker, "config", None), "connection_state", None)
+        if state is not None:
+            with contextlib.suppress(Exception):
+                await state.connection.flush(timeout=5)
         self._keeper = asyncio.create_task(self._keep_locks())
 
     async def _keep_locks(self) -> None:

@@ -38,6 +38,10 @@ class Settings(LokiSettings):
     - ``LOKI_ENGINE_TIMEOUT_S`` — read timeout of the engine stream (s; no byte for that long
       is an error).
     - ``LOKI_INSTANCE_ID`` — this instance's name (default: random).
+    - ``LOKI_COMPACT_CONTINUATION`` — summarise by continuing the turn's cached request
+      (off by default; see docs/behaviour/compaction.md).
+    - ``LOKI_COMPACT_THRESHOLD`` — share of the window past which the context is compacted
+      (0.75).
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -57,3 +61,5 @@ class Settings(LokiSettings):
     lease_timeout_s: float = Field(default=70.0, gt=0)
     engine_timeout_s: float = Field(default=600.0, gt=0)
     instance_id: str | None = None
+    compact_continuation: bool = False
+    compact_threshold: float = Field(default=0.75, gt=0.1, le=0.95)

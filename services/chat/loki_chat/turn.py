@@ -143,6 +143,7 @@ class TurnRunner:
     pending_calls: list[ToolCall] = field(default_factory=list)
     pending_invalid: set[str] = field(default_factory=set)
     pending_raw: dict[str, str] = field(default_factory=dict)
+    estimate_at_send: int = 0
 
     @property
     def conv(self) -> Conversation:
@@ -217,6 +218,7 @@ class TurnRunner:
                                     tool_choice="none" if self.plan.mode == "none" else None)
             body = encode(payload)
             self.sent_wire = wire
+            self.estimate_at_send = self.ctx_used()
             self.sent_tools = bool(tools)
             self.sent_echo = any("reasoning_content" in m for m in wire)
             first = True
@@ -240,6 +242,10 @@ class TurnRunner:
             await host.release(lease)
         if self.result.responded:
             self.publish_perf(lease, wire)
+        note = getattr(host.policy, "note_step", None)  # compaction: the slot holds this prompt
+        if note is not None and self.result.error is None and not self.result.stopped:
+            note(self.conv.id, lease, body, self.result.acc.usage, len(self.conv.messages),
+                 len(self.result.acc.content))
         return self.assess
 
     async def assess(self) -> State:
@@ -424,6 +430,12 @@ class TurnRunner:
             message.reasoning_content = acc.reasoning
             message.reasoning_model = self.model
         self.conv.messages.append(message)
+        prompt = (acc.usage or {}).get("prompt_tokens") if acc is not None else None
+        if isinstance(prompt, int) and prompt and self.estimate_at_send:
+            gap = abs(self.estimate_at_send - prompt) / prompt
+            if gap > 0.02:
+                log.info("[ctx] %s: estimate %d vs measured prompt %d (%.0f%%)", self.conv.id,
+                         self.estimate_at_send, prompt, gap * 100)
         if acc is not None:
             self.conv.meter.record(acc.usage, acc.reasoning_pieces,
                                    reasoning_sent_back=bool(echo and message.reasoning_content
@@ -453,7 +465,12 @@ class TurnRunner:
             return False
 
     def ctx_used(self) -> int:
-        return self.conv.meter.used(self.settings.system_prompt, self.conv.messages)
+        """``ctx_used`` plus estimates of the user messages queued behind this turn."""
+        from .context import estimate_tokens
+
+        # begin() moved this turn's message out of ``pending``: what is left waits behind it
+        queued = sum(estimate_tokens({"role": "user", "content": t}) for t in self.conv.pending)
+        return self.conv.meter.used(self.settings.system_prompt, self.conv.messages) + queued
 
     async def wait_or_stop(self, coro: Awaitable[Any]) -> Any:
         """Await ``coro`` unless the stop fires first (then cancel it and return None)."""

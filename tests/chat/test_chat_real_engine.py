@@ -1,0 +1,57 @@
+"""Main paths against the real llama-server with the bundled SmolLM2-135M model.
+
+Tool calls with a 135M model are unreliable, so these turns check plain replies, prompt-cache
+reuse across turns (the prefix is byte-stable), and that a stop frees the engine's slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from conftest import FakeSupervisor
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+async def real_supervisor(nc, engine_url):
+    sup = await FakeSupervisor(nc, engine_url, n_ctx=4096, model="").start()
+    yield sup
+    await sup.stop()
+
+
+async def test_real_engine_two_turns_reuse_the_prompt_cache(chat_runner, real_supervisor, client):
+    await chat_runner.start(tools=False, max_tokens=24, temperature=0.0)
+    cid, end1 = await client.turn("Reply with one word: pong", timeout=120)
+    assert end1.finish_reason in ("stop", "length"), end1.loki
+    assert client.tap.text(cid).strip()
+    assert end1.usage["prompt_tokens"] > 0 and end1.timings["prompt_n"] > 0
+    _, end2 = await client.turn("And again, one word.", cid, timeout=120)
+    assert end2.finish_reason in ("stop", "length"), end2.loki
+    assert end2.timings["cache_n"] > 0  # the previous turn's prefix was reused
+    state = await client.state(cid)
+    assert [m.role for m in state.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert state.ctx_used >= end2.usage["prompt_tokens"]
+
+
+async def test_real_engine_stop_frees_the_slot(chat_runner, real_supervisor, client, engine_url):
+    await chat_runner.start(tools=False, max_tokens=3000, temperature=0.8)
+    reply = await client.send("Write a very long story about a dragon, at least 2000 words.")
+    cid = reply.conversation
+    await client.tap.wait(lambda: len(client.tap.text(cid)) > 20, timeout=120)
+    async with httpx.AsyncClient() as http:
+        assert any(s["is_processing"] for s in (await http.get(f"{engine_url}/slots")).json())
+        await client.control(cid, "stop")
+        ends = await client.tap.wait_turn_ends(cid, 1, timeout=20)
+        assert ends[0].finish_reason == "stopped"
+        for _ in range(50):
+            slots = (await http.get(f"{engine_url}/slots")).json()
+            if not any(s["is_processing"] for s in slots):
+                break
+            await asyncio.sleep(0.1)
+        assert not any(s["is_processing"] for s in slots)
+    last = (await client.state(cid)).messages[-1]
+    assert last.role == "assistant" and last.loki.stopped and last.content
