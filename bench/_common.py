@@ -1,0 +1,604 @@
+"""Helpers every benchmark uses: machine facts, repeated runs, medians and spreads, ratios,
+result documents, resident memory of a process tree, and the servers a bench starts.
+
+The contract a bench module follows is in ``bench/README.md``: ``bench/<name>_bench.py``
+defines ``run(quick: bool) -> dict`` returning a result document built with :func:`result`
+(tables, targets, raw data); the harness (``python -m bench``) adds the commit, the machine
+facts and the timing, and writes ``bench/results/<name>.json``.
+
+Speed figures are ratios against a baseline measured in the same run (the machine is shared
+and noisy); absolute times go alongside. Spreads are the interquartile range (IQR, the
+``inclusive`` quartile method of :func:`statistics.quantiles`) plus min and max.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+#: Version of the result document layout (bumped when a field changes meaning).
+SCHEMA_VERSION = 1
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not measure what it set out to (a server missing, a bad sample)."""
+
+
+# --------------------------------------------------------------------------- statistics
+def spread(samples: Iterable[float]) -> dict[str, float | int]:
+    """Median and spread of ``samples``.
+
+    Returns ``{"n", "median", "q1", "q3", "iqr", "min", "max"}``; with one sample the
+    quartiles equal it. Quartiles use the ``inclusive`` method (linear interpolation between
+    order statistics, as numpy's default percentile).
+
+    Raises:
+        ValueError: no samples.
+    """
+    values = sorted(float(v) for v in samples)
+    if not values:
+        raise ValueError("spread() of no samples")
+    if len(values) == 1:
+        q1 = q3 = values[0]
+    else:
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "q1": q1,
+        "q3": q3,
+        "iqr": q3 - q1,
+        "min": values[0],
+        "max": values[-1],
+    }
+
+
+def percentile(samples: Iterable[float], p: float) -> float:
+    """The ``p``-th percentile (0..100) with linear interpolation between order statistics.
+
+    Raises:
+        ValueError: no samples, or ``p`` outside 0..100.
+    """
+    values = sorted(float(v) for v in samples)
+    if not values:
+        raise ValueError("percentile() of no samples")
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile {p} outside 0..100")
+    pos = (len(values) - 1) * p / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def ratio(value: float, baseline: float) -> float:
+    """``value / baseline``.
+
+    Raises:
+        ValueError: ``baseline`` is zero or negative (a ratio against it means nothing).
+    """
+    if baseline <= 0:
+        raise ValueError(f"ratio against a baseline of {baseline}")
+    return value / baseline
+
+
+def paired_ratios(values: Sequence[float], baselines: Sequence[float]) -> dict[str, Any]:
+    """Ratios of runs measured in pairs (candidate i right after baseline i, so both see the
+    same load): ``{"ratio": spread of value_i / baseline_i, "value": spread(values),
+    "baseline": spread(baselines)}``. The figure to quote is ``ratio["median"]``.
+
+    Raises:
+        ValueError: lengths differ, no pair, or a baseline is not positive.
+    """
+    if len(values) != len(baselines):
+        raise ValueError(f"{len(values)} values for {len(baselines)} baselines")
+    if not values:
+        raise ValueError("paired_ratios() of no pairs")
+    ratios = [ratio(v, b) for v, b in zip(values, baselines, strict=True)]
+    return {"ratio": spread(ratios), "value": spread(values), "baseline": spread(baselines)}
+
+
+def repeat(fn: Callable[[], Any], times: int, warmup: int = 1) -> list[float]:
+    """Run ``fn`` ``warmup`` times unmeasured, then ``times`` times; return each run's
+    wall time in seconds (``time.perf_counter``)."""
+    for _ in range(warmup):
+        fn()
+    out: list[float] = []
+    for _ in range(times):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def interleaved(candidate: Callable[[], Any], baseline: Callable[[], Any], times: int,
+                warmup: int = 1) -> dict[str, Any]:
+    """Time ``baseline`` then ``candidate`` alternately ``times`` times (after ``warmup``
+    unmeasured pairs) and return :func:`paired_ratios` of candidate over baseline seconds."""
+    for _ in range(warmup):
+        baseline()
+        candidate()
+    base: list[float] = []
+    cand: list[float] = []
+    for _ in range(times):
+        start = time.perf_counter()
+        baseline()
+        base.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        candidate()
+        cand.append(time.perf_counter() - start)
+    return paired_ratios(cand, base)
+
+
+# --------------------------------------------------------------------------- targets, tables
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": lambda v, t: v <= t,
+    "<": lambda v, t: v < t,
+    ">=": lambda v, t: v >= t,
+    ">": lambda v, t: v > t,
+}
+_OP_TEXT = {"<=": "≤", "<": "<", ">=": "≥", ">": ">"}
+
+
+def target(name: str, value: float | None, op: str, threshold: float, unit: str = "",
+           issue: str | None = None) -> dict[str, Any]:
+    """A target check: ``{"name", "value", "target": "≤ 1.05 unit", "met", "issue"}``.
+
+    ``value`` None (not measured) gives ``met: None``.
+
+    Raises:
+        ValueError: ``op`` is not one of ``<=``, ``<``, ``>=``, ``>``.
+    """
+    if op not in _OPS:
+        raise ValueError(f"unknown comparison {op!r}")
+    text = f"{_OP_TEXT[op]} {threshold:g}" + (f" {unit}" if unit else "")
+    met = None if value is None else bool(_OPS[op](float(value), threshold))
+    return {"name": name, "value": value, "target": text, "met": met, "issue": issue}
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+          notes: str = "") -> dict[str, Any]:
+    """A table of the report: ``{"title", "columns", "rows", "notes"}``.
+
+    Raises:
+        ValueError: a row's length differs from the number of columns.
+    """
+    for row in rows:
+        if len(row) != len(columns):
+            raise ValueError(f"row {list(row)!r} has {len(row)} cells for {len(columns)} columns")
+    return {"title": title, "columns": list(columns), "rows": [list(r) for r in rows],
+            "notes": notes}
+
+
+def result(title: str, *, tables: Sequence[dict[str, Any]] = (),
+           targets: Sequence[dict[str, Any]] = (), data: dict[str, Any] | None = None,
+           notes: str = "", engine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The document a bench's ``run()`` returns (the harness adds the rest).
+
+    ``engine``: :func:`engine_build` of the llama-server the bench used, read while it ran
+    (the harness puts it in the machine facts).
+    """
+    doc: dict[str, Any] = {"title": title, "tables": list(tables), "targets": list(targets),
+                           "data": data or {}, "notes": notes}
+    if engine:
+        doc["engine"] = engine
+    return doc
+
+
+# --------------------------------------------------------------------------- machine facts
+def git_commit(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the working tree."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=root, capture_output=True, text=True, timeout=10).stdout
+        return {"commit": sha, "dirty": bool(status.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _ram_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def engine_build(engine_url: str, timeout: float = 5.0) -> dict[str, Any]:
+    """``build_info``, ``total_slots`` and per-slot ``n_ctx`` from llama-server's ``/props``
+    (``{}`` when it does not answer)."""
+    import httpx
+
+    try:
+        props = httpx.get(f"{engine_url}/props", timeout=timeout).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    settings = props.get("default_generation_settings") or {}
+    return {
+        "build_info": props.get("build_info"),
+        "total_slots": props.get("total_slots"),
+        "n_ctx": settings.get("n_ctx"),
+        "model_path": props.get("model_path"),
+    }
+
+
+def machine_facts(engine_url: str | None = None) -> dict[str, Any]:
+    """Facts that make a figure comparable: CPU model, logical cores, RAM bytes, OS, Python,
+    and llama-server's build (from ``/props``) when ``engine_url`` is given."""
+    facts: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "ram_bytes": _ram_bytes(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
+    if engine_url:
+        facts["engine"] = engine_build(engine_url)
+    return facts
+
+
+def write_result(name: str, document: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:
+    """Write ``document`` as ``<results_dir>/<name>.json`` (atomically: a ``.tmp`` file
+    renamed), sorted keys, 2-space indent. Returns the path."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False,
+                              default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
+# --------------------------------------------------------------------------- memory
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # the command name (field 2) is in parentheses and may hold spaces
+        fields = stat[stat.rfind(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every descendant alive now (Linux ``/proc``)."""
+    children = _children_map()
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        out.append(current)
+        stack.extend(children.get(current, []))
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of one process in bytes (``VmRSS`` of ``/proc/<pid>/status``);
+    0 for a process that is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Sum of the resident set sizes of ``pid`` and all its descendants, in bytes.
+
+    Pages shared between processes of the tree count once per process (RSS semantics), so
+    this is an upper bound of the tree's real footprint.
+    """
+    return sum(rss_bytes(p) for p in process_tree(pid))
+
+
+def mib(n_bytes: float) -> float:
+    """Bytes to MiB, rounded to 0.1."""
+    return round(n_bytes / (1024 * 1024), 1)
+
+
+# --------------------------------------------------------------------------- servers
+@dataclass
+class Engine:
+    """A llama-server started by a bench: ``url``, its process, the argv used."""
+
+    url: str
+    process: Any
+    argv: list[str]
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def start_llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
+                threads: int = 2, timeout: float = 180.0) -> Engine:
+    """Start the real llama-server with the bundled model on a free loopback port (the same
+    command line as the tests' ``start_llama``) and wait until ``/health`` answers 200.
+
+    Raises:
+        loki_shared.servers.ServerNotFound: no llama-server or no bundled model.
+        loki_shared.servers.ServerStartError: it exited or was not healthy in ``timeout`` s.
+    """
+    import httpx
+
+    from loki_shared import servers
+
+    port = servers.free_port()
+    argv = [
+        str(servers.find_llama_server()),
+        "-m", str(servers.find_bundled_model()),
+        "--host", "127.0.0.1", "--port", str(port),
+        "-c", str(ctx), "-np", str(parallel),
+        "-ngl", "0", "--metrics", "-t", str(threads),
+        *extra,
+    ]
+    proc = servers.ManagedProcess("llama-server", argv).start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise servers.ServerStartError("llama-server exited: " + " | ".join(proc.tail))
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return Engine(url, proc, argv)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.stop()
+    raise servers.ServerStartError("llama-server not healthy: " + " | ".join(proc.tail))
+
+
+@contextmanager
+def llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
+          threads: int = 2) -> Iterator[Engine]:
+    """:func:`start_llama` as a context manager (stopped on exit)."""
+    engine = start_llama(ctx, parallel, extra, threads)
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@contextmanager
+def stack(home: Path, env: dict[str, str] | None = None,
+          engine_timeout: float = 240.0) -> Iterator[Any]:
+    """The whole Loki stack (:class:`loki_cli.stack.Stack`: NATS, Redis, the five services)
+    on a free port with data under ``home``; yields the stack once the gateway listens and
+    the supervisor reports the engine ready. ``stack.config.web_port`` is the gateway's port.
+
+    Raises:
+        loki_cli.stack.StackError: a part did not start.
+    """
+    from loki_cli.stack import Stack, StackConfig
+    from loki_shared import servers
+
+    config = StackConfig(home=home, web_port=servers.free_port(), env=dict(env or {}),
+                         echo=bool(os.environ.get("LOKI_BENCH_ECHO")))
+    running = Stack(config, log=lambda line: None)
+    running.start()
+    try:
+        running.wait_engine_ready(timeout=engine_timeout)
+        yield running
+    finally:
+        running.stop()
+
+
+# --------------------------------------------------------------------------- recording proxy
+@dataclass
+class Exchange:
+    """One request the engine served, as seen by :class:`RecordingProxy`.
+
+    ``body``: the JSON request body; ``content``: the generated text (``content`` deltas or
+    ``message.content``); ``timings`` / ``usage``: llama-server's figures from the final
+    chunk or the response (None when absent); ``status``: the HTTP status.
+    """
+
+    ts: float
+    path: str
+    body: dict[str, Any]
+    status: int = 0
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    timings: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+    @property
+    def prompt_n(self) -> int | None:
+        return (self.timings or {}).get("prompt_n")
+
+    @property
+    def cache_n(self) -> int | None:
+        return (self.timings or {}).get("cache_n")
+
+
+class RecordingProxy:
+    """A transparent HTTP proxy in front of llama-server that records every completion it
+    forwards (:class:`Exchange`), so a bench sees exactly what the engine was asked and what
+    it prefilled, whoever sent it (chat, summariser, ``/v1`` proxy, side jobs).
+
+    Streams are passed through chunk by chunk; nothing is changed. Runs uvicorn in a
+    background thread on ``port`` (a free one by default). ``upstream`` may be set or changed
+    after start (requests get 502 while it is None).
+    """
+
+    COMPLETION_PATHS = ("/v1/chat/completions", "/chat/completions", "/completion",
+                        "/completions", "/v1/completions")
+
+    def __init__(self, upstream: str | None = None, port: int | None = None) -> None:
+        from loki_shared import servers
+
+        self.upstream = upstream
+        self.port = port or servers.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.exchanges: list[Exchange] = []
+        self.other: list[tuple[float, str, str, int]] = []  # (ts, method, path+query, status)
+        self._server: Any = None
+        self._thread: Any = None
+
+    def _app(self) -> Any:
+        import httpx
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response, StreamingResponse
+        from starlette.routing import Route
+
+        # no keep-alive: llama-server closes idle connections after a few seconds, and a
+        # request sent on one it just closed would fail (the client cannot retry a POST)
+        client = httpx.AsyncClient(timeout=httpx.Timeout(900.0, connect=30.0),
+                                   limits=httpx.Limits(max_keepalive_connections=0))
+        hop = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+
+        async def handle(request: Request) -> Response:
+            if not self.upstream:
+                return Response("no upstream yet", status_code=502)
+            raw = await request.body()
+            path = request.url.path
+            query = ("?" + request.url.query) if request.url.query else ""
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
+            record = None
+            if request.method == "POST" and path in self.COMPLETION_PATHS:
+                try:
+                    record = Exchange(time.time(), path, json.loads(raw or b"{}"))
+                except ValueError:
+                    record = None
+            try:
+                upstream = await client.send(
+                    client.build_request(request.method, self.upstream + path + query,
+                                         content=raw, headers=headers), stream=True)
+            except httpx.HTTPError as exc:
+                return Response(f"upstream unreachable: {exc}", status_code=502)
+            out_headers = {k: v for k, v in upstream.headers.items()
+                           if k.lower() not in hop and k.lower() != "content-encoding"}
+            if record is None:
+                body = await upstream.aread()
+                await upstream.aclose()
+                self.other.append((time.time(), request.method, path + query,
+                                   upstream.status_code))
+                return Response(body, status_code=upstream.status_code, headers=out_headers)
+            record.status = upstream.status_code
+            self.exchanges.append(record)
+            if not record.body.get("stream"):
+                body = await upstream.aread()
+                await upstream.aclose()
+                _absorb_response(record, body)
+                return Response(body, status_code=upstream.status_code, headers=out_headers)
+
+            async def relay() -> Any:
+                buffer = b""
+                try:
+                    async for chunk in upstream.aiter_raw():
+                        buffer += chunk
+                        *lines, buffer = buffer.split(b"\n")
+                        for line in lines:
+                            _absorb_sse_line(record, line)
+                        yield chunk
+                    _absorb_sse_line(record, buffer)
+                finally:
+                    await upstream.aclose()
+
+            return StreamingResponse(relay(), status_code=upstream.status_code,
+                                     headers=out_headers)
+
+        methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
+        return Starlette(routes=[Route("/{path:path}", handle, methods=methods)])
+
+    def start(self) -> "RecordingProxy":
+        """Start serving; returns once the port accepts connections."""
+        import threading
+
+        import uvicorn
+
+        from loki_shared import servers
+
+        config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port,
+                                log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not servers.port_open("127.0.0.1", self.port):
+            if time.monotonic() > deadline:
+                raise BenchError("recording proxy did not start")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+
+
+def _absorb_sse_line(record: Exchange, line: bytes) -> None:
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return
+    data = line[5:].strip()
+    if not data or data == b"[DONE]":
+        return
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return
+    if chunk.get("timings"):
+        record.timings = chunk["timings"]
+    if chunk.get("usage"):
+        record.usage = chunk["usage"]
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        record.content += delta.get("content") or ""
+        record.reasoning += delta.get("reasoning_content") or ""
+        if delta.get("tool_calls"):
+            record.tool_calls = (record.tool_calls or []) + list(delta["tool_calls"])
+    if "content" in chunk and isinstance(chunk.get("content"), str):  # /completion stream
+        record.content += chunk["content"]
+
+
+def _absorb_response(record: Exchange, body: bytes) -> None:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return
+    if not isinstance(doc, dict):
+        return
+    record.timings = doc.get("timings")
+    record.usage = doc.get("usage")
+    for choice in doc.get("choices") or []:
+        message = choice.get("message") or {}
+        record.content += message.get("content") or choice.get("text") or ""
+        record.reasoning += message.get("reasoning_content") or ""
+        if message.get("tool_calls"):
+            record.tool_calls = list(message["tool_calls"])
+    if isinstance(doc.get("content"), str):
+        record.content += doc["content"]
