@@ -83,20 +83,20 @@ async def test_alternating_conversations_lose_to_each_other_extending_one_does_n
         ) as client:
             a = [{"role": "system", "content": "You answer about gardens. " * 12}]
             b = [{"role": "system", "content": "You answer about oceans and ships. " * 12}]
-            for i in range(3):
+            for i in range(2):
                 await turn(client, nc, "conv-a", a, f"Garden question {i}: what grows?")
                 await turn(client, nc, "conv-b", b, f"Ocean question {i}: what floats?")
             c = [{"role": "system", "content": "You answer about mountains. " * 12}]
             finals = [await turn(client, nc, "conv-c", c, f"Mountain question {i}?")
                       for i in range(3)]
-        summary = await wait_summary(nc, 9)
+        summary = await wait_summary(nc, 7)
         losses = (await request(nc, subjects.PERF_LOSSES, {"limit": 100}))["losses"]
         by_conv = {}
         for loss in losses:
             by_conv.setdefault(loss["conversation"], []).append(loss)
-        # a's turns 2 and 3 were evicted by b, b's turns 2 and 3 by a.
-        assert len(by_conv.get("conv-a", [])) == 2, losses
-        assert len(by_conv.get("conv-b", [])) == 2, losses
+        # a's second turn found the slot holding b, b's second turn found it holding a.
+        assert len(by_conv.get("conv-a", [])) == 1, losses
+        assert len(by_conv.get("conv-b", [])) == 1, losses
         for me, peer in (("conv-a", "conv-b"), ("conv-b", "conv-a")):
             for loss in by_conv[me]:
                 assert loss["type"] == "loss" and loss["cause"] == "conversation"
@@ -108,9 +108,9 @@ async def test_alternating_conversations_lose_to_each_other_extending_one_does_n
             # everything the previous request sent is reused, and more (its reply)
             assert after["timings"]["cache_n"] > before["usage"]["prompt_tokens"], finals
         assert summary["cache_n"] > 0 and summary["prompt_n"] > 0
-        assert summary["detail"]["losses_by_cause"]["conversation"]["count"] == 4
+        assert summary["detail"]["losses_by_cause"]["conversation"]["count"] == 2
         metrics = svc.scrape()
-        assert metrics["lokiassist_cache_losses_total"] == 4
-        assert metrics["lokiassist_ttft_seconds_count"] == 9
+        assert metrics["lokiassist_cache_losses_total"] == 2
+        assert metrics["lokiassist_ttft_seconds_count"] == 7
     finally:
         svc.stop()
