@@ -127,3 +127,41 @@ async def test_kill_9_mid_turn_loses_nothing_persisted(nats_url, redis_db, tmp_p
     assert all(not (x == y == "user") for x, y in zip(roles, roles[1:]))
     assert sent[-1]["content"] == "second\n\nthird"
     assert json.loads(fake_engine.requests[1].body)["messages"][:3] == sent[:3]
+
+
+async def test_sigterm_mid_turn_keeps_partial_and_frees_the_lock(nats_url, redis_db, tmp_path,
+                                                                 supervisor, fake_engine, client,
+                                                                 chat_runner):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
+    env.update(LOKI_NATS_URL=nats_url, LOKI_REDIS_URL=redis_db, LOKI_HOME=str(tmp_path / "h"),
+               LOKI_SECRET_KEY=SECRET, LOKI_LOCK_TTL_S="30", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "loki_chat"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        fake_engine.push(Stream(frames=[chunk({"content": f"s{i} "}) for i in range(400)],
+                                delay_s=0.02))
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                reply = await client.send("go")
+                assert reply.error is None
+                break
+            except Exception:  # noqa: BLE001 - not subscribed yet
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        cid = reply.conversation
+        await client.tap.wait(lambda: len(client.tap.text(cid)) > 10)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    await chat_runner.start()
+    t0 = time.monotonic()
+    state = await client.state(cid)
+    assert time.monotonic() - t0 < 5  # the lock was released, not waited out (30 s)
+    last = state.messages[-1]
+    assert last.role == "assistant" and last.loki.stopped and last.content.startswith("s0 ")
+    assert client.tap.turn_ends(cid)[-1].finish_reason == "stopped"

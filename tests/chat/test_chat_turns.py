@@ -178,6 +178,13 @@ async def test_retry_before_first_byte_then_success(chat, client, fake_engine):
     assert len({r.body for r in fake_engine.requests}) == 1  # the same bytes each time
 
 
+async def test_retry_count_restarts_once_a_response_arrived(chat, client, fake_engine):
+    fake_engine.push(HTTPError(503), HTTPError(503), HTTPError(503), tool_reply([("c0", "ping", "")]),
+                     HTTPError(502), HTTPError(502), HTTPError(502), text_reply("done"))
+    cid, end = await client.turn("q")
+    assert end.finish_reason == "stop" and len(fake_engine.requests) == 8
+
+
 async def test_retries_exhausted_and_500_not_retried(chat, client, fake_engine):
     fake_engine.push(HTTPError(502), HTTPError(502), HTTPError(504), HTTPError(503))
     cid, end = await client.turn("q")

@@ -143,3 +143,17 @@ def test_ctx_used_counts_prompt_plus_generated_sent_back():
     assert meter.used("sys", msgs) > 130 + 100  # new message added as an estimate
     meter.record(None, 0, False, 3)
     assert meter.measured is None and meter.used("sys", msgs) > 100
+
+
+def test_events_after_seq_bounds():
+    from loki_chat.conversation import Conversation
+
+    conv = Conversation(id="c")
+    for _ in range(10):
+        conv.new_event({"content": "x"})
+    del conv.log[:4]  # as after a reset: the log starts at seq 5
+    assert [e.seq for e in conv.events_after(0)[0]] == list(range(5, 11))
+    assert [e.seq for e in conv.events_after(7)[0]] == [8, 9, 10]
+    assert conv.events_after(100)[0] == []
+    events, more = conv.events_after(5, limit=2)
+    assert [e.seq for e in events] == [6, 7] and more

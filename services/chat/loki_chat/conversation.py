@@ -59,7 +59,7 @@ class Conversation:
         start = 0
         if self.log:
             first = self.log[0].seq
-            start = max(0, after_seq - first + 1)
+            start = min(len(self.log), max(0, after_seq - first + 1))
             while start > 0 and self.log[start - 1].seq > after_seq:
                 start -= 1
             while start < len(self.log) and self.log[start].seq <= after_seq:

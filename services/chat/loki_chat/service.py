@@ -130,11 +130,11 @@ class Actor:
             except Exception:  # noqa: BLE001 - the release or the stream will tell
                 log.warning("lease %s renewal failed", lease.lease_id)
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease, usage: dict[str, Any] | None = None) -> None:
         task = self._renewers.pop(lease.lease_id, None)
         if task:
             task.cancel()
-        await self.svc.release(lease)
+        await self.svc.release(lease, usage)
 
     def publish_perf(self, record: PerfRecord) -> None:
         self.svc.publish_perf(record)
@@ -184,7 +184,11 @@ class Actor:
                 if self.conv.pending and self.conv.pending[0] == text:
                     self.conv.pending.pop(0)
                 self.conv.turn_open = False
-                await self.persist()
+                try:
+                    await self.persist()
+                except Exception:  # noqa: BLE001 - Redis down: the next step retries
+                    log.exception("could not persist %s", self.conv.id)
+                    await asyncio.sleep(1)
             self.last_access = time.monotonic()
 
     async def halt(self, timeout: float = 10.0) -> None:
@@ -309,12 +313,16 @@ class ChatService:
             raise LeaseError("lease without base_url")
         return lease
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease, usage: dict[str, Any] | None = None) -> None:
+        """Give the lease back; ``usage`` (decoded, of a ``main`` completion) tells the
+        supervisor ``prompt_tokens`` and ``cached_tokens`` when known."""
         if not lease.lease_id:
             return
+        usage = usage or {}
+        req = ReleaseRequest(lease_id=lease.lease_id, prompt_tokens=usage.get("prompt_tokens"),
+                             cached_tokens=usage.get("cached_tokens"))
         try:
-            await self.request(subjects.ENGINE_RELEASE, ReleaseRequest(lease_id=lease.lease_id),
-                               ReleaseReply, 5.0)
+            await self.request(subjects.ENGINE_RELEASE, req, ReleaseReply, 5.0)
         except Exception:  # noqa: BLE001 - the lease expires by itself
             log.warning("lease %s not released", lease.lease_id)
 

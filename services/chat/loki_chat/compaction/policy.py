@@ -642,7 +642,6 @@ async def publish_event(broker: Any, event: CompactionEvent) -> bool:
     import nats.errors
     import nats.js.errors
 
-    from loki_shared.nats import events_stream
     from loki_shared.perf_publish import jetstream_of
 
     try:
@@ -650,6 +649,14 @@ async def publish_event(broker: Any, event: CompactionEvent) -> bool:
     except Exception:  # noqa: BLE001
         return False
     payload = event.model_dump_json().encode()
+    if not _streams_ready.get(id(js)):
+        # created when missing (idempotent); a core subscriber on the subject would otherwise
+        # turn a missing stream into a timeout instead of a "no stream" answer
+        try:
+            await js.add_stream(config=_events_config())
+        except Exception:  # noqa: BLE001 - exists with another configuration: publish anyway
+            pass
+        _streams_ready[id(js)] = True
     for attempt in (1, 2):
         try:
             await js.publish(subjects.EVENTS_COMPACTION, payload, timeout=2.0,
@@ -659,10 +666,7 @@ async def publish_event(broker: Any, event: CompactionEvent) -> bool:
             if attempt == 2:
                 break
             try:
-                config = dataclasses.replace(
-                    events_stream().config,
-                    subjects=[subjects.EVENTS_COMPACTION, subjects.EVENTS_ARCHIVE])
-                await js.add_stream(config=config)
+                await js.add_stream(config=_events_config())
             except Exception as exc:  # noqa: BLE001
                 log.warning("compaction event not published: %s", exc)
                 return False
@@ -670,6 +674,16 @@ async def publish_event(broker: Any, event: CompactionEvent) -> bool:
             log.warning("compaction event not published: %s", exc)
             return False
     return False
+
+
+_streams_ready: dict[int, bool] = {}
+
+
+def _events_config() -> Any:
+    from loki_shared.nats import events_stream
+
+    return dataclasses.replace(events_stream().config,
+                               subjects=[subjects.EVENTS_COMPACTION, subjects.EVENTS_ARCHIVE])
 
 
 def _template_knows(info: EngineInfo | None) -> bool:
