@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
 from loki_shared import subjects
 from loki_shared.messages.chat import ChatMessage, LokiMeta
 from loki_shared.messages.engine import (
@@ -56,7 +55,6 @@ from loki_shared.messages.engine import (
     EngineInfoRequest,
     Lease,
     LeaseRequest,
-    ReleaseReply,
     ReleaseRequest,
     RenewRequest,
 )
@@ -358,11 +356,12 @@ class CompactionPolicy:
         budget = budget_tokens(n_ctx)
         conv = view.conversation
         if self._continuation_allowed(view, st, n_ctx, budget):
+            assert st.stamp is not None
+            model = st.stamp.model
             outcome = await self._continuation(view, st, b, budget, archived)
             if outcome.text is not None:
-                self.failures.pop(st.stamp.model if st.stamp else "", None)
+                self.failures.pop(model, None)
                 return outcome, "continuation"
-            model = st.stamp.model if st.stamp else ""
             self.failures[model] = self.failures.get(model, 0) + 1
             if outcome.suspend or self.failures[model] >= 2:
                 self.suspended.add(model)
@@ -594,7 +593,7 @@ class CompactionPolicy:
                                   conversation=view.conversation.id, model=lease.model,
                                   preset="external" if lease.external else "local",
                                   slot=lease.id_slot, total_ms=total_ms)
-        except Exception:  # noqa: BLE001 - perf never fails a compaction
+        except Exception:
             log.warning("[compact] perf record not built", exc_info=True)
             return
         self._spawn(publish_record(broker, record))
@@ -618,7 +617,7 @@ class CompactionPolicy:
         if view.emit is not None:
             try:
                 await view.emit({}, meta)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("[compact] marker not emitted", exc_info=True)
         await self._event(view, path, before, after, archived, t0)
         log.info("[compact] %s: %s via %s, %d -> %d tokens, archived %s",
@@ -641,7 +640,6 @@ async def publish_event(broker: Any, event: CompactionEvent) -> bool:
     (created when missing). Best effort: False (logged) when it could not be stored."""
     import nats.errors
     import nats.js.errors
-
     from loki_shared.perf_publish import jetstream_of
 
     try:
