@@ -5,7 +5,9 @@ Measured in the same run, each against a baseline (ratios; absolute figures alon
 - **ingest** — tolerant decoding + loss analysis + ring insertion + metric totals of N
   realistic records (JSON as published: timings, usage, 4 to 60 cumulative fingerprints,
   conversations interleaved with side jobs), against the bare minimum any consumer pays
-  (``json.loads`` + append to a bounded deque). Target: ≥ 20,000 records/s.
+  (``json.loads`` + append to a bounded deque). Target: ≥ 20,000 records/s, judged on the
+  process's CPU time (what one dedicated core sustains; this machine is shared), with the
+  wall-clock rate alongside.
 - **summary** — :meth:`loki_perf.ring.Ring.summary` over a full ring (5000 records), against
   one plain pass over the ring summing one field. Target: < 10 ms.
 - **rebuild** — the perf service started on a real NATS whose ``LOKI_PERF`` stream holds
@@ -102,12 +104,34 @@ def ingest_baseline(payloads: list[bytes]) -> None:
         ring.append(json.loads(raw))
 
 
+def _timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of one call."""
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
+
+
 def bench_ingest(n: int, times: int) -> dict:
+    """Candidate and baseline alternately (same load); wall and CPU time of each run."""
     payloads = make_records(n)
-    pair = _common.interleaved(lambda: ingest(payloads), lambda: ingest_baseline(payloads),
-                               times=times)
-    rate = n / pair["value"]["median"]
-    return {"records": n, "rate_per_s": rate, **pair}
+    ingest(payloads[:2000])  # warm-up
+    cand_w, cand_c, base_w, base_c = [], [], [], []
+    for _ in range(times):
+        w, c = _timed(lambda: ingest_baseline(payloads))
+        base_w.append(w)
+        base_c.append(c)
+        w, c = _timed(lambda: ingest(payloads))
+        cand_w.append(w)
+        cand_c.append(c)
+    pair = _common.paired_ratios(cand_w, base_w)
+    return {
+        "records": n,
+        "rate_per_s": n / pair["value"]["median"],
+        "rate_per_cpu_s": n / _common.spread(cand_c)["median"],
+        "baseline_rate_per_cpu_s": n / _common.spread(base_c)["median"],
+        "cpu": _common.paired_ratios(cand_c, base_c),
+        **pair,
+    }
 
 
 def bench_summary(times: int) -> dict:
@@ -195,9 +219,15 @@ def run(quick: bool) -> dict:
     summ = bench_summary(times=30 if quick else 200)
     reb = bench_rebuild(times=2 if quick else 5)
     rows = [
-        ["ingest (decode + loss + ring + totals)", f"{ing['rate_per_s']:,.0f} records/s",
+        ["ingest (decode + loss + ring + totals), wall",
+         f"{ing['rate_per_s']:,.0f} records/s",
          f"{ing['records'] / ing['baseline']['median']:,.0f} records/s (json.loads + deque)",
          f"{ing['ratio']['median']:.2f}", f"{ing['ratio']['q1']:.2f}–{ing['ratio']['q3']:.2f}"],
+        ["ingest, per CPU second of the process",
+         f"{ing['rate_per_cpu_s']:,.0f} records/s",
+         f"{ing['baseline_rate_per_cpu_s']:,.0f} records/s (json.loads + deque)",
+         f"{ing['cpu']['ratio']['median']:.2f}",
+         f"{ing['cpu']['ratio']['q1']:.2f}–{ing['cpu']['ratio']['q3']:.2f}"],
         ["summary over a full ring (5000)", f"{summ['median_ms']:.2f} ms",
          f"{summ['baseline']['median'] * 1000:.2f} ms (one pass summing a field)",
          f"{summ['ratio']['median']:.2f}", f"{summ['ratio']['q1']:.2f}–{summ['ratio']['q3']:.2f}"],
@@ -213,14 +243,18 @@ def run(quick: bool) -> dict:
             notes="Ratios above 1 are the cost of tolerant decoding, loss analysis and metrics "
                   "over the bare minimum a consumer pays.")],
         targets=[
-            _common.target("perf ingest", ing["rate_per_s"], ">=", 20_000, "records/s", "7"),
+            _common.target("perf ingest (per CPU second)", ing["rate_per_cpu_s"], ">=", 20_000,
+                           "records/s", "7"),
+            _common.target("perf ingest (wall clock, shared machine)", ing["rate_per_s"], ">=",
+                           20_000, "records/s", "7"),
             _common.target("perf summary over a full ring", summ["median_ms"], "<", 10, "ms", "7"),
         ],
         data={"ingest": ing, "summary": summ, "rebuild": reb,
               "load_average_1m": os.getloadavg()[0]},
-        notes="Absolute rates depend on the load of this shared machine (load average in "
-              "data.load_average_1m); the ratios against the baseline measured alongside are "
-              "the comparable figures.",
+        notes="Absolute wall-clock rates depend on the load of this shared machine (load "
+              "average in data.load_average_1m): the ingest rate per CPU second of the process "
+              "is what one dedicated core would sustain; the ratios against the baseline "
+              "measured alongside are the comparable figures.",
     )
 
 

@@ -28,7 +28,7 @@ Loss rules (``tests/perf/test_ring.py`` names one test per rule):
 
 from __future__ import annotations
 
-import statistics
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -112,8 +112,20 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
-def _median(values) -> float | None:
-    return statistics.median(values) if values else None
+def _median(values: list[float]) -> float | None:
+    """Median of an already sorted list (None when empty)."""
+    n = len(values)
+    if not n:
+        return None
+    mid = n // 2
+    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _discard(values: list[float], value: float) -> None:
+    """Remove one occurrence of ``value`` from the sorted list ``values``."""
+    i = bisect_left(values, value)
+    if i < len(values) and values[i] == value:
+        del values[i]
 
 
 class Ring:
@@ -143,9 +155,10 @@ class Ring:
         self._last: dict[tuple[str, str], Entry] = {}
         self._aggs: dict[str, KindAgg] = {k: KindAgg() for k in _ALL_KINDS}
         self._causes: dict[str, list[int]] = {c: [0, 0] for c in CAUSES}  # count, tokens
-        self._pp: list[deque[float]] = [deque() for _ in DEPTH_NAMES]
-        self._tg: list[deque[float]] = [deque() for _ in DEPTH_NAMES]
-        self._ttft: dict[str, deque[float]] = {k: deque() for k in _ALL_KINDS}
+        # Sorted lists (insort on insert, bisect on eviction): a median is one index.
+        self._pp: list[list[float]] = [[] for _ in DEPTH_NAMES]
+        self._tg: list[list[float]] = [[] for _ in DEPTH_NAMES]
+        self._ttft: list[float] = []
         self._losses: deque[Entry] = deque()
         self._advice: deque[Entry] = deque()
         self.advice_total = 0  # advice events seen by this process (not only in the ring)
@@ -176,24 +189,24 @@ class Ring:
         if sign > 0:
             if local and e.bucket is not None:
                 if e.pp_tps is not None:
-                    self._pp[e.bucket].append(e.pp_tps)
+                    insort(self._pp[e.bucket], e.pp_tps)
                 if e.tg_tps is not None:
-                    self._tg[e.bucket].append(e.tg_tps)
+                    insort(self._tg[e.bucket], e.tg_tps)
             if e.ttft_ms is not None:
-                self._ttft[e.kind].append(e.ttft_ms)
+                insort(self._ttft, e.ttft_ms)
             if e.loss is not None:
                 self._losses.append(e)
             if e.advice is not None:
                 self._advice.append(e)
         else:
-            # The ring is FIFO, so an evicted record is also the oldest of each side queue.
+            # The ring is FIFO, so an evicted record is also the oldest of the side queues.
             if local and e.bucket is not None:
                 if e.pp_tps is not None:
-                    self._pp[e.bucket].popleft()
+                    _discard(self._pp[e.bucket], e.pp_tps)
                 if e.tg_tps is not None:
-                    self._tg[e.bucket].popleft()
+                    _discard(self._tg[e.bucket], e.tg_tps)
             if e.ttft_ms is not None:
-                self._ttft[e.kind].popleft()
+                _discard(self._ttft, e.ttft_ms)
             if self._losses and self._losses[0] is e:
                 self._losses.popleft()
             if self._advice and self._advice[0] is e:
@@ -324,7 +337,6 @@ class Ring:
                 "prompt_tps_median": _median(pp),
                 "gen_tps_median": _median(tg),
             })
-        all_ttft = [v for q in self._ttft.values() for v in list(q)]
         overall = total.as_dict()
         detail = {
             "ring": len(self.entries),
@@ -344,7 +356,7 @@ class Ring:
                 "acceptance": overall["draft_acceptance"],
             },
             "cut": total.cut,
-            "ttft_ms_median": _median(all_ttft),
+            "ttft_ms_median": _median(self._ttft),
             "by_kind": by_kind,
             "speeds_by_depth": speeds,
             "losses_by_cause": {
