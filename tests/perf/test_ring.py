@@ -260,3 +260,14 @@ def test_chained_prefix_matches_a_linear_scan_on_fingerprints():
                   for _ in range(rnd.randint(0, 6))]
         a, b = fingerprints(base), fingerprints(other)
         assert chained_prefix(a, b) == common_prefix(a, b)
+
+
+def test_side_jobs_starting_new_prompts_are_not_divergences():
+    f = Feed()
+    f.add(msgs("task one"), cache_n=0, prompt_n=100, kind="subagent")
+    e = f.add(msgs("task two"), cache_n=3, prompt_n=100, kind="subagent")
+    assert e.loss is None
+    # ...but a sub-agent that extends its own prompt and loses its cache is a loss.
+    f.add(msgs("x"), cache_n=0, prompt_n=50, conversation="b")
+    e = f.add(msgs("task two", "a", "more"), cache_n=3, prompt_n=200, kind="subagent")
+    assert e.loss.type == "loss" and e.loss.cause == "conversation"

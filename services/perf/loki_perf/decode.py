@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,10 +215,7 @@ _USAGE_COUNTS = ("prompt_tokens", "completion_tokens")
 
 def depth_bucket(depth: int) -> int:
     """Index into :data:`DEPTH_NAMES` of the smallest bucket holding ``depth`` tokens."""
-    for i, bound in enumerate(DEPTH_BOUNDS):
-        if depth <= bound:
-            return i
-    return len(DEPTH_BOUNDS)
+    return bisect_left(DEPTH_BOUNDS, depth)
 
 
 def decode(raw: bytes | str | dict, seq: int, ts_fallback: float) -> Entry:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -127,12 +128,7 @@ class Totals:
         h = d.get(labels)
         if h is None:
             h = d[labels] = [[0] * (len(bounds) + 1), 0.0]
-        i = 0
-        for i, b in enumerate(bounds):  # noqa: B007
-            if value <= b:
-                break
-        else:
-            i = len(bounds)
+        i = bisect_left(bounds, value)  # first bucket with value <= le (len: +Inf)
         h[0][i] += 1
         h[1] += value
 

@@ -16,8 +16,9 @@ Loss rules (``tests/perf/test_ring.py`` names one test per rule):
    predicted_n`` and ``reused`` = this ``cache_n`` (+1 on a full hit). It is flagged as a
    ``loss`` when it exceeds ``loss_min_tokens`` (the last generated token is never in the
    slot and the reply may re-tokenise differently when sent back, so a few tokens are normal).
-5. When the fingerprints do not strictly extend (and are not identical), a ``divergence`` is
-   flagged with the index and role of the first message whose fingerprint differs.
+5. When the fingerprints of a ``main`` request do not strictly extend (and are not
+   identical), a ``divergence`` is flagged with the index and role of the first message whose
+   fingerprint differs. Other kinds start new prompts by design and are not flagged.
 6. What ran on the engine in between (records after ``prev`` in stream order, other than
    external ones and, when both slots are known, ones on another slot) is named in ``between``;
    the cause of a loss is the category of the last of them, ``none`` if there was none.
@@ -249,7 +250,9 @@ class Ring:
             cause = category(between[-1][0]) if between else "none"
             e.loss = Loss("loss", cause, tokens, prev.seq, prev_total,
                           between=between, between_truncated=truncated)
-        else:
+        elif e.kind == "main":
+            # Only a conversation's own prompt is expected to grow turn after turn; side jobs
+            # (sub-agents, verifications, summaries...) start new prompts by design.
             between, truncated = self._between(e, prev)
             role = None
             if shared < len(cf) and e.roles is not None and shared < len(e.roles):
