@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sys
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the ``fakes`` package
 
-import httpx  # noqa: E402
+import httpx
 import nats
 import pytest
 import redis.asyncio as aioredis
-
 from fakes.fake_engine import FakeEngine
 from loki_chat.context import ContextPolicy
 from loki_chat.service import ChatService
@@ -41,7 +39,13 @@ from loki_shared.messages.chat import (
     StateReply,
     StateRequest,
 )
-from loki_shared.messages.engine import EngineInfo, Lease, LeaseRequest, ReleaseReply, ReleaseRequest
+from loki_shared.messages.engine import (
+    EngineInfo,
+    Lease,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+)
 from loki_shared.nats import make_broker
 from loki_shared.sealing import service_sealer
 
@@ -71,16 +75,23 @@ class FakeSupervisor:
     subs: list[Any] = field(default_factory=list)
     refuse: bool = False
 
-    async def start(self) -> "FakeSupervisor":
+    async def start(self) -> FakeSupervisor:
         async def lease(msg: Any) -> None:
             req = LeaseRequest.model_validate_json(msg.data)
             self.leases.append(req)
             if self.refuse:
                 reply = Lease(error={"type": "unavailable", "message": "engine stopped"})
             else:
-                reply = Lease(lease_id=f"l{len(self.leases)}", kind=req.kind,
-                              base_url=self.base_url, id_slot=self.id_slot, n_ctx=self.n_ctx,
-                              model=self.model, external=self.external, api_key=self.api_key)
+                reply = Lease(
+                    lease_id=f"l{len(self.leases)}",
+                    kind=req.kind,
+                    base_url=self.base_url,
+                    id_slot=self.id_slot,
+                    n_ctx=self.n_ctx,
+                    model=self.model,
+                    external=self.external,
+                    api_key=self.api_key,
+                )
             await msg.respond(reply.model_dump_json().encode())
 
         async def release(msg: Any) -> None:
@@ -89,9 +100,17 @@ class FakeSupervisor:
             await msg.respond(ReleaseReply(ok=True).model_dump_json().encode())
 
         async def info(msg: Any) -> None:
-            await msg.respond(EngineInfo(state="ready", base_url=self.base_url, n_ctx=self.n_ctx,
-                                         total_slots=self.total_slots,
-                                         model=self.model).model_dump_json().encode())
+            await msg.respond(
+                EngineInfo(
+                    state="ready",
+                    base_url=self.base_url,
+                    n_ctx=self.n_ctx,
+                    total_slots=self.total_slots,
+                    model=self.model,
+                )
+                .model_dump_json()
+                .encode()
+            )
 
         self.subs = [
             await self.nc.subscribe(subjects.ENGINE_LEASE, cb=lease),
@@ -134,8 +153,11 @@ class EventTap:
         return self.turn_ends(cid)
 
     def text(self, cid: str) -> str:
-        return "".join(e.delta.get("content", "") for e in self.events[cid]
-                       if e.delta.get("role") not in ("user", "tool"))
+        return "".join(
+            e.delta.get("content", "")
+            for e in self.events[cid]
+            if e.delta.get("role") not in ("user", "tool")
+        )
 
 
 @dataclass
@@ -150,29 +172,39 @@ class ChatClient:
         return reply_type.model_validate_json(raw.data)
 
     async def send(self, content: str, conversation: str | None = None) -> SendReply:
-        return await self._req(subjects.CHAT_SEND, SendRequest(conversation=conversation,
-                                                                content=content), SendReply)
+        return await self._req(
+            subjects.CHAT_SEND, SendRequest(conversation=conversation, content=content), SendReply
+        )
 
     async def control(self, conversation: str, action: str) -> ControlReply:
-        return await self._req(subjects.CHAT_CONTROL,
-                               ControlRequest(conversation=conversation, action=action),
-                               ControlReply)
+        return await self._req(
+            subjects.CHAT_CONTROL,
+            ControlRequest(conversation=conversation, action=action),
+            ControlReply,
+        )
 
     async def state(self, conversation: str) -> StateReply:
-        return await self._req(subjects.CHAT_STATE, StateRequest(conversation=conversation),
-                               StateReply)
+        return await self._req(
+            subjects.CHAT_STATE, StateRequest(conversation=conversation), StateReply
+        )
 
     async def replay(self, conversation: str, after_seq: int = 0) -> ReplayReply:
-        return await self._req(subjects.CHAT_REPLAY,
-                               ReplayRequest(conversation=conversation, after_seq=after_seq),
-                               ReplayReply)
+        return await self._req(
+            subjects.CHAT_REPLAY,
+            ReplayRequest(conversation=conversation, after_seq=after_seq),
+            ReplayReply,
+        )
 
     async def conversations(self, action: str, **kw: Any) -> ConversationsReply:
-        return await self._req(subjects.CHAT_CONVERSATIONS,
-                               ConversationsRequest(action=action, **kw), ConversationsReply)
+        return await self._req(
+            subjects.CHAT_CONVERSATIONS,
+            ConversationsRequest(action=action, **kw),
+            ConversationsReply,
+        )
 
-    async def turn(self, content: str, conversation: str | None = None,
-                   timeout: float = 20.0) -> tuple[str, ChatEvent]:
+    async def turn(
+        self, content: str, conversation: str | None = None, timeout: float = 20.0
+    ) -> tuple[str, ChatEvent]:
         """Send and wait for that turn's end; return (conversation, turn_end event)."""
         before = len(self.tap.turn_ends(conversation)) if conversation else 0
         reply = await self.send(content, conversation)
@@ -205,9 +237,17 @@ async def supervisor(nc: Any, fake_engine: FakeEngine) -> AsyncIterator[FakeSupe
 
 def chat_settings(nats_url: str, redis_url: str, home: Path, **over: Any) -> Settings:
     values: dict[str, Any] = dict(
-        home=home, nats_url=nats_url, redis_url=redis_url, secret_key=SECRET,
-        retry_delays=[0.05, 0.1, 0.2], lock_ttl_s=3.0, recall_timeout_s=0.5,
-        lease_timeout_s=5.0, step_budget=6, instance_id=None)
+        home=home,
+        nats_url=nats_url,
+        redis_url=redis_url,
+        secret_key=SECRET,
+        retry_delays=[0.05, 0.1, 0.2],
+        lock_ttl_s=3.0,
+        recall_timeout_s=0.5,
+        lease_timeout_s=5.0,
+        step_budget=6,
+        instance_id=None,
+    )
     values.update(over)
     return Settings(**values)
 
@@ -224,9 +264,18 @@ def make_tools(svc_request) -> ToolBox:
     """recall + recall_search, plus ``ping`` (no parameters) and ``echo`` (one)."""
     box = ToolBox(recall_tools(svc_request, 0.5))
     box.add(ToolSpec(name="ping", description="Answers pong.", run=ping_tool))
-    box.add(ToolSpec(name="echo", description="Echoes its arguments.", run=echo_tool,
-                     parameters={"type": "object", "properties": {"text": {"type": "string"}},
-                                 "required": ["text"]}))
+    box.add(
+        ToolSpec(
+            name="echo",
+            description="Echoes its arguments.",
+            run=echo_tool,
+            parameters={
+                "type": "object",
+                "properties": {"text": {"type": "string"}},
+                "required": ["text"],
+            },
+        )
+    )
     return box
 
 
@@ -239,8 +288,9 @@ class ChatRunner:
         self.home = home
         self.running: list[tuple[ChatService, Any, Any, httpx.AsyncClient]] = []
 
-    async def start(self, policy: ContextPolicy | None = None, tools: bool = True,
-                    **over: Any) -> ChatService:
+    async def start(
+        self, policy: ContextPolicy | None = None, tools: bool = True, **over: Any
+    ) -> ChatService:
         """Start a service; ``tools`` False offers no tool at all."""
         settings = chat_settings(self.nats_url, self.redis_url, self.home, **over)
         from loki_chat.service import instance_id

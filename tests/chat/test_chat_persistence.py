@@ -11,7 +11,7 @@ import sys
 import time
 
 import redis.asyncio as aioredis
-
+from conftest import SECRET
 from fakes.fake_engine import Stream, chunk, text_reply, tool_reply
 from loki_chat.conversation import Conversation
 from loki_chat.errors import FencedWrite
@@ -19,11 +19,10 @@ from loki_chat.store import Store, conv_key
 from loki_shared.messages.chat import SendRequest, StateRequest
 from loki_shared.sealing import service_sealer
 
-from conftest import SECRET
 
-
-async def test_blob_is_sealed_and_restart_loses_nothing(chat_runner, supervisor, client,
-                                                        fake_engine, redis_db):
+async def test_blob_is_sealed_and_restart_loses_nothing(
+    chat_runner, supervisor, client, fake_engine, redis_db
+):
     svc = await chat_runner.start()
     fake_engine.push(tool_reply([("c0", "ping", "")], content="Checking"), text_reply("Done"))
     cid, _ = await client.turn("Secret plans")
@@ -67,8 +66,10 @@ async def test_fenced_write_refused_after_lock_taken_over(redis_db, tmp_path):
 async def test_second_instance_forwards_to_the_owner(chat_runner, supervisor, fake_engine, client):
     a = await chat_runner.start()
     b = await chat_runner.start()
-    fake_engine.push(Stream(frames=[chunk({"content": f"t{i} "}) for i in range(30)],
-                            delay_s=0.03), text_reply("second"))
+    fake_engine.push(
+        Stream(frames=[chunk({"content": f"t{i} "}) for i in range(30)], delay_s=0.03),
+        text_reply("second"),
+    )
     first = await a.send(SendRequest(content="one"))
     cid = first.conversation
     await client.tap.wait(lambda: len(client.tap.text(cid)) > 0)
@@ -82,24 +83,36 @@ async def test_second_instance_forwards_to_the_owner(chat_runner, supervisor, fa
     assert users == ["one", "two"]
 
 
-async def test_kill_9_mid_turn_loses_nothing_persisted(nats_url, redis_db, tmp_path, supervisor,
-                                                       fake_engine, client, chat_runner):
+async def test_kill_9_mid_turn_loses_nothing_persisted(
+    nats_url, redis_db, tmp_path, supervisor, fake_engine, client, chat_runner
+):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
-    env.update(LOKI_NATS_URL=nats_url, LOKI_REDIS_URL=redis_db, LOKI_HOME=str(tmp_path / "h"),
-               LOKI_SECRET_KEY=SECRET, LOKI_LOCK_TTL_S="2", LOKI_INSTANCE_ID="doomed",
-               PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "loki_chat"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env.update(
+        LOKI_NATS_URL=nats_url,
+        LOKI_REDIS_URL=redis_db,
+        LOKI_HOME=str(tmp_path / "h"),
+        LOKI_SECRET_KEY=SECRET,
+        LOKI_LOCK_TTL_S="2",
+        LOKI_INSTANCE_ID="doomed",
+        PYTHONUNBUFFERED="1",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loki_chat"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
-        fake_engine.push(text_reply("first answer"),
-                         Stream(frames=[chunk({"content": f"p{i} "}) for i in range(400)],
-                                delay_s=0.02))
+        fake_engine.push(
+            text_reply("first answer"),
+            Stream(frames=[chunk({"content": f"p{i} "}) for i in range(400)], delay_s=0.02),
+        )
         deadline = time.monotonic() + 20
         while True:  # wait for the subprocess to serve
             try:
                 cid, _ = await client.turn("first", timeout=10)
                 break
-            except Exception:  # noqa: BLE001 - not subscribed yet
+            except Exception:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
@@ -118,7 +131,9 @@ async def test_kill_9_mid_turn_loses_nothing_persisted(nats_url, redis_db, tmp_p
     roles = [m.role for m in state.messages]
     assert roles == ["system", "user", "assistant", "user"]  # no half-written message
     assert [m.content for m in state.messages[1:]] == ["first", "first answer", "second"]
-    ends = [e for e in (await client.replay(cid)).events if (e.loki or {}).get("event") == "turn_end"]
+    ends = [
+        e for e in (await client.replay(cid)).events if (e.loki or {}).get("event") == "turn_end"
+    ]
     assert ends[-1].loki.get("interrupted") and not state.generating
     fake_engine.push(text_reply("third answer"))
     await client.turn("third", cid)
@@ -129,24 +144,35 @@ async def test_kill_9_mid_turn_loses_nothing_persisted(nats_url, redis_db, tmp_p
     assert json.loads(fake_engine.requests[1].body)["messages"][:3] == sent[:3]
 
 
-async def test_sigterm_mid_turn_keeps_partial_and_frees_the_lock(nats_url, redis_db, tmp_path,
-                                                                 supervisor, fake_engine, client,
-                                                                 chat_runner):
+async def test_sigterm_mid_turn_keeps_partial_and_frees_the_lock(
+    nats_url, redis_db, tmp_path, supervisor, fake_engine, client, chat_runner
+):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
-    env.update(LOKI_NATS_URL=nats_url, LOKI_REDIS_URL=redis_db, LOKI_HOME=str(tmp_path / "h"),
-               LOKI_SECRET_KEY=SECRET, LOKI_LOCK_TTL_S="30", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "loki_chat"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env.update(
+        LOKI_NATS_URL=nats_url,
+        LOKI_REDIS_URL=redis_db,
+        LOKI_HOME=str(tmp_path / "h"),
+        LOKI_SECRET_KEY=SECRET,
+        LOKI_LOCK_TTL_S="30",
+        PYTHONUNBUFFERED="1",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loki_chat"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        fake_engine.push(Stream(frames=[chunk({"content": f"s{i} "}) for i in range(400)],
-                                delay_s=0.02))
+        fake_engine.push(
+            Stream(frames=[chunk({"content": f"s{i} "}) for i in range(400)], delay_s=0.02)
+        )
         deadline = time.monotonic() + 20
         while True:
             try:
                 reply = await client.send("go")
                 assert reply.error is None
                 break
-            except Exception:  # noqa: BLE001 - not subscribed yet
+            except Exception:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)

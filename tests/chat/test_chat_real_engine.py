@@ -10,7 +10,6 @@ import asyncio
 
 import httpx
 import pytest
-
 from conftest import FakeSupervisor
 
 pytestmark = pytest.mark.engine

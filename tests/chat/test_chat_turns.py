@@ -7,7 +7,6 @@ import json
 import time
 
 import httpx
-
 from fakes.fake_engine import (
     Drop,
     HTTPError,
@@ -26,14 +25,16 @@ from loki_shared.messages.recall import ToolReply, ToolRequest
 def _prefix(body: bytes) -> bytes:
     """The bytes of a request body up to the end of its ``messages`` array's last item."""
     text = body.decode()
-    end = json.dumps(json.loads(text)["messages"], ensure_ascii=False, sort_keys=True,
-                     separators=(",", ":"))
+    end = json.dumps(
+        json.loads(text)["messages"], ensure_ascii=False, sort_keys=True, separators=(",", ":")
+    )
     assert text.startswith('{"messages":' + end)
     return ('{"messages":' + end[:-1]).encode()
 
 
-async def test_prefix_byte_identical_across_turns_and_restarts(chat_runner, supervisor, client,
-                                                               fake_engine):
+async def test_prefix_byte_identical_across_turns_and_restarts(
+    chat_runner, supervisor, client, fake_engine
+):
     svc = await chat_runner.start()
     fake_engine.push(text_reply("Hello"), tool_reply([("c1", "ping", "")]), text_reply("pong!"))
     cid, _ = await client.turn("Hi")
@@ -56,18 +57,25 @@ async def test_prefix_byte_identical_across_turns_and_restarts(chat_runner, supe
 
 async def test_parallel_tool_calls_split_fragments_in_index_order(chat, client, fake_engine):
     fake_engine.push(
-        tool_reply([("c0", "echo", '{"text": "first"}'), ("c1", "ping", "")],
-                   content="Let me check.", split=4, resend_name=True, interleave=True),
-        text_reply("Both done"))
+        tool_reply(
+            [("c0", "echo", '{"text": "first"}'), ("c1", "ping", "")],
+            content="Let me check.",
+            split=4,
+            resend_name=True,
+            interleave=True,
+        ),
+        text_reply("Both done"),
+    )
     cid, end = await client.turn("do both")
     assert end.finish_reason == "stop"
     second = fake_engine.requests[1].json["messages"]
     assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "tool"]
     assistant = second[2]
     assert assistant["content"] == "Let me check."
-    assert [(c["id"], c["function"]["name"], c["function"]["arguments"])
-            for c in assistant["tool_calls"]] == [("c0", "echo", '{"text": "first"}'),
-                                                  ("c1", "ping", "")]
+    assert [
+        (c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in assistant["tool_calls"]
+    ] == [("c0", "echo", '{"text": "first"}'), ("c1", "ping", "")]
     assert second[3] == {"role": "tool", "tool_call_id": "c0", "content": '{"text": "first"}'}
     assert second[4] == {"role": "tool", "tool_call_id": "c1", "content": "pong"}
     state = await client.state(cid)
@@ -82,7 +90,8 @@ async def test_parallel_tool_calls_split_fragments_in_index_order(chat, client, 
 async def test_text_form_tool_call_is_executed(chat, client, fake_engine):
     fake_engine.push(
         text_reply('<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'),
-        text_reply("Echoed"))
+        text_reply("Echoed"),
+    )
     cid, end = await client.turn("echo hi")
     msgs = fake_engine.requests[1].json["messages"]
     assert msgs[2]["tool_calls"][0]["function"] == {"name": "echo", "arguments": '{"text": "hi"}'}
@@ -90,8 +99,9 @@ async def test_text_form_tool_call_is_executed(chat, client, fake_engine):
     assert end.finish_reason == "stop"
 
 
-async def test_invalid_json_arguments_not_executed_history_keeps_empty_object(chat, client,
-                                                                              fake_engine):
+async def test_invalid_json_arguments_not_executed_history_keeps_empty_object(
+    chat, client, fake_engine
+):
     calls = []
     chat.toolbox.specs["echo"].run = lambda a: calls.append(a) or asyncio.sleep(0, "x")
     fake_engine.push(tool_reply([("c0", "echo", '{"text": "unterminated')]), text_reply("ok"))
@@ -138,9 +148,16 @@ async def test_recall_unreachable_then_reachable(chat, client, fake_engine, nc):
 
 
 async def test_mid_stream_error_keeps_partial_marked(chat, client, fake_engine):
-    fake_engine.push(Stream(frames=[chunk({"role": "assistant", "content": "Half an "}),
-                                    chunk({"content": "answer"}), error_frame("kv cache full")],
-                            done=False))
+    fake_engine.push(
+        Stream(
+            frames=[
+                chunk({"role": "assistant", "content": "Half an "}),
+                chunk({"content": "answer"}),
+                error_frame("kv cache full"),
+            ],
+            done=False,
+        )
+    )
     cid, end = await client.turn("q")
     assert end.finish_reason == "error" and "kv cache full" in end.loki["error"]
     state = await client.state(cid)
@@ -153,7 +170,11 @@ async def test_mid_stream_error_keeps_partial_marked(chat, client, fake_engine):
 async def test_stream_without_done_is_an_error_with_partial_kept(chat, client, fake_engine):
     fake_engine.push(Stream(frames=[chunk({"content": "cut he"})], done=False, end="abort"))
     cid, end = await client.turn("q")
-    assert end.finish_reason == "error" and "DONE" in end.loki["error"] or "broken" in end.loki["error"]
+    assert (
+        end.finish_reason == "error"
+        and "DONE" in end.loki["error"]
+        or "broken" in end.loki["error"]
+    )
     assert (await client.state(cid)).messages[-1].content == "cut he"
     fake_engine.push(Stream(frames=[chunk({"content": "clean end"})], done=False, end="clean"))
     _, end2 = await client.turn("q2", cid)
@@ -179,8 +200,16 @@ async def test_retry_before_first_byte_then_success(chat, client, fake_engine):
 
 
 async def test_retry_count_restarts_once_a_response_arrived(chat, client, fake_engine):
-    fake_engine.push(HTTPError(503), HTTPError(503), HTTPError(503), tool_reply([("c0", "ping", "")]),
-                     HTTPError(502), HTTPError(502), HTTPError(502), text_reply("done"))
+    fake_engine.push(
+        HTTPError(503),
+        HTTPError(503),
+        HTTPError(503),
+        tool_reply([("c0", "ping", "")]),
+        HTTPError(502),
+        HTTPError(502),
+        HTTPError(502),
+        text_reply("done"),
+    )
     cid, end = await client.turn("q")
     assert end.finish_reason == "stop" and len(fake_engine.requests) == 8
 
@@ -219,8 +248,10 @@ async def test_stop_interrupts_retry_pause(chat_runner, supervisor, client, fake
 
 
 async def test_500_replay_tool_choice_none_then_no_tools(chat, client, fake_engine):
-    fake_engine.push(HTTPError(500, {"error": {"code": 500, "message": "Failed to parse tool call"}}),
-                     text_reply("Plain answer"))
+    fake_engine.push(
+        HTTPError(500, {"error": {"code": 500, "message": "Failed to parse tool call"}}),
+        text_reply("Plain answer"),
+    )
     cid, end = await client.turn("Bonjour")
     first, replay = (r.json for r in fake_engine.requests)
     assert replay["tool_choice"] == "none" and replay["tools"] == first["tools"]
@@ -260,14 +291,22 @@ class RecordingPolicy:
         return False
 
 
-async def test_overflow_compacts_then_replays_other_refusals_never(chat_runner, supervisor,
-                                                                  client, fake_engine):
+async def test_overflow_compacts_then_replays_other_refusals_never(
+    chat_runner, supervisor, client, fake_engine
+):
     policy = RecordingPolicy({"reactive"})
     await chat_runner.start(policy=policy)
     fake_engine.push(text_reply("one"))
     cid, _ = await client.turn("first")
-    overflow = {"error": {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 5000,
-                          "n_ctx": 4096, "message": "the request exceeds the available context size"}}
+    overflow = {
+        "error": {
+            "code": 400,
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 5000,
+            "n_ctx": 4096,
+            "message": "the request exceeds the available context size",
+        }
+    }
     fake_engine.push(HTTPError(400, overflow), text_reply("after compaction"))
     _, end = await client.turn("second", cid)
     assert end.finish_reason == "stop"
@@ -280,14 +319,16 @@ async def test_overflow_compacts_then_replays_other_refusals_never(chat_runner, 
     assert end.finish_reason == "error" and "reactive" not in [t for t, _ in policy.calls]
 
 
-async def test_pool_exhaustion_with_two_slots_replayed_as_is(chat_runner, supervisor, client,
-                                                             fake_engine):
+async def test_pool_exhaustion_with_two_slots_replayed_as_is(
+    chat_runner, supervisor, client, fake_engine
+):
     policy = RecordingPolicy({"reactive"})
     supervisor.total_slots = 2
     await chat_runner.start(policy=policy)
-    fake_engine.push(HTTPError(500, {"error": {"code": 500,
-                                               "message": "Context size has been exceeded."}}),
-                     text_reply("ok"))
+    fake_engine.push(
+        HTTPError(500, {"error": {"code": 500, "message": "Context size has been exceeded."}}),
+        text_reply("ok"),
+    )
     cid, end = await client.turn("q")
     assert end.finish_reason == "stop"
     a, b = fake_engine.requests
@@ -295,8 +336,11 @@ async def test_pool_exhaustion_with_two_slots_replayed_as_is(chat_runner, superv
 
 
 async def test_reasoning_only_gets_two_act_reminders(chat, client, fake_engine):
-    fake_engine.push(text_reply("", reasoning="thinking"), text_reply("", reasoning="more"),
-                     text_reply("", reasoning="still"))
+    fake_engine.push(
+        text_reply("", reasoning="thinking"),
+        text_reply("", reasoning="more"),
+        text_reply("", reasoning="still"),
+    )
     cid, end = await client.turn("Do it")
     assert len(fake_engine.requests) == 3
     # behind the user's message: sent once at its end, never stored, never two user messages
@@ -306,8 +350,9 @@ async def test_reasoning_only_gets_two_act_reminders(chat, client, fake_engine):
     assert [m.role for m in msgs] == ["system", "user"] and msgs[1].content == "Do it"
 
 
-async def test_budget_reminder_persisted_as_sent_and_marked(chat_runner, supervisor, client,
-                                                            fake_engine):
+async def test_budget_reminder_persisted_as_sent_and_marked(
+    chat_runner, supervisor, client, fake_engine
+):
     await chat_runner.start(step_budget=2)
     fake_engine.push(tool_reply([("c0", "ping", "")]), text_reply("final"))
     cid, end = await client.turn("go")
@@ -320,12 +365,15 @@ async def test_budget_reminder_persisted_as_sent_and_marked(chat_runner, supervi
     fake_engine.push(text_reply("next"))
     await client.turn("next q", cid)
     assert fake_engine.requests[2].json["messages"][:6] == sent + [
-        {"role": "assistant", "content": "final"}]
+        {"role": "assistant", "content": "final"}
+    ]
 
 
 async def test_unanswered_reminder_removed_on_error(chat_runner, supervisor, client, fake_engine):
     await chat_runner.start(step_budget=2)
-    fake_engine.push(tool_reply([("c0", "ping", "")]), HTTPError(400, {"error": {"message": "bad"}}))
+    fake_engine.push(
+        tool_reply([("c0", "ping", "")]), HTTPError(400, {"error": {"message": "bad"}})
+    )
     cid, end = await client.turn("go")
     assert end.finish_reason == "error"
     msgs = (await client.state(cid)).messages
@@ -342,9 +390,18 @@ async def test_reasoning_echo_off_and_on(chat_runner, supervisor, client, fake_e
     await chat_runner.stop(svc)
     await chat_runner.start(reasoning_echo=True)
     fake_engine.clear()
-    overflow = {"error": {"type": "exceed_context_size_error", "message": "exceeds the available context size"}}
-    fake_engine.push(text_reply("C", reasoning="because"), text_reply("D"),
-                     HTTPError(400, overflow), text_reply("E"))
+    overflow = {
+        "error": {
+            "type": "exceed_context_size_error",
+            "message": "exceeds the available context size",
+        }
+    }
+    fake_engine.push(
+        text_reply("C", reasoning="because"),
+        text_reply("D"),
+        HTTPError(400, overflow),
+        text_reply("E"),
+    )
     cid2, _ = await client.turn("q1")
     await client.turn("q2", cid2)
     sent = fake_engine.requests[1].json["messages"][2]
@@ -446,10 +503,15 @@ async def test_conversations_list_rename_export_delete(chat, client, fake_engine
 
 
 async def test_tolerant_final_chunk_and_ctx_used(chat, client, fake_engine):
-    fake_engine.push(text_reply("ok", reasoning="abc", pieces=3,
-                                usage={"prompt_tokens": 50, "completion_tokens": 9,
-                                       "total_tokens": "59"},
-                                timings={"cache_n": "bad", "prompt_n": 50, "predicted_n": 9}))
+    fake_engine.push(
+        text_reply(
+            "ok",
+            reasoning="abc",
+            pieces=3,
+            usage={"prompt_tokens": 50, "completion_tokens": 9, "total_tokens": "59"},
+            timings={"cache_n": "bad", "prompt_n": 50, "predicted_n": 9},
+        )
+    )
     cid, end = await client.turn("q")
     assert end.usage == {"prompt_tokens": 50, "completion_tokens": 9}
     assert end.timings == {"prompt_n": 50, "predicted_n": 9}

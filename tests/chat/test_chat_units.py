@@ -22,8 +22,11 @@ from loki_shared.messages.engine import Lease
 
 
 def test_sse_multibyte_split_byte_by_byte():
-    frame = ("data: " + json.dumps({"choices": [{"delta": {"content": "héllo 🙂 世界"}}]},
-                                   ensure_ascii=False) + "\n\n").encode()
+    frame = (
+        "data: "
+        + json.dumps({"choices": [{"delta": {"content": "héllo 🙂 世界"}}]}, ensure_ascii=False)
+        + "\n\n"
+    ).encode()
     dec = SSEDecoder()
     out = []
     for i in range(len(frame)):
@@ -41,26 +44,72 @@ def test_sse_crlf_comments_and_multiline_data():
 
 def test_tool_calls_assembled_by_index_name_replaces():
     acc = StepAccumulator()
-    acc.apply({"choices": [{"delta": {"tool_calls": [
-        {"index": 1, "id": "b", "type": "function", "function": {"name": "echo", "arguments": '{"te'}}]}}]})
-    acc.apply({"choices": [{"delta": {"tool_calls": [
-        {"index": 0, "id": "a", "function": {"name": "ping", "arguments": ""}}]}}]})
-    acc.apply({"choices": [{"delta": {"tool_calls": [
-        {"index": 1, "function": {"name": "echo", "arguments": 'xt":"x"}'}}]}}]})
+    acc.apply(
+        {
+            "choices": [
+                {
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 1,
+                                "id": "b",
+                                "type": "function",
+                                "function": {"name": "echo", "arguments": '{"te'},
+                            }
+                        ]
+                    }
+                }
+            ]
+        }
+    )
+    acc.apply(
+        {
+            "choices": [
+                {
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "id": "a", "function": {"name": "ping", "arguments": ""}}
+                        ]
+                    }
+                }
+            ]
+        }
+    )
+    acc.apply(
+        {
+            "choices": [
+                {
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 1, "function": {"name": "echo", "arguments": 'xt":"x"}'}}
+                        ]
+                    }
+                }
+            ]
+        }
+    )
     calls = acc.ordered_calls()
     assert [(c.index, c.id, c.name, c.arguments) for c in calls] == [
-        (0, "a", "ping", ""), (1, "b", "echo", '{"text":"x"}')]
+        (0, "a", "ping", ""),
+        (1, "b", "echo", '{"text":"x"}'),
+    ]
 
 
 def test_timings_usage_tolerant_decode():
-    t = decode_timings({"cache_n": "12", "prompt_n": 30, "predicted_n": True,
-                        "prompt_ms": 5, "draft_n": None})
+    t = decode_timings(
+        {"cache_n": "12", "prompt_n": 30, "predicted_n": True, "prompt_ms": 5, "draft_n": None}
+    )
     assert t == {"prompt_n": 30, "prompt_ms": 5.0}
     assert "cache_n" not in t  # unknown, not 0
     assert decode_usage({"prompt_tokens": 10, "completion_tokens": "x"}) == {"prompt_tokens": 10}
     acc = StepAccumulator()
-    acc.apply({"choices": [], "usage": {"prompt_tokens": 7, "total_tokens": [1]},
-               "timings": {"cache_n": 3.5, "prompt_n": 7}})
+    acc.apply(
+        {
+            "choices": [],
+            "usage": {"prompt_tokens": 7, "total_tokens": [1]},
+            "timings": {"cache_n": 3.5, "prompt_n": 7},
+        }
+    )
     assert acc.usage == {"prompt_tokens": 7} and acc.timings == {"prompt_n": 7}
     assert acc.raw_timings == {"cache_n": 3.5, "prompt_n": 7}  # perf gets the raw object
 
@@ -73,9 +122,17 @@ def test_text_tool_calls_recognised():
 
 
 def test_wire_never_two_consecutive_user_messages_and_no_loki_marks():
-    msgs = [ChatMessage(role="user", content="a"), ChatMessage(role="user", content="b"),
-            ChatMessage(role="assistant", content="x", loki=LokiMeta(stopped=True),
-                        reasoning_content="r", reasoning_model="m")]
+    msgs = [
+        ChatMessage(role="user", content="a"),
+        ChatMessage(role="user", content="b"),
+        ChatMessage(
+            role="assistant",
+            content="x",
+            loki=LokiMeta(stopped=True),
+            reasoning_content="r",
+            reasoning_model="m",
+        ),
+    ]
     wire = wire_messages("sys", msgs, suffix="note")
     assert [m["role"] for m in wire] == ["system", "user", "assistant"]
     assert wire[1]["content"] == "a\n\nb"
@@ -86,8 +143,9 @@ def test_wire_never_two_consecutive_user_messages_and_no_loki_marks():
 
 
 def test_llama_only_fields_never_go_to_an_external_api():
-    s = Settings(chat_template_kwargs={"enable_thinking": False}, top_k=40, min_p=0.05,
-                 temperature=0.7)
+    s = Settings(
+        chat_template_kwargs={"enable_thinking": False}, top_k=40, min_p=0.05, temperature=0.7
+    )
     local = build_payload(s, Lease(base_url="u", id_slot=0, model="m"), [], [])
     assert local["chat_template_kwargs"] == {"enable_thinking": False}
     assert local["id_slot"] == 0 and local["top_k"] == 40 and local["min_p"] == 0.05
@@ -119,12 +177,21 @@ def test_overflow_recognised_only_from_labels_or_90_percent():
     def err(body, status=400):
         return EngineHTTPError("x", status=status, body=body)
 
-    llama = json.dumps({"error": {"type": "exceed_context_size_error", "n_prompt_tokens": 5000,
-                                  "n_ctx": 4096, "message": "request (5000 tokens) exceeds the "
-                                  "available context size (4096 tokens)"}})
+    llama = json.dumps(
+        {
+            "error": {
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 5000,
+                "n_ctx": 4096,
+                "message": "request (5000 tokens) exceeds the available context size (4096 tokens)",
+            }
+        }
+    )
     kind, info = classify_refusal(err(llama), 100, 4096)
     assert kind == "overflow" and info.n_prompt_tokens == 5000 and info.n_ctx == 4096
-    assert classify_refusal(err('{"error":{"code":"context_length_exceeded"}}'), 0, 0)[0] == "overflow"
+    assert (
+        classify_refusal(err('{"error":{"code":"context_length_exceeded"}}'), 0, 0)[0] == "overflow"
+    )
     assert classify_refusal(err("Context size has been exceeded.", 500), 100, 4096)[0] == "pool"
     assert classify_refusal(err("template error", 500), 100, 4096)[0] == "other"
     assert classify_refusal(err("template error", 500), 3700, 4096)[0] == "overflow"
@@ -134,8 +201,12 @@ def test_overflow_recognised_only_from_labels_or_90_percent():
 def test_ctx_used_counts_prompt_plus_generated_sent_back():
     meter = ContextMeter()
     msgs = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="yo")]
-    meter.record({"prompt_tokens": 100, "completion_tokens": 30}, reasoning_pieces=20,
-                 reasoning_sent_back=False, count=2)
+    meter.record(
+        {"prompt_tokens": 100, "completion_tokens": 30},
+        reasoning_pieces=20,
+        reasoning_sent_back=False,
+        count=2,
+    )
     assert meter.used("sys", msgs) == 110
     meter.record({"prompt_tokens": 100, "completion_tokens": 30}, 20, True, 2)
     assert meter.used("sys", msgs) == 130

@@ -50,18 +50,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "Drop",
     "FakeEngine",
+    "HTTPError",
     "RecordedRequest",
     "Stream",
-    "HTTPError",
-    "Drop",
     "chunk",
-    "final_chunk",
     "error_frame",
-    "text_reply",
-    "tool_reply",
+    "final_chunk",
     "split_writes",
     "sse",
+    "text_reply",
+    "tool_reply",
 ]
 
 _ids = itertools.count(1)
@@ -70,11 +70,12 @@ _ids = itertools.count(1)
 def sse(obj: dict[str, Any] | str) -> bytes:
     """One SSE frame: ``data: <json>\\n\\n`` (a ``str`` is sent after ``data: `` as is)."""
     payload = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
-    return f"data: {payload}\n\n".encode("utf-8")
+    return f"data: {payload}\n\n".encode()
 
 
-def chunk(delta: dict[str, Any] | None = None, finish_reason: str | None = None,
-          model: str = "fake-model") -> dict[str, Any]:
+def chunk(
+    delta: dict[str, Any] | None = None, finish_reason: str | None = None, model: str = "fake-model"
+) -> dict[str, Any]:
     """A ``chat.completion.chunk`` with one choice holding ``delta``."""
     return {
         "id": "chatcmpl-fake",
@@ -86,8 +87,11 @@ def chunk(delta: dict[str, Any] | None = None, finish_reason: str | None = None,
     }
 
 
-def final_chunk(usage: dict[str, Any] | None = None, timings: dict[str, Any] | None = None,
-                model: str = "fake-model") -> dict[str, Any]:
+def final_chunk(
+    usage: dict[str, Any] | None = None,
+    timings: dict[str, Any] | None = None,
+    model: str = "fake-model",
+) -> dict[str, Any]:
     """llama-server's last chunk: ``choices: []`` with ``usage`` and ``timings``."""
     out: dict[str, Any] = {
         "id": "chatcmpl-fake",
@@ -179,10 +183,16 @@ def split_writes(frame: dict[str, Any], at_char: str) -> list[bytes]:
     return [raw[:pos], raw[pos:]]
 
 
-def text_reply(content: str = "ok", *, reasoning: str | None = None, pieces: int = 3,
-               finish_reason: str = "stop", delay_s: float = 0.0,
-               usage: dict[str, Any] | None = None, timings: dict[str, Any] | None = None,
-               ) -> Stream:
+def text_reply(
+    content: str = "ok",
+    *,
+    reasoning: str | None = None,
+    pieces: int = 3,
+    finish_reason: str = "stop",
+    delay_s: float = 0.0,
+    usage: dict[str, Any] | None = None,
+    timings: dict[str, Any] | None = None,
+) -> Stream:
     """A streamed reply: optional ``reasoning_content`` pieces, then ``content`` in about
     ``pieces`` deltas, then ``finish_reason`` and the final chunk."""
     frames: list[dict[str, Any] | str | bytes] = [chunk({"role": "assistant", "content": None})]
@@ -195,10 +205,17 @@ def text_reply(content: str = "ok", *, reasoning: str | None = None, pieces: int
     return Stream(frames=frames, delay_s=delay_s, usage=usage, timings=timings)
 
 
-def tool_reply(calls: list[tuple[str, str, str]], *, content: str | None = None,
-               split: int = 3, resend_name: bool = False, delay_s: float = 0.0,
-               usage: dict[str, Any] | None = None, timings: dict[str, Any] | None = None,
-               interleave: bool = False) -> Stream:
+def tool_reply(
+    calls: list[tuple[str, str, str]],
+    *,
+    content: str | None = None,
+    split: int = 3,
+    resend_name: bool = False,
+    delay_s: float = 0.0,
+    usage: dict[str, Any] | None = None,
+    timings: dict[str, Any] | None = None,
+    interleave: bool = False,
+) -> Stream:
     """A streamed reply calling tools natively.
 
     Args:
@@ -275,8 +292,9 @@ class FakeEngine:
         n_ctx: reported by ``/props`` and ``/slots``.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, n_ctx: int = 4096,
-                 total_slots: int = 1) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, n_ctx: int = 4096, total_slots: int = 1
+    ) -> None:
         self.host = host
         self.port = port
         self.n_ctx = n_ctx
@@ -296,7 +314,7 @@ class FakeEngine:
         self._ready = threading.Event()
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> "FakeEngine":
+    def start(self) -> FakeEngine:
         """Start serving in a background thread; returns once the port is bound."""
         self._thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
         self._thread.start()
@@ -312,7 +330,7 @@ class FakeEngine:
         if self._thread:
             self._thread.join(5)
 
-    def __enter__(self) -> "FakeEngine":
+    def __enter__(self) -> FakeEngine:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -424,35 +442,54 @@ class FakeEngine:
             except Exception:  # noqa: BLE001 - closing a dead socket
                 pass
 
-    async def _send_json(self, writer: asyncio.StreamWriter, status: int, obj: Any,
-                         extra: dict[str, str] | None = None) -> None:
+    async def _send_json(
+        self,
+        writer: asyncio.StreamWriter,
+        status: int,
+        obj: Any,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         data = obj.encode("utf-8") if isinstance(obj, str) else json.dumps(obj).encode()
         ctype = "text/plain" if isinstance(obj, str) else "application/json"
-        head = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}",
-                f"Content-Length: {len(data)}"]
+        head = [f"HTTP/1.1 {status} X", f"Content-Type: {ctype}", f"Content-Length: {len(data)}"]
         head += [f"{k}: {v}" for k, v in (extra or {}).items()]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
         await writer.drain()
 
-    async def _route(self, method: str, path: str, headers: dict[str, str], body: bytes,
-                     writer: asyncio.StreamWriter) -> bool:
+    async def _route(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
         path_only = path.split("?", 1)[0]
         if method == "GET" and path_only == "/health":
             await self._send_json(writer, 200, {"status": "ok"})
             return True
         if method == "GET" and path_only == "/props":
-            await self._send_json(writer, 200, {
-                "total_slots": self.total_slots,
-                "default_generation_settings": {"n_ctx": self.n_ctx},
-                "build_info": "b0-fake", "model_path": "fake.gguf",
-            })
+            await self._send_json(
+                writer,
+                200,
+                {
+                    "total_slots": self.total_slots,
+                    "default_generation_settings": {"n_ctx": self.n_ctx},
+                    "build_info": "b0-fake",
+                    "model_path": "fake.gguf",
+                },
+            )
             return True
         if method == "GET" and path_only == "/slots":
             busy = self.active_streams
-            await self._send_json(writer, 200, [
-                {"id": i, "n_ctx": self.n_ctx, "is_processing": i < busy}
-                for i in range(self.total_slots)
-            ])
+            await self._send_json(
+                writer,
+                200,
+                [
+                    {"id": i, "n_ctx": self.n_ctx, "is_processing": i < busy}
+                    for i in range(self.total_slots)
+                ],
+            )
             return True
         if method == "POST" and path_only in ("/v1/chat/completions", "/chat/completions"):
             record = RecordedRequest(method, path, headers, body, time.time())
@@ -461,12 +498,14 @@ class FakeEngine:
                 response = self.script.popleft() if self.script else _copy(self.default)
                 self._cond.notify_all()
             return await self._play(response, record, writer)
-        await self._send_json(writer, 404, {"error": {"code": 404, "message": "not found",
-                                                      "type": "not_found_error"}})
+        await self._send_json(
+            writer, 404, {"error": {"code": 404, "message": "not found", "type": "not_found_error"}}
+        )
         return True
 
-    async def _play(self, response: Response, record: RecordedRequest,
-                    writer: asyncio.StreamWriter) -> bool:
+    async def _play(
+        self, response: Response, record: RecordedRequest, writer: asyncio.StreamWriter
+    ) -> bool:
         if isinstance(response, Drop):
             return False
         if isinstance(response, HTTPError):
@@ -477,15 +516,24 @@ class FakeEngine:
         except ValueError:
             request = {}
         include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-        head = ["HTTP/1.1 200 OK", "Content-Type: text/event-stream",
-                "Transfer-Encoding: chunked", "Cache-Control: no-cache"]
+        head = [
+            "HTTP/1.1 200 OK",
+            "Content-Type: text/event-stream",
+            "Transfer-Encoding: chunked",
+            "Cache-Control: no-cache",
+        ]
         head += [f"{k}: {v}" for k, v in response.headers.items()]
         writes: list[bytes] = []
         for frame in response.frames:
             writes.append(frame if isinstance(frame, bytes) else sse(frame))
         if response.final and include_usage and response.end == "clean" and response.done:
-            writes.append(sse(final_chunk(response.usage or default_usage(),
-                                          response.timings or default_timings())))
+            writes.append(
+                sse(
+                    final_chunk(
+                        response.usage or default_usage(), response.timings or default_timings()
+                    )
+                )
+            )
         if response.done:
             writes.append(b"data: [DONE]\n\n")
         with self._cond:

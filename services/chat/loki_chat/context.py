@@ -46,8 +46,13 @@ class ContextMeter:
     measured: int | None = None
     measured_count: int = 0
 
-    def record(self, usage: dict[str, Any] | None, reasoning_pieces: int,
-               reasoning_sent_back: bool, count: int) -> None:
+    def record(
+        self,
+        usage: dict[str, Any] | None,
+        reasoning_pieces: int,
+        reasoning_sent_back: bool,
+        count: int,
+    ) -> None:
         """Take the measure of a completion whose reply is now message ``count - 1``.
         Without ``usage.prompt_tokens`` the measure is dropped (estimates take over)."""
         prompt = (usage or {}).get("prompt_tokens")
@@ -72,14 +77,15 @@ class ContextMeter:
         """``ctx_used`` in tokens (see the module docstring)."""
         if self.measured is None or self.measured_count > len(messages):
             return estimate_tokens({"role": "system", "content": system_prompt}) + sum(
-                estimate_tokens(m) for m in messages)
-        return self.measured + sum(estimate_tokens(m) for m in messages[self.measured_count:])
+                estimate_tokens(m) for m in messages
+            )
+        return self.measured + sum(estimate_tokens(m) for m in messages[self.measured_count :])
 
     def to_dict(self) -> dict[str, Any]:
         return {"measured": self.measured, "measured_count": self.measured_count}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "ContextMeter":
+    def from_dict(cls, data: dict[str, Any] | None) -> ContextMeter:
         data = data or {}
         return cls(measured=data.get("measured"), measured_count=data.get("measured_count", 0))
 
@@ -111,7 +117,7 @@ class ContextView:
             (async context manager yielding a Lease), ``settings``).
     """
 
-    conversation: "Conversation"
+    conversation: Conversation
     trigger: Trigger
     n_ctx: int
     ctx_used: int
@@ -132,5 +138,5 @@ class ContextPolicy(Protocol):
 class NoCompaction:
     """The default policy: never compacts."""
 
-    async def maybe_compact(self, view: ContextView) -> bool:  # noqa: D102
+    async def maybe_compact(self, view: ContextView) -> bool:
         return False

@@ -42,19 +42,34 @@ class Conversation:
     turn_open: bool = False
     meter: ContextMeter = field(default_factory=ContextMeter)
 
-    def new_event(self, delta: dict[str, Any] | None = None, *, finish_reason: str | None = None,
-                  usage: dict[str, Any] | None = None, timings: dict[str, Any] | None = None,
-                  loki: dict[str, Any] | None = None) -> ChatEvent:
+    def new_event(
+        self,
+        delta: dict[str, Any] | None = None,
+        *,
+        finish_reason: str | None = None,
+        usage: dict[str, Any] | None = None,
+        timings: dict[str, Any] | None = None,
+        loki: dict[str, Any] | None = None,
+    ) -> ChatEvent:
         """Append a display event with the next seq and return it (the same object that is
         published live)."""
         self.seq += 1
-        event = ChatEvent(conversation=self.id, seq=self.seq, ts=time.time(),
-                          delta=delta or {}, finish_reason=finish_reason, usage=usage,
-                          timings=timings, loki=loki)
+        event = ChatEvent(
+            conversation=self.id,
+            seq=self.seq,
+            ts=time.time(),
+            delta=delta or {},
+            finish_reason=finish_reason,
+            usage=usage,
+            timings=timings,
+            loki=loki,
+        )
         self.log.append(event)
         return event
 
-    def events_after(self, after_seq: int, limit: int | None = None) -> tuple[list[ChatEvent], bool]:
+    def events_after(
+        self, after_seq: int, limit: int | None = None
+    ) -> tuple[list[ChatEvent], bool]:
         """Events with ``seq > after_seq`` (and whether ``limit`` cut the list)."""
         start = 0
         if self.log:
@@ -85,7 +100,7 @@ class Conversation:
         }
 
     @classmethod
-    def from_blob(cls, data: dict[str, Any]) -> "Conversation":
+    def from_blob(cls, data: dict[str, Any]) -> Conversation:
         return cls(
             id=data["id"],
             title=data.get("title", ""),
@@ -100,5 +115,9 @@ class Conversation:
         )
 
     def info(self) -> dict[str, Any]:
-        return {"id": self.id, "title": self.title, "created": self.created,
-                "updated": self.updated}
+        return {
+            "id": self.id,
+            "title": self.title,
+            "created": self.created,
+            "updated": self.updated,
+        }

@@ -64,15 +64,23 @@ class EngineClient:
         read_timeout_s: longest silence inside a stream before it counts as broken.
     """
 
-    def __init__(self, http: httpx.AsyncClient, retry_delays: list[float],
-                 read_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, retry_delays: list[float], read_timeout_s: float = 600.0
+    ) -> None:
         self.http = http
         self.retry_delays = list(retry_delays)
         self.timeout = httpx.Timeout(connect=10.0, read=read_timeout_s, write=30.0, pool=10.0)
 
-    async def stream(self, base_url: str, body: bytes, *, api_key: str | None,
-                     stop: asyncio.Event, on_delta: DeltaSink,
-                     on_retry: RetrySink | None = None) -> StepResult:
+    async def stream(
+        self,
+        base_url: str,
+        body: bytes,
+        *,
+        api_key: str | None,
+        stop: asyncio.Event,
+        on_delta: DeltaSink,
+        on_retry: RetrySink | None = None,
+    ) -> StepResult:
         """Send ``body`` (canonical JSON bytes) and stream the answer.
 
         ``on_delta`` receives the display deltas of each chunk (see
@@ -80,9 +88,7 @@ class EngineClient:
         ``error`` says what failed; ``stopped`` is set when ``stop`` fired first.
         """
         result = StepResult()
-        task = asyncio.create_task(
-            self._run(base_url, body, api_key, result, on_delta, on_retry)
-        )
+        task = asyncio.create_task(self._run(base_url, body, api_key, result, on_delta, on_retry))
         stopper = asyncio.create_task(stop.wait())
         try:
             done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -103,8 +109,15 @@ class EngineClient:
             stopper.cancel()
         return result
 
-    async def _run(self, base_url: str, body: bytes, api_key: str | None, result: StepResult,
-                   on_delta: DeltaSink, on_retry: RetrySink | None) -> None:
+    async def _run(
+        self,
+        base_url: str,
+        body: bytes,
+        api_key: str | None,
+        result: StepResult,
+        on_delta: DeltaSink,
+        on_retry: RetrySink | None,
+    ) -> None:
         url = base_url.rstrip("/") + "/v1/chat/completions"
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
@@ -116,8 +129,9 @@ class EngineClient:
             t0 = time.monotonic()
             reason = ""
             try:
-                async with self.http.stream("POST", url, content=body, headers=headers,
-                                            timeout=self.timeout) as resp:
+                async with self.http.stream(
+                    "POST", url, content=body, headers=headers, timeout=self.timeout
+                ) as resp:
                     if resp.status_code != 200:
                         text = (await resp.aread()).decode("utf-8", "replace")
                         if resp.status_code in RETRY_STATUSES and attempt < len(self.retry_delays):
@@ -125,7 +139,9 @@ class EngineClient:
                         else:
                             result.error = EngineHTTPError(
                                 f"engine answered HTTP {resp.status_code}: {text[:300]}",
-                                status=resp.status_code, body=text)
+                                status=resp.status_code,
+                                body=text,
+                            )
                             return
                     else:
                         await self._consume(resp, result, on_delta, t0)
@@ -143,14 +159,19 @@ class EngineClient:
                     return
             delay = self.retry_delays[attempt]
             attempt += 1
-            log.warning("engine request failed before the first byte (%s); retry %d in %.1f s",
-                        reason, attempt, delay)
+            log.warning(
+                "engine request failed before the first byte (%s); retry %d in %.1f s",
+                reason,
+                attempt,
+                delay,
+            )
             if on_retry is not None:
                 await on_retry(attempt, delay, reason)
             await asyncio.sleep(delay)
 
-    async def _consume(self, resp: httpx.Response, result: StepResult, on_delta: DeltaSink,
-                       t0: float) -> None:
+    async def _consume(
+        self, resp: httpx.Response, result: StepResult, on_delta: DeltaSink, t0: float
+    ) -> None:
         decoder = SSEDecoder()
         acc = result.acc
         async for data in resp.aiter_bytes():
@@ -179,8 +200,9 @@ class EngineClient:
             result.cut = True
             result.error = StreamError("the stream ended without data: [DONE]")
 
-    def _handle(self, payload: str, result: StepResult,
-                t0: float) -> tuple[bool, list[dict[str, Any]]]:
+    def _handle(
+        self, payload: str, result: StepResult, t0: float
+    ) -> tuple[bool, list[dict[str, Any]]]:
         """Apply one SSE data payload; return (``[DONE]`` seen, display deltas)."""
         if payload.strip() == DONE:
             return True, []
@@ -194,8 +216,9 @@ class EngineClient:
         except StreamErrorPayload as exc:
             result.cut = True
             result.total_ms = (time.monotonic() - t0) * 1000
-            result.error = StreamError(f"engine error mid-stream: {exc}",
-                                       body=json.dumps(exc.error, ensure_ascii=False))
+            result.error = StreamError(
+                f"engine error mid-stream: {exc}", body=json.dumps(exc.error, ensure_ascii=False)
+            )
             return False, []
         if deltas and result.ttft_ms is None:
             result.ttft_ms = (time.monotonic() - t0) * 1000

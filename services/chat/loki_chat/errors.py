@@ -40,8 +40,14 @@ class StepError(ChatError):
         before_first_byte: no byte of a 200 response had been streamed.
     """
 
-    def __init__(self, message: str, *, status: int | None = None, body: str = "",
-                 before_first_byte: bool = True) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: str = "",
+        before_first_byte: bool = True,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.body = body

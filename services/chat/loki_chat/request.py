@@ -30,9 +30,13 @@ from loki_shared.messages.engine import Lease
 from .settings import Settings
 
 
-def wire_messages(system_prompt: str, messages: list[ChatMessage], *,
-                  echo_model: str | None = None, suffix: str | None = None,
-                  ) -> list[dict[str, Any]]:
+def wire_messages(
+    system_prompt: str,
+    messages: list[ChatMessage],
+    *,
+    echo_model: str | None = None,
+    suffix: str | None = None,
+) -> list[dict[str, Any]]:
     """The ``messages`` array sent to the engine.
 
     Args:
@@ -49,9 +53,12 @@ def wire_messages(system_prompt: str, messages: list[ChatMessage], *,
             item["content"] = message.content if message.content is not None else ""
             if message.tool_calls:
                 item["tool_calls"] = [c.model_dump(exclude_none=True) for c in message.tool_calls]
-            if (echo_model and message.reasoning_content
-                    and message.reasoning_model == echo_model
-                    and (message.content or message.tool_calls)):
+            if (
+                echo_model
+                and message.reasoning_content
+                and message.reasoning_model == echo_model
+                and (message.content or message.tool_calls)
+            ):
                 item["reasoning_content"] = message.reasoning_content
         elif message.role == "tool":
             item["content"] = message.content if message.content is not None else ""
@@ -76,9 +83,14 @@ def _join(a: Any, b: Any) -> Any:
     return parts_a + parts_b
 
 
-def build_payload(settings: Settings, lease: Lease, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None, *, tool_choice: str | None = None,
-                  ) -> dict[str, Any]:
+def build_payload(
+    settings: Settings,
+    lease: Lease,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    tool_choice: str | None = None,
+) -> dict[str, Any]:
     """The request body as a dict (see the module rules). ``tools`` None or empty: no
     ``tools`` key (the no-tools fallback)."""
     payload: dict[str, Any] = {

@@ -27,8 +27,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel
-
 from loki_shared import subjects
 from loki_shared.messages.base import ErrorInfo, Reply
 from loki_shared.messages.chat import (
@@ -56,10 +54,10 @@ from loki_shared.messages.engine import (
     RenewRequest,
 )
 from loki_shared.messages.perf import PerfRecord
-from loki_shared.messages.recall import ToolReply, ToolRequest
+from pydantic import BaseModel
 
 from .compaction import CompactionPolicy
-from .context import ContextPolicy, ContextView, NoCompaction
+from .context import ContextPolicy, ContextView
 from .conversation import Conversation
 from .engine import EngineClient
 from .errors import ChatError, ConversationNotFound, FencedWrite, LeaseError, NotOwner
@@ -76,7 +74,7 @@ R = TypeVar("R", bound=BaseModel)
 class Actor:
     """The owner-side state of one conversation (implements the turn loop's host)."""
 
-    def __init__(self, svc: "ChatService", conv: Conversation, lock_value: str) -> None:
+    def __init__(self, svc: ChatService, conv: Conversation, lock_value: str) -> None:
         self.svc = svc
         self.conv = conv
         self.lock_value = lock_value
@@ -125,8 +123,9 @@ class Actor:
         while True:
             await asyncio.sleep(max(0.5, lease.ttl_s / 2))
             try:
-                await self.svc.request(subjects.ENGINE_RENEW, RenewRequest(lease_id=lease.lease_id),
-                                       Lease, 5.0)
+                await self.svc.request(
+                    subjects.ENGINE_RENEW, RenewRequest(lease_id=lease.lease_id), Lease, 5.0
+                )
             except Exception:  # noqa: BLE001 - the release or the stream will tell
                 log.warning("lease %s renewal failed", lease.lease_id)
 
@@ -151,12 +150,21 @@ class Actor:
         what was queued."""
         if self.conv.turn_open:
             self.conv.turn_open = False
-            while self.conv.messages and self.conv.messages[-1].loki and \
-                    self.conv.messages[-1].loki.injected in ("budget", "act"):
+            while (
+                self.conv.messages
+                and self.conv.messages[-1].loki
+                and self.conv.messages[-1].loki.injected in ("budget", "act")
+            ):
                 self.conv.messages.pop()
-            await self.emit({}, finish_reason="error",
-                            loki={"event": "turn_end", "error": "interrupted: the chat service "
-                                  "serving this turn stopped", "interrupted": True})
+            await self.emit(
+                {},
+                finish_reason="error",
+                loki={
+                    "event": "turn_end",
+                    "error": "interrupted: the chat service serving this turn stopped",
+                    "interrupted": True,
+                },
+            )
             await self.persist()
         if self.conv.pending:
             self._ensure_worker()
@@ -179,14 +187,14 @@ class Actor:
             text = self.conv.pending[0]
             try:
                 await TurnRunner(self, text).run()
-            except Exception:  # noqa: BLE001 - keep serving the queue
+            except Exception:
                 log.exception("turn failed in %s", self.conv.id)
                 if self.conv.pending and self.conv.pending[0] == text:
                     self.conv.pending.pop(0)
                 self.conv.turn_open = False
                 try:
                     await self.persist()
-                except Exception:  # noqa: BLE001 - Redis down: the next step retries
+                except Exception:
                     log.exception("could not persist %s", self.conv.id)
                     await asyncio.sleep(1)
             self.last_access = time.monotonic()
@@ -212,8 +220,15 @@ class ChatService:
             :class:`NoCompaction` never compacts).
     """
 
-    def __init__(self, settings: Settings, broker: Any, store: Store, http: httpx.AsyncClient,
-                 toolbox: ToolBox | None = None, policy: ContextPolicy | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        broker: Any,
+        store: Store,
+        http: httpx.AsyncClient,
+        toolbox: ToolBox | None = None,
+        policy: ContextPolicy | None = None,
+    ) -> None:
         self.settings = settings
         self.broker = broker
         self.store = store
@@ -268,12 +283,13 @@ class ChatService:
             return reply_type(error=ErrorInfo(type="busy", message=str(exc)))
         except ChatError as exc:
             return reply_type(error=ErrorInfo(type="unavailable", message=str(exc)))
-        except Exception as exc:  # noqa: BLE001 - an answer, never a silent timeout
+        except Exception as exc:
             log.exception("handler failed")
             return reply_type(error=ErrorInfo(type="internal", message=str(exc)))
 
-    async def request(self, subject: str, message: BaseModel, reply_type: type[R],
-                      timeout: float) -> R:
+    async def request(
+        self, subject: str, message: BaseModel, reply_type: type[R], timeout: float
+    ) -> R:
         """NATS request/reply with a typed reply (raises on no responders or timeout)."""
         msg = await self.broker.request(message, subject, timeout=timeout)
         return reply_type.model_validate_json(msg.body)
@@ -302,10 +318,13 @@ class ChatService:
         """
         wait = max(1.0, self.settings.lease_timeout_s - 5)
         try:
-            lease = await self.request(subjects.ENGINE_LEASE,
-                                       LeaseRequest(kind="main", conversation=cid, wait_s=wait),
-                                       Lease, self.settings.lease_timeout_s)
-        except Exception as exc:  # noqa: BLE001
+            lease = await self.request(
+                subjects.ENGINE_LEASE,
+                LeaseRequest(kind="main", conversation=cid, wait_s=wait),
+                Lease,
+                self.settings.lease_timeout_s,
+            )
+        except Exception as exc:
             raise LeaseError(f"no lease from the engine supervisor ({type(exc).__name__})") from exc
         if lease.error is not None:
             raise LeaseError(lease.error.message)
@@ -319,8 +338,11 @@ class ChatService:
         if not lease.lease_id:
             return
         usage = usage or {}
-        req = ReleaseRequest(lease_id=lease.lease_id, prompt_tokens=usage.get("prompt_tokens"),
-                             cached_tokens=usage.get("cached_tokens"))
+        req = ReleaseRequest(
+            lease_id=lease.lease_id,
+            prompt_tokens=usage.get("prompt_tokens"),
+            cached_tokens=usage.get("cached_tokens"),
+        )
         try:
             await self.request(subjects.ENGINE_RELEASE, req, ReleaseReply, 5.0)
         except Exception:  # noqa: BLE001 - the lease expires by itself
@@ -334,13 +356,26 @@ class ChatService:
         return info.total_slots or None
 
     def policy_extra(self) -> dict[str, Any]:
-        return {"broker": self.broker, "http": self.http, "settings": self.settings,
-                "lease": self.lease, "release": self.release, "store": self.store}
+        return {
+            "broker": self.broker,
+            "http": self.http,
+            "settings": self.settings,
+            "lease": self.lease,
+            "release": self.release,
+            "store": self.store,
+        }
 
     # -- ownership ------------------------------------------------------------------------
-    async def owned(self, cid: str, op: str, payload: BaseModel, reply_type: type[R],
-                    local: Callable[[Actor], Awaitable[R]], create: bool = False,
-                    forwarded: bool = False) -> R:
+    async def owned(
+        self,
+        cid: str,
+        op: str,
+        payload: BaseModel,
+        reply_type: type[R],
+        local: Callable[[Actor], Awaitable[R]],
+        create: bool = False,
+        forwarded: bool = False,
+    ) -> R:
         """Run ``local`` in the owner of ``cid``: here (taking the lock if free) or forwarded
         to the instance that holds it. A dead owner's lock is waited out (its expiry).
 
@@ -361,16 +396,22 @@ class ChatService:
                 try:
                     msg = await self.broker.request(
                         ForwardRequest(op=op, payload=payload.model_dump()),
-                        subjects.chat_instance(owner), timeout=5.0)
+                        subjects.chat_instance(owner),
+                        timeout=5.0,
+                    )
                     reply = reply_type.model_validate_json(msg.body)
-                    if not (isinstance(reply, Reply) and reply.error is not None
-                            and reply.error.type == "busy"):
+                    if not (
+                        isinstance(reply, Reply)
+                        and reply.error is not None
+                        and reply.error.type == "busy"
+                    ):
                         return reply
                 except Exception:  # noqa: BLE001 - owner dead or slow: wait for the lock
                     log.info("owner %s of %s does not answer; waiting for its lock", owner, cid)
             if time.monotonic() > deadline:
-                raise NotOwner(f"conversation {cid} is owned by an instance that does not answer",
-                               owner)
+                raise NotOwner(
+                    f"conversation {cid} is owned by an instance that does not answer", owner
+                )
             await asyncio.sleep(0.25)
 
     async def _take(self, cid: str, create: bool) -> Actor | None:
@@ -413,8 +454,9 @@ class ChatService:
         if msg.op not in ops:
             return Reply(error=ErrorInfo(type="invalid_request", message=msg.op)).model_dump()
         req_type, fn, reply_type = ops[msg.op]
-        reply = await self.guarded(fn(req_type.model_validate(msg.payload), forwarded=True),
-                                   reply_type)
+        reply = await self.guarded(
+            fn(req_type.model_validate(msg.payload), forwarded=True), reply_type
+        )
         return reply.model_dump()
 
     async def _read(self, cid: str) -> tuple[Actor | None, Conversation]:
@@ -442,8 +484,15 @@ class ChatService:
             queued = await actor.enqueue(req.content)
             return SendReply(conversation=cid, queued=queued)
 
-        return await self.owned(cid, "send", req.model_copy(update={"conversation": cid}),
-                                SendReply, local, create=True, forwarded=forwarded)
+        return await self.owned(
+            cid,
+            "send",
+            req.model_copy(update={"conversation": cid}),
+            SendReply,
+            local,
+            create=True,
+            forwarded=forwarded,
+        )
 
     async def control(self, req: ControlRequest, forwarded: bool = False) -> ControlReply:
         """``stop`` the running turn (partial reply kept, marked stopped); ``reset`` the
@@ -468,36 +517,49 @@ class ChatService:
             if actor.busy:
                 return ControlReply(ok=False, detail="a turn is running")
             conv = actor.conv
-            view = ContextView(conversation=conv, trigger="manual", n_ctx=0,
-                               ctx_used=conv.meter.used(self.settings.system_prompt,
-                                                        conv.messages),
-                               emit=lambda d, l: actor.emit(d, loki=l),
-                               extra=self.policy_extra())
+            view = ContextView(
+                conversation=conv,
+                trigger="manual",
+                n_ctx=0,
+                ctx_used=conv.meter.used(self.settings.system_prompt, conv.messages),
+                emit=lambda delta, meta: actor.emit(delta, loki=meta),
+                extra=self.policy_extra(),
+            )
             changed = await self.policy.maybe_compact(view)
             if changed:
                 await actor.persist()
-            return ControlReply(ok=bool(changed),
-                                detail="compacted" if changed else "nothing compacted")
+            return ControlReply(
+                ok=bool(changed), detail="compacted" if changed else "nothing compacted"
+            )
 
-        return await self.owned(req.conversation, "control", req, ControlReply, local,
-                                forwarded=forwarded)
+        return await self.owned(
+            req.conversation, "control", req, ControlReply, local, forwarded=forwarded
+        )
 
     async def state(self, req: StateRequest, forwarded: bool = False) -> StateReply:
         """Model-view messages (system first), ``ctx_used``, and the turn's status."""
         actor, conv = await self._read(req.conversation)
         if actor is None and (conv.turn_open or conv.pending):
-            return await self.owned(req.conversation, "state", req, StateReply,
-                                    lambda a: self._state_of(a, a.conv), forwarded=forwarded)
+            return await self.owned(
+                req.conversation,
+                "state",
+                req,
+                StateReply,
+                lambda a: self._state_of(a, a.conv),
+                forwarded=forwarded,
+            )
         return await self._state_of(actor, conv)
 
     async def _state_of(self, actor: Actor | None, conv: Conversation) -> StateReply:
         system = ChatMessage(role="system", content=self.settings.system_prompt)
         return StateReply(
-            conversation=conv.id, messages=[system, *conv.messages],
+            conversation=conv.id,
+            messages=[system, *conv.messages],
             ctx_used=conv.meter.used(self.settings.system_prompt, conv.messages),
-            generating=bool(actor and actor.busy), queued=len(conv.pending) - int(
-                bool(actor and actor.busy and conv.pending)),
-            last_seq=conv.seq)
+            generating=bool(actor and actor.busy),
+            queued=len(conv.pending) - int(bool(actor and actor.busy and conv.pending)),
+            last_seq=conv.seq,
+        )
 
     async def replay(self, req: ReplayRequest, forwarded: bool = False) -> ReplayReply:
         """Display events after ``after_seq`` (the owner's in-memory Log when owned here)."""
@@ -505,20 +567,31 @@ class ChatService:
         if actor is None:
             owner = await self.store.owner(req.conversation)
             if owner and owner != self.instance and not forwarded:
-                return await self.owned(req.conversation, "replay", req, ReplayReply,
-                                        lambda a: self._replay_of(a.conv, req))
+                return await self.owned(
+                    req.conversation,
+                    "replay",
+                    req,
+                    ReplayReply,
+                    lambda a: self._replay_of(a.conv, req),
+                )
             if conv.turn_open or conv.pending:
-                return await self.owned(req.conversation, "replay", req, ReplayReply,
-                                        lambda a: self._replay_of(a.conv, req),
-                                        forwarded=forwarded)
+                return await self.owned(
+                    req.conversation,
+                    "replay",
+                    req,
+                    ReplayReply,
+                    lambda a: self._replay_of(a.conv, req),
+                    forwarded=forwarded,
+                )
         return await self._replay_of(conv, req)
 
     async def _replay_of(self, conv: Conversation, req: ReplayRequest) -> ReplayReply:
         events, more = conv.events_after(req.after_seq, req.limit)
         return ReplayReply(events=list(events), last_seq=conv.seq, more=more)
 
-    async def conversations(self, req: ConversationsRequest,
-                            forwarded: bool = False) -> ConversationsReply:
+    async def conversations(
+        self, req: ConversationsRequest, forwarded: bool = False
+    ) -> ConversationsReply:
         """``list`` (newest first), ``create``, ``rename``, ``delete`` (the stored blob is
         removed), ``export`` (messages and log)."""
         if req.action == "list":
@@ -533,18 +606,31 @@ class ChatService:
                     await actor.persist()
                 return ConversationsReply(conversation=ConversationInfo(**actor.conv.info()))
 
-            return await self.owned(cid, "conversations", req, ConversationsReply, created,
-                                    create=True, forwarded=forwarded)
+            return await self.owned(
+                cid,
+                "conversations",
+                req,
+                ConversationsReply,
+                created,
+                create=True,
+                forwarded=forwarded,
+            )
         if not req.conversation:
             raise ChatError("conversation id required")
         cid = req.conversation
         if req.action == "export":
             _, conv = await self._read(cid)
-            return ConversationsReply(conversation=ConversationInfo(**conv.info()), export={
-                "id": conv.id, "title": conv.title, "created": conv.created,
-                "system": self.settings.system_prompt,
-                "messages": [m.model_dump(exclude_none=True) for m in conv.messages],
-                "log": [e.model_dump(exclude_none=True) for e in conv.log]})
+            return ConversationsReply(
+                conversation=ConversationInfo(**conv.info()),
+                export={
+                    "id": conv.id,
+                    "title": conv.title,
+                    "created": conv.created,
+                    "system": self.settings.system_prompt,
+                    "messages": [m.model_dump(exclude_none=True) for m in conv.messages],
+                    "log": [e.model_dump(exclude_none=True) for e in conv.log],
+                },
+            )
 
         async def local(actor: Actor) -> ConversationsReply:
             if req.action == "rename":
@@ -558,8 +644,9 @@ class ChatService:
             self.actors.pop(cid, None)
             return ConversationsReply(conversation=ConversationInfo(**actor.conv.info()))
 
-        return await self.owned(cid, "conversations", req, ConversationsReply, local,
-                                forwarded=forwarded)
+        return await self.owned(
+            cid, "conversations", req, ConversationsReply, local, forwarded=forwarded
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -585,12 +672,15 @@ class ChatService:
                         self.actors.pop(cid, None)
                         continue
                     idle = time.monotonic() - actor.last_access
-                    if not actor.busy and not actor.conv.pending and \
-                            idle > self.settings.idle_release_s:
+                    if (
+                        not actor.busy
+                        and not actor.conv.pending
+                        and idle > self.settings.idle_release_s
+                    ):
                         self.actors.pop(cid, None)
                         actor.lost = True
                         await self.store.release(cid, actor.lock_value)
-                except Exception:  # noqa: BLE001 - Redis hiccup: try again next period
+                except Exception:
                     log.warning("lock keeping of %s failed", cid, exc_info=True)
 
     async def close(self) -> None:

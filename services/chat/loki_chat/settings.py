@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from loki_shared.settings import LokiSettings
+from pydantic import Field
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Loki, a helpful assistant. Answer in the user's language. "

@@ -20,7 +20,6 @@ import json
 import uuid
 
 import redis.asyncio as aioredis
-
 from loki_shared.sealing import Sealer
 
 from .conversation import Conversation
@@ -81,8 +80,9 @@ class Store:
         lock_ttl_s: lock expiry in seconds.
     """
 
-    def __init__(self, client: aioredis.Redis, sealer: Sealer, instance: str,
-                 lock_ttl_s: float) -> None:
+    def __init__(
+        self, client: aioredis.Redis, sealer: Sealer, instance: str, lock_ttl_s: float
+    ) -> None:
         self.r = client
         self.sealer = sealer
         self.instance = instance
@@ -136,11 +136,13 @@ class Store:
             FencedWrite: the lock is no longer this owner's.
         """
         key = conv_key(conv.id)
-        blob = self.sealer.seal(json.dumps(conv.to_blob(), ensure_ascii=False).encode(),
-                                key.encode())
+        blob = self.sealer.seal(
+            json.dumps(conv.to_blob(), ensure_ascii=False).encode(), key.encode()
+        )
         info = self.sealer.seal(json.dumps(conv.info()).encode(), f"{INDEX}:{conv.id}".encode())
-        ok = await self._write(keys=[lock_key(conv.id), key, INDEX],
-                               args=[lock_value, blob, conv.id, info])
+        ok = await self._write(
+            keys=[lock_key(conv.id), key, INDEX], args=[lock_value, blob, conv.id, info]
+        )
         if not ok:
             raise FencedWrite(f"lock of {conv.id} lost; write refused")
 

@@ -27,8 +27,12 @@ DONE = "[DONE]"
 TIMING_INTS = ("cache_n", "prompt_n", "predicted_n", "draft_n", "draft_n_accepted")
 #: Float fields of ``timings`` (milliseconds and tokens per second).
 TIMING_FLOATS = (
-    "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
-    "predicted_ms", "predicted_per_token_ms", "predicted_per_second",
+    "prompt_ms",
+    "prompt_per_token_ms",
+    "prompt_per_second",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "predicted_per_second",
 )
 USAGE_INTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -91,7 +95,7 @@ def _event_data(text: str) -> str | None:
         line = line.rstrip("\r")
         if line.startswith("data:"):
             value = line[5:]
-            lines.append(value[1:] if value.startswith(" ") else value)
+            lines.append(value.removeprefix(" "))
     return "\n".join(lines) if lines else None
 
 

@@ -104,14 +104,21 @@ class ToolBox:
         args, reason = parse_arguments(arguments)
         if args is None:
             return ToolOutcome(
-                text=(f"Error: the arguments of this call to `{name}` are not valid JSON "
-                      f"({reason}). The call was NOT executed. Send the call again with "
-                      f"its arguments as one JSON object, for example {_example(spec)}."),
-                executed=False, arguments="{}")
+                text=(
+                    f"Error: the arguments of this call to `{name}` are not valid JSON "
+                    f"({reason}). The call was NOT executed. Send the call again with "
+                    f"its arguments as one JSON object, for example {_example(spec)}."
+                ),
+                executed=False,
+                arguments="{}",
+            )
         if spec is None:
             known = ", ".join(self.specs) or "none"
-            return ToolOutcome(text=f"Error: there is no tool named `{name}`. Tools: {known}.",
-                               executed=False, arguments=arguments)
+            return ToolOutcome(
+                text=f"Error: there is no tool named `{name}`. Tools: {known}.",
+                executed=False,
+                arguments=arguments,
+            )
         try:
             text = await spec.run(args)
         except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's to see
@@ -123,29 +130,38 @@ def cut_for_model(text: str, limit: int) -> str:
     """The model's view of a result: at most ``limit`` characters plus a note when cut."""
     if len(text) <= limit:
         return text
-    return (text[:limit] + f"\n\n[Result cut at {limit} of {len(text)} characters. "
-            "Make a more targeted call (a narrower query, a range or a part) to see the rest.]")
+    return (
+        text[:limit] + f"\n\n[Result cut at {limit} of {len(text)} characters. "
+        "Make a more targeted call (a narrower query, a range or a part) to see the rest.]"
+    )
 
 
-UNREACHABLE = ("The archive (recall service) is unreachable right now; nothing was "
-               "recalled. Try the call again in a moment.")
+UNREACHABLE = (
+    "The archive (recall service) is unreachable right now; nothing was "
+    "recalled. Try the call again in a moment."
+)
 
 
-def recall_tools(request: Callable[[str, ToolRequest, type[ToolReply], float],
-                                   Awaitable[ToolReply]],
-                 timeout_s: float) -> list[ToolSpec]:
+def recall_tools(
+    request: Callable[[str, ToolRequest, type[ToolReply], float], Awaitable[ToolReply]],
+    timeout_s: float,
+) -> list[ToolSpec]:
     """``recall`` and ``recall_search``, forwarded to ``loki.recall.tool``.
 
-    ``request(subject, message, reply_type, timeout)`` sends the NATS request and returns the decoded
-    reply; any exception from it (no responders, timeout, bad reply) becomes the
-    "unreachable" result.
+    ``request(subject, message, reply_type, timeout)`` sends the NATS request and returns
+    the decoded reply; any exception from it (no responders, timeout, bad reply) becomes
+    the "unreachable" result.
     """
 
     def make(name: str) -> ToolFn:
         async def run(args: dict[str, Any]) -> str:
             try:
-                reply = await request(subjects.RECALL_TOOL, ToolRequest(name=name, arguments=args),
-                                      ToolReply, timeout_s)
+                reply = await request(
+                    subjects.RECALL_TOOL,
+                    ToolRequest(name=name, arguments=args),
+                    ToolReply,
+                    timeout_s,
+                )
             except Exception as exc:  # noqa: BLE001 - unreachable for any reason
                 log.warning("recall tool %s unreachable: %r", name, exc)
                 return UNREACHABLE
@@ -158,21 +174,24 @@ def recall_tools(request: Callable[[str, ToolRequest, type[ToolReply], float],
     return [
         ToolSpec(
             name="recall",
-            description=("Bring back, verbatim, an archived block cited as recall:r<seq> "
-                         "in a summary."),
-            parameters={"type": "object",
-                        "properties": {"id": {"type": "string",
-                                              "description": "the block id, e.g. r12"}},
-                        "required": ["id"]},
+            description=(
+                "Bring back, verbatim, an archived block cited as recall:r<seq> in a summary."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {"id": {"type": "string", "description": "the block id, e.g. r12"}},
+                "required": ["id"],
+            },
             run=make("recall"),
         ),
         ToolSpec(
             name="recall_search",
             description="Find archived blocks of earlier conversation by keywords.",
-            parameters={"type": "object",
-                        "properties": {"query": {"type": "string",
-                                                 "description": "keywords"}},
-                        "required": ["query"]},
+            parameters={
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "keywords"}},
+                "required": ["query"],
+            },
             run=make("recall_search"),
         ),
     ]

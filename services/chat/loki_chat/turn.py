@@ -65,12 +65,17 @@ log = logging.getLogger("loki.chat.turn")
 #: removes when they were left unanswered.
 REMINDER_KINDS = ("budget", "act")
 
-BUDGET_REMINDER = ("[Loki] This is the last step of this turn: answer the user now with "
-                   "what you have, without calling a tool.")
-ACT_REMINDER = ("[Loki] You reasoned but neither answered nor called a tool. Act now: "
-                "answer the user, or call the tool you need.")
-NO_TOOL_INSTRUCTION = ("(Answer the user directly now, in the user's language, with text "
-                       "only: do not call any tool.)")
+BUDGET_REMINDER = (
+    "[Loki] This is the last step of this turn: answer the user now with "
+    "what you have, without calling a tool."
+)
+ACT_REMINDER = (
+    "[Loki] You reasoned but neither answered nor called a tool. Act now: "
+    "answer the user, or call the tool you need."
+)
+NO_TOOL_INSTRUCTION = (
+    "(Answer the user directly now, in the user's language, with text only: do not call any tool.)"
+)
 
 MAX_ACT_REMINDERS = 2
 MAX_COMPACTIONS_PER_STEP = 2
@@ -157,8 +162,12 @@ class TurnRunner:
         """Run the states until the turn ends. Never raises for engine or tool trouble."""
         state: State | None = self.begin
         while state is not None:
-            if self.host.stop.is_set() and state not in (self.finish, self.begin, self.assess,
-                                                         self.tools):
+            if self.host.stop.is_set() and state not in (
+                self.finish,
+                self.begin,
+                self.assess,
+                self.tools,
+            ):
                 self.outcome.stopped = True
                 state = self.finish
             state = await state()
@@ -172,9 +181,12 @@ class TurnRunner:
                 conv.pending.pop(0)
             conv.messages.append(ChatMessage(role="user", content=self.user_text))
             if not conv.title:
-                conv.title = self.user_text.strip().splitlines()[0][:60] if self.user_text.strip() else ""
-            await self.host.emit({"role": "user", "content": self.user_text},
-                                 loki={"event": "user"})
+                conv.title = (
+                    self.user_text.strip().splitlines()[0][:60] if self.user_text.strip() else ""
+                )
+            await self.host.emit(
+                {"role": "user", "content": self.user_text}, loki={"event": "user"}
+            )
         conv.turn_open = True
         await self.host.persist()
         return await self.check("start", then=self.build)
@@ -210,13 +222,25 @@ class TurnRunner:
             self.lease_n_ctx = lease.n_ctx
             self.model = lease.model
             self.external = lease.external
-            echo_model = (lease.model if self.settings.reasoning_echo and not lease.external
-                          and self.plan.echo else None)
-            wire = wire_messages(self.settings.system_prompt, self.conv.messages,
-                                 echo_model=echo_model, suffix=self.plan.suffix)
+            echo_model = (
+                lease.model
+                if self.settings.reasoning_echo and not lease.external and self.plan.echo
+                else None
+            )
+            wire = wire_messages(
+                self.settings.system_prompt,
+                self.conv.messages,
+                echo_model=echo_model,
+                suffix=self.plan.suffix,
+            )
             tools = self.host.toolbox.schemas() if self.plan.mode != "no_tools" else None
-            payload = build_payload(self.settings, lease, wire, tools,
-                                    tool_choice="none" if self.plan.mode == "none" else None)
+            payload = build_payload(
+                self.settings,
+                lease,
+                wire,
+                tools,
+                tool_choice="none" if self.plan.mode == "none" else None,
+            )
             body = encode(payload)
             self.sent_wire = wire
             self.estimate_at_send = self.ctx_used()
@@ -233,20 +257,33 @@ class TurnRunner:
                     await host.emit(delta)
 
             async def on_retry(attempt: int, delay: float, reason: str) -> None:
-                await host.emit({}, loki={"event": "retry", "attempt": attempt,
-                                          "delay_s": delay, "reason": reason})
+                await host.emit(
+                    {},
+                    loki={"event": "retry", "attempt": attempt, "delay_s": delay, "reason": reason},
+                )
 
-            self.result = await host.engine.stream(lease.base_url, body, api_key=lease.api_key,
-                                                   stop=host.stop, on_delta=on_delta,
-                                                   on_retry=on_retry)
+            self.result = await host.engine.stream(
+                lease.base_url,
+                body,
+                api_key=lease.api_key,
+                stop=host.stop,
+                on_delta=on_delta,
+                on_retry=on_retry,
+            )
         finally:
             await host.release(lease, self.result.acc.usage if self.result else None)
         if self.result.responded:
             self.publish_perf(lease, wire)
         note = getattr(host.policy, "note_step", None)  # compaction: the slot holds this prompt
         if note is not None and self.result.error is None and not self.result.stopped:
-            note(self.conv.id, lease, body, self.result.acc.usage, len(self.conv.messages),
-                 len(self.result.acc.content))
+            note(
+                self.conv.id,
+                lease,
+                body,
+                self.result.acc.usage,
+                len(self.conv.messages),
+                len(self.result.acc.content),
+            )
         return self.assess
 
     async def assess(self) -> State:
@@ -269,7 +306,8 @@ class TurnRunner:
             return await self.refused(result.error)
         content = acc.content
         calls: list[tuple[str, str, str]] = [
-            (c.id, c.name, c.arguments) for c in acc.ordered_calls() if c.name]
+            (c.id, c.name, c.arguments) for c in acc.ordered_calls() if c.name
+        ]
         if self.sent_tools:
             content, text_calls = extract_text_tool_calls(content)
             base = len(self.conv.messages)
@@ -277,11 +315,14 @@ class TurnRunner:
                 calls.append((f"call_t{base}_{i}", name, args))
         if self.plan.mode == "none":
             if calls or not content.strip():
-                log.warning("replay with tool_choice none gave %s; falling back to no tools",
-                            "a tool call" if calls else "nothing")
+                log.warning(
+                    "replay with tool_choice none gave %s; falling back to no tools",
+                    "a tool call" if calls else "nothing",
+                )
                 self.plan.mode = "no_tools"
-                await self.host.emit({}, loki={"event": "discarded",
-                                               "reason": "tool call or empty under none"})
+                await self.host.emit(
+                    {}, loki={"event": "discarded", "reason": "tool call or empty under none"}
+                )
                 return self.complete
             self.plan.mode = "normal"
         elif self.plan.mode == "no_tools":
@@ -295,7 +336,10 @@ class TurnRunner:
             await self.host.persist()
             return self.finish
         # reasoning only, or nothing at all
-        if self.act_reminders < MAX_ACT_REMINDERS and self.outcome.steps < self.settings.step_budget:
+        if (
+            self.act_reminders < MAX_ACT_REMINDERS
+            and self.outcome.steps < self.settings.step_budget
+        ):
             self.act_reminders += 1
             await self.remind("act", ACT_REMINDER)
             return self.build
@@ -310,12 +354,19 @@ class TurnRunner:
             parsed, _ = parse_arguments(args)
             if parsed is None:
                 self.pending_invalid.add(call_id)
-            stored.append(ToolCall(id=call_id, function=ToolCallFunction(
-                name=name, arguments=args if parsed is not None else "{}")))
+            stored.append(
+                ToolCall(
+                    id=call_id,
+                    function=ToolCallFunction(
+                        name=name, arguments=args if parsed is not None else "{}"
+                    ),
+                )
+            )
         self.pending_calls = stored
         self.pending_raw = {c.id: a for c, (_, _, a) in zip(stored, calls)}
-        self.accept_message(ChatMessage(role="assistant", content=content or None,
-                                        tool_calls=stored))
+        self.accept_message(
+            ChatMessage(role="assistant", content=content or None, tool_calls=stored)
+        )
         await self.host.persist()
         return self.tools
 
@@ -335,11 +386,20 @@ class TurnRunner:
                     text = outcome.text
                 model_text = None
             model_text = cut_for_model(text, self.settings.tool_result_max)
-            self.conv.messages.append(ChatMessage(role="tool", tool_call_id=call.id,
-                                                  name=call.function.name, content=model_text))
-            await host.emit({"role": "tool", "tool_call_id": call.id,
-                             "name": call.function.name, "content": text},
-                            loki={"event": "tool_result"})
+            self.conv.messages.append(
+                ChatMessage(
+                    role="tool", tool_call_id=call.id, name=call.function.name, content=model_text
+                )
+            )
+            await host.emit(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "name": call.function.name,
+                    "content": text,
+                },
+                loki={"event": "tool_result"},
+            )
         self.pending_calls = []
         await host.persist()
         if self.outcome.stopped:
@@ -349,8 +409,11 @@ class TurnRunner:
     async def finish(self) -> None:
         conv = self.conv
         # a reminder left unanswered (stop, error, budget) never stays in the history
-        while conv.messages and conv.messages[-1].loki and \
-                conv.messages[-1].loki.injected in REMINDER_KINDS:
+        while (
+            conv.messages
+            and conv.messages[-1].loki
+            and conv.messages[-1].loki.injected in REMINDER_KINDS
+        ):
             conv.messages.pop()
         conv.turn_open = False
         if not self.outcome.stopped and self.outcome.error is None:
@@ -369,10 +432,14 @@ class TurnRunner:
         if self.outcome.error is not None:
             meta["error"] = self.outcome.error
         meta["ctx_used"] = conv.meter.used(self.settings.system_prompt, conv.messages)
-        await self.host.emit({}, finish_reason=finish, usage=self.outcome.usage,
-                             timings=self.outcome.timings, loki=meta)
+        await self.host.emit(
+            {},
+            finish_reason=finish,
+            usage=self.outcome.usage,
+            timings=self.outcome.timings,
+            loki=meta,
+        )
         await self.host.persist()
-        return None
 
     # -- helpers --------------------------------------------------------------------------
     async def refused(self, error: StepError) -> State:
@@ -389,8 +456,9 @@ class TurnRunner:
             if self.sent_echo and self.plan.echo:
                 self.plan.echo = False
                 return self.complete
-            if self.plan.compactions < MAX_COMPACTIONS_PER_STEP and \
-                    await self.compact("reactive", info):
+            if self.plan.compactions < MAX_COMPACTIONS_PER_STEP and await self.compact(
+                "reactive", info
+            ):
                 self.plan.compactions += 1
                 await self.host.persist()
                 return self.complete
@@ -415,13 +483,13 @@ class TurnRunner:
         conv = self.conv
         if conv.messages and conv.messages[-1].role == "user":
             self.plan.suffix = text if not self.plan.suffix else f"{self.plan.suffix}\n\n{text}"
-            await self.host.emit({}, loki={"event": "reminder", "injected": kind,
-                                           "stored": False})
+            await self.host.emit({}, loki={"event": "reminder", "injected": kind, "stored": False})
             return
-        conv.messages.append(ChatMessage(role="user", content=text,
-                                         loki=LokiMeta(injected=kind)))
-        await self.host.emit({"role": "user", "content": text},
-                             loki={"event": "reminder", "injected": kind, "stored": True})
+        conv.messages.append(ChatMessage(role="user", content=text, loki=LokiMeta(injected=kind)))
+        await self.host.emit(
+            {"role": "user", "content": text},
+            loki={"event": "reminder", "injected": kind, "stored": True},
+        )
         await self.host.persist()
 
     def accept_message(self, message: ChatMessage) -> None:
@@ -435,33 +503,57 @@ class TurnRunner:
         if isinstance(prompt, int) and prompt and self.estimate_at_send:
             gap = abs(self.estimate_at_send - prompt) / prompt
             if gap > 0.02:
-                log.info("[ctx] %s: estimate %d vs measured prompt %d (%.0f%%)", self.conv.id,
-                         self.estimate_at_send, prompt, gap * 100)
+                log.info(
+                    "[ctx] %s: estimate %d vs measured prompt %d (%.0f%%)",
+                    self.conv.id,
+                    self.estimate_at_send,
+                    prompt,
+                    gap * 100,
+                )
         if acc is not None:
-            self.conv.meter.record(acc.usage, acc.reasoning_pieces,
-                                   reasoning_sent_back=bool(echo and message.reasoning_content
-                                                            and (message.content or
-                                                                 message.tool_calls)),
-                                   count=len(self.conv.messages))
+            # only the local server's separated reasoning is subtracted; an external API's
+            # count is kept whole (its reasoning is not separated piece by piece)
+            sent_back = self.external or bool(
+                echo and message.reasoning_content and (message.content or message.tool_calls)
+            )
+            self.conv.meter.record(
+                acc.usage,
+                acc.reasoning_pieces,
+                reasoning_sent_back=sent_back,
+                count=len(self.conv.messages),
+            )
 
     async def keep_partial(self, *, stopped: bool = False, error: str | None = None) -> None:
         """Keep the partial text of a stopped or broken step, marked; drop partial calls."""
         acc = self.result.acc if self.result else None
         text = acc.content if acc else ""
         if text.strip():
-            self.accept_message(ChatMessage(role="assistant", content=text,
-                                            loki=LokiMeta(stopped=stopped, error=error)))
-        await self.host.emit({}, loki={"event": "stopped" if stopped else "error",
-                                       **({"message": error} if error else {})})
+            self.accept_message(
+                ChatMessage(
+                    role="assistant", content=text, loki=LokiMeta(stopped=stopped, error=error)
+                )
+            )
+        await self.host.emit(
+            {},
+            loki={
+                "event": "stopped" if stopped else "error",
+                **({"message": error} if error else {}),
+            },
+        )
 
     async def compact(self, trigger: Trigger, overflow: OverflowInfo | None = None) -> bool:
-        view = ContextView(conversation=self.conv, trigger=trigger, n_ctx=self.lease_n_ctx,
-                           ctx_used=self.ctx_used(), overflow=overflow,
-                           emit=lambda d, l: self.host.emit(d, loki=l),
-                           extra=self.host.policy_extra())
+        view = ContextView(
+            conversation=self.conv,
+            trigger=trigger,
+            n_ctx=self.lease_n_ctx,
+            ctx_used=self.ctx_used(),
+            overflow=overflow,
+            emit=lambda delta, meta: self.host.emit(delta, loki=meta),
+            extra=self.host.policy_extra(),
+        )
         try:
             return bool(await self.host.policy.maybe_compact(view))
-        except Exception:  # noqa: BLE001 - a compaction failure never breaks the turn
+        except Exception:
             log.exception("compaction (%s) failed", trigger)
             return False
 
@@ -494,20 +586,30 @@ class TurnRunner:
         result = self.result
         assert result is not None
         record = PerfRecord(
-            ts=time.time(), conversation=self.conv.id, kind="main", model=lease.model,
-            preset="external" if lease.external else "local", slot=lease.id_slot,
-            timings=result.acc.raw_timings, usage=result.acc.raw_usage,
-            ttft_ms=result.ttft_ms, total_ms=result.total_ms,
-            finish_reason=result.acc.finish_reason, cut=result.cut,
-            fingerprints=fingerprints(wire), roles=[m["role"] for m in wire])
+            ts=time.time(),
+            conversation=self.conv.id,
+            kind="main",
+            model=lease.model,
+            preset="external" if lease.external else "local",
+            slot=lease.id_slot,
+            timings=result.acc.raw_timings,
+            usage=result.acc.raw_usage,
+            ttft_ms=result.ttft_ms,
+            total_ms=result.total_ms,
+            finish_reason=result.acc.finish_reason,
+            cut=result.cut,
+            fingerprints=fingerprints(wire),
+            roles=[m["role"] for m in wire],
+        )
         self.host.publish_perf(record)
 
 
 _TOKENS_IN_TEXT = re.compile(r"\d+\s*tokens", re.IGNORECASE)
 
 
-def classify_refusal(error: StepError, ctx_used: int, n_ctx: int,
-                     pool: bool = True) -> tuple[str, OverflowInfo | None]:
+def classify_refusal(
+    error: StepError, ctx_used: int, n_ctx: int, pool: bool = True
+) -> tuple[str, OverflowInfo | None]:
     """Classify an engine refusal: ``"overflow"`` (with its info), ``"pool"`` (llama.cpp's
     "Context size has been exceeded." without a token count: a shared KV pool full, which
     the caller replays as is when two slots serve) or ``"other"``.
@@ -523,13 +625,18 @@ def classify_refusal(error: StepError, ctx_used: int, n_ctx: int,
         obj = json.loads(body)
         err = obj.get("error") if isinstance(obj, dict) else None
         if isinstance(err, dict):
-            n_prompt = err.get("n_prompt_tokens") if isinstance(err.get("n_prompt_tokens"), int) else None
+            n_prompt = (
+                err.get("n_prompt_tokens") if isinstance(err.get("n_prompt_tokens"), int) else None
+            )
             n_window = err.get("n_ctx") if isinstance(err.get("n_ctx"), int) else None
     except ValueError:
         pass
     info = OverflowInfo(status=error.status, body=body, n_prompt_tokens=n_prompt, n_ctx=n_window)
-    if ("exceed_context_size_error" in low or "exceeds the available context size" in low
-            or "context_length_exceeded" in low):
+    if (
+        "exceed_context_size_error" in low
+        or "exceeds the available context size" in low
+        or "context_length_exceeded" in low
+    ):
         return "overflow", info
     if pool and "context size has been exceeded" in low and not _TOKENS_IN_TEXT.search(body):
         return "pool", info

@@ -82,8 +82,10 @@ from .rules import (
 
 log = logging.getLogger("loki.chat.compaction")
 
-SUMMARY_HEADER = ("[Summary of the earlier conversation, written by Loki when it was "
-                  "compacted. Archived blocks come back verbatim with recall(id).]\n")
+SUMMARY_HEADER = (
+    "[Summary of the earlier conversation, written by Loki when it was "
+    "compacted. Archived blocks come back verbatim with recall(id).]\n"
+)
 REQUEST_HEADER = "\n\n[The request in progress]\n"
 
 #: Generations remembered for the generation guard.
@@ -163,8 +165,15 @@ class CompactionPolicy:
         return self.states.setdefault(cid, ConvState())
 
     # -- notes from the turn loop -----------------------------------------------------------
-    def note_step(self, cid: str, lease: Lease, body: bytes, usage: dict[str, Any] | None,
-                  count: int, generated_chars: int = 0) -> None:
+    def note_step(
+        self,
+        cid: str,
+        lease: Lease,
+        body: bytes,
+        usage: dict[str, Any] | None,
+        count: int,
+        generated_chars: int = 0,
+    ) -> None:
         """An accepted completion step of ``cid`` left for the engine with ``body`` and
         ``count`` model-view messages: the slot now holds this conversation's prompt
         (every other conversation's stamp is void), its generation size is remembered, and
@@ -174,16 +183,18 @@ class CompactionPolicy:
         st.since_step = 0
         st.reactive_done = False
         completion = (usage or {}).get("completion_tokens")
-        st.generations.append(completion if isinstance(completion, int)
-                              else generated_chars // 4)
+        st.generations.append(completion if isinstance(completion, int) else generated_chars // 4)
         if lease.n_ctx:
             self.n_ctx = lease.n_ctx
         try:
             decoded = json.loads(body)
         except ValueError:
             decoded = None
-        st.stamp = None if lease.external or not isinstance(decoded, dict) else Stamp(
-            decoded, count, lease.model, lease.n_ctx, lease.id_slot, self.epoch)
+        st.stamp = (
+            None
+            if lease.external or not isinstance(decoded, dict)
+            else Stamp(decoded, count, lease.model, lease.n_ctx, lease.id_slot, self.epoch)
+        )
 
     def _on_perf(self, record: PerfRecord) -> None:
         """Another request left for the engine: a stamp on its slot is void."""
@@ -192,8 +203,9 @@ class CompactionPolicy:
             if st is not None and st.stamp is not None and st.stamp.epoch == self.epoch:
                 return  # this conversation's own step
         for st in self.states.values():
-            if st.stamp is not None and (record.slot is None or st.stamp.id_slot is None
-                                         or record.slot == st.stamp.id_slot):
+            if st.stamp is not None and (
+                record.slot is None or st.stamp.id_slot is None or record.slot == st.stamp.id_slot
+            ):
                 st.stamp = None
 
     async def _subscribe_perf(self, broker: Any) -> None:
@@ -268,8 +280,14 @@ class CompactionPolicy:
         why = self.decide(view.trigger, view.ctx_used, n_ctx, st)
         if why is None:
             return False
-        log.info("[compact] %s: %s (%s), ctx_used %d of %d", conv.id, view.trigger, why,
-                 view.ctx_used, n_ctx)
+        log.info(
+            "[compact] %s: %s (%s), ctx_used %d of %d",
+            conv.id,
+            view.trigger,
+            why,
+            view.ctx_used,
+            n_ctx,
+        )
         return await self.compact(view, n_ctx, st)
 
     async def compact(self, view: ContextView, n_ctx: int, st: ConvState) -> bool:
@@ -293,8 +311,12 @@ class CompactionPolicy:
         gain = torso_est - estimate_tokens({"role": "user", "content": wrapper})
         if gain < 0.2 * max(before, 1):
             st.refused_at = before
-            log.info("[compact] %s: refused, an empty summary would save %d of %d tokens",
-                     conv.id, gain, before)
+            log.info(
+                "[compact] %s: refused, an empty summary would save %d of %d tokens",
+                conv.id,
+                gain,
+                before,
+            )
             await self._event(view, "refused", before, before, [], t0)
             if view.trigger == "reactive":
                 return await self._shrink(view, n_ctx, st, t0)
@@ -320,18 +342,26 @@ class CompactionPolicy:
             content = SUMMARY_HEADER + outcome.text
             if reinject and request is not None:
                 content += REQUEST_HEADER + text_of(request)
-            new = [ChatMessage(role="user", content=content,
-                               loki=LokiMeta(injected=SUMMARY_KIND)), *tail]
+            new = [
+                ChatMessage(role="user", content=content, loki=LokiMeta(injected=SUMMARY_KIND)),
+                *tail,
+            ]
         else:
             stripped = strip_torso(torso, ids)
             if stripped == torso:
-                log.warning("[compact] %s: summary failed (%s) and nothing to strip",
-                            conv.id, outcome.failure)
+                log.warning(
+                    "[compact] %s: summary failed (%s) and nothing to strip",
+                    conv.id,
+                    outcome.failure,
+                )
                 if view.trigger == "reactive":
                     return await self._shrink(view, n_ctx, st, t0)
                 return False
-            log.warning("[compact] %s: summary failed (%s); torso stripped of big blocks",
-                        conv.id, outcome.failure)
+            log.warning(
+                "[compact] %s: summary failed (%s); torso stripped of big blocks",
+                conv.id,
+                outcome.failure,
+            )
             new = [*stripped, *tail]
             path = "fallback"
         conv.messages[:] = new
@@ -340,8 +370,9 @@ class CompactionPolicy:
         st.since_step += 1
         if view.trigger == "reactive":
             st.reactive_done = True
-        await self._mark(view, path, before, after, archived, t0,
-                         summary=outcome.text, failure=outcome.failure)
+        await self._mark(
+            view, path, before, after, archived, t0, summary=outcome.text, failure=outcome.failure
+        )
         if view.trigger == "reactive" and view.overflow is not None:
             factor = _factor(view, before)
             if after * factor > 0.6 * n_ctx:
@@ -349,10 +380,17 @@ class CompactionPolicy:
         return True
 
     # -- summary ----------------------------------------------------------------------------
-    async def _summarise(self, view: ContextView, n_ctx: int, st: ConvState,
-                         torso: list[ChatMessage], b: int, ids: dict[tuple[int, str], str | None],
-                         big: set[tuple[int, str]], archived: list[str],
-                         ) -> tuple[SummaryOutcome, str]:
+    async def _summarise(
+        self,
+        view: ContextView,
+        n_ctx: int,
+        st: ConvState,
+        torso: list[ChatMessage],
+        b: int,
+        ids: dict[tuple[int, str], str | None],
+        big: set[tuple[int, str]],
+        archived: list[str],
+    ) -> tuple[SummaryOutcome, str]:
         budget = budget_tokens(n_ctx)
         conv = view.conversation
         if self._continuation_allowed(view, st, n_ctx, budget):
@@ -365,15 +403,20 @@ class CompactionPolicy:
             self.failures[model] = self.failures.get(model, 0) + 1
             if outcome.suspend or self.failures[model] >= 2:
                 self.suspended.add(model)
-                log.warning("[compact] continuation suspended for %s until restart (%s)",
-                            model, outcome.failure)
-            log.info("[compact] %s: continuation failed (%s); transcript path", conv.id,
-                     outcome.failure)
+                log.warning(
+                    "[compact] continuation suspended for %s until restart (%s)",
+                    model,
+                    outcome.failure,
+                )
+            log.info(
+                "[compact] %s: continuation failed (%s); transcript path", conv.id, outcome.failure
+            )
         transcript = S.render_transcript(torso, ids, big)
         return await self._transcript(view, budget, transcript), "summary"
 
-    def _continuation_allowed(self, view: ContextView, st: ConvState, n_ctx: int,
-                              budget: int) -> bool:
+    def _continuation_allowed(
+        self, view: ContextView, st: ConvState, n_ctx: int, budget: int
+    ) -> bool:
         stamp = st.stamp
         if not self.continuation_on or view.trigger not in ("start", "mid", "end"):
             return False
@@ -384,8 +427,9 @@ class CompactionPolicy:
         demand = estimate_tokens(S.CONTINUATION_DEMAND) + 40
         return (view.ctx_used + demand + budget) * 1.05 <= n_ctx
 
-    async def _continuation(self, view: ContextView, st: ConvState, b: int, budget: int,
-                            archived: list[str]) -> SummaryOutcome:
+    async def _continuation(
+        self, view: ContextView, st: ConvState, b: int, budget: int, archived: list[str]
+    ) -> SummaryOutcome:
         stamp = st.stamp
         assert stamp is not None
         conv = view.conversation
@@ -395,51 +439,73 @@ class CompactionPolicy:
         if stamp.count > len(messages) or b > len(messages):
             return SummaryOutcome(failure="view_changed")
         # the boundary is re-aligned on the view that was sent: messages one for one
-        rebuilt = wire_messages(system, messages[:stamp.count])
+        rebuilt = wire_messages(system, messages[: stamp.count])
         sent_msgs = sent.get("messages") or []
         if len(rebuilt) != len(sent_msgs) or any(
-                a.get("role") != s.get("role") or a.get("content") != s.get("content")
-                for a, s in zip(rebuilt, sent_msgs)):
+            a.get("role") != s.get("role") or a.get("content") != s.get("content")
+            for a, s in zip(rebuilt, sent_msgs)
+        ):
             return SummaryOutcome(failure="sent_view_mismatch")
-        after = wire_messages(system, messages[stamp.count:])[1:]
+        after = wire_messages(system, messages[stamp.count :])[1:]
         first = messages[b]
         demand = S.CONTINUATION_DEMAND.format(
-            boundary=b + 1, role=first.role, start=S.quote_start(text_of(first) or "(tool call)"),
-            kept=len(messages) - b, archived=S.archived_line(archived))
+            boundary=b + 1,
+            role=first.role,
+            start=S.quote_start(text_of(first) or "(tool call)"),
+            kept=len(messages) - b,
+            archived=S.archived_line(archived),
+        )
         lease = await self._lease(view, continuation=True)
         if lease is None:
             return SummaryOutcome(failure="no_lease")
         try:
-            if lease.external or lease.model != stamp.model or (
-                    stamp.n_ctx and lease.n_ctx and lease.n_ctx != stamp.n_ctx):
+            if (
+                lease.external
+                or lease.model != stamp.model
+                or (stamp.n_ctx and lease.n_ctx and lease.n_ctx != stamp.n_ctx)
+            ):
                 return SummaryOutcome(failure="engine_changed")
             info = await self.engine_info(view.extra.get("broker"))
-            kwargs = S.thinking_kwargs(sent.get("chat_template_kwargs"), True,
-                                       _template_knows(info))
-            body = S.continuation_request(sent, after, demand, budget=budget, local=True,
-                                          id_slot=lease.id_slot, template_kwargs=kwargs)
+            kwargs = S.thinking_kwargs(
+                sent.get("chat_template_kwargs"), True, _template_knows(info)
+            )
+            body = S.continuation_request(
+                sent,
+                after,
+                demand,
+                budget=budget,
+                local=True,
+                id_slot=lease.id_slot,
+                template_kwargs=kwargs,
+            )
             return await self._send(view, lease, body, budget)
         finally:
             await self._release(view, lease)
 
-    async def _transcript(self, view: ContextView, budget: int,
-                          transcript: str) -> SummaryOutcome:
+    async def _transcript(self, view: ContextView, budget: int, transcript: str) -> SummaryOutcome:
         lease = await self._lease(view, continuation=False)
         if lease is None:
             return SummaryOutcome(failure="no_lease")
         try:
             info = await self.engine_info(view.extra.get("broker"))
-            kwargs = S.thinking_kwargs(self.settings.chat_template_kwargs, not lease.external,
-                                       _template_knows(info))
-            body = S.transcript_request(transcript=transcript, model=lease.model, budget=budget,
-                                        local=not lease.external, id_slot=lease.id_slot,
-                                        template_kwargs=kwargs)
+            kwargs = S.thinking_kwargs(
+                self.settings.chat_template_kwargs, not lease.external, _template_knows(info)
+            )
+            body = S.transcript_request(
+                transcript=transcript,
+                model=lease.model,
+                budget=budget,
+                local=not lease.external,
+                id_slot=lease.id_slot,
+                template_kwargs=kwargs,
+            )
             return await self._send(view, lease, body, budget)
         finally:
             await self._release(view, lease)
 
-    async def _send(self, view: ContextView, lease: Lease, body: dict[str, Any],
-                    budget: int) -> SummaryOutcome:
+    async def _send(
+        self, view: ContextView, lease: Lease, body: dict[str, Any], budget: int
+    ) -> SummaryOutcome:
         """POST one summary request (not streamed); clean the answer; publish its perf
         record."""
         http: httpx.AsyncClient | None = view.extra.get("http")
@@ -454,8 +520,12 @@ class CompactionPolicy:
         raw = S.encode(body)
         renew = self._renewer(view, lease)
         try:
-            resp = await http.post(url, content=raw, headers=headers,
-                                   timeout=float(getattr(self.settings, "engine_timeout_s", 600)))
+            resp = await http.post(
+                url,
+                content=raw,
+                headers=headers,
+                timeout=float(getattr(self.settings, "engine_timeout_s", 600)),
+            )
         except httpx.HTTPError as exc:
             return SummaryOutcome(failure=f"network: {type(exc).__name__}")
         finally:
@@ -474,18 +544,25 @@ class CompactionPolicy:
             return SummaryOutcome(failure="undecodable answer")
         self._publish_perf(view, lease, body, data, total_ms)
         timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
-        self.last_prompt_n = timings.get("prompt_n") if isinstance(
-            timings.get("prompt_n"), int) else None
+        self.last_prompt_n = (
+            timings.get("prompt_n") if isinstance(timings.get("prompt_n"), int) else None
+        )
         try:
-            cleaned = clean_summary(message.get("content"),
-                                    reasoning=message.get("reasoning_content"),
-                                    tool_calls=message.get("tool_calls"),
-                                    finish_reason=choice.get("finish_reason"), budget=budget)
+            cleaned = clean_summary(
+                message.get("content"),
+                reasoning=message.get("reasoning_content"),
+                tool_calls=message.get("tool_calls"),
+                finish_reason=choice.get("finish_reason"),
+                budget=budget,
+            )
         except SummaryError as exc:
             return SummaryOutcome(failure=exc.reason, suspend=exc.reason == "tool_call")
         if cleaned.cut:
-            log.warning("[compact] %s: summary cut (%s), kept and marked […]",
-                        view.conversation.id, cleaned.cut)
+            log.warning(
+                "[compact] %s: summary cut (%s), kept and marked […]",
+                view.conversation.id,
+                cleaned.cut,
+            )
         return SummaryOutcome(text=cleaned.text)
 
     # -- last resort ------------------------------------------------------------------------
@@ -499,8 +576,9 @@ class CompactionPolicy:
         before = conv.meter.used(system, conv.messages)
 
         async def archive(message: ChatMessage, text: str) -> str | None:
-            return await self._archive(view, message.role, text,
-                                       message.name if message.role == "tool" else None)
+            return await self._archive(
+                view, message.role, text, message.name if message.role == "tool" else None
+            )
 
         new, archived = await shrink(conv.messages, system, target, archive)
         if new == conv.messages:
@@ -514,22 +592,30 @@ class CompactionPolicy:
         return True
 
     # -- NATS helpers -----------------------------------------------------------------------
-    async def _archive(self, view: ContextView, role: str, text: str,
-                       tool_name: str | None) -> str | None:
+    async def _archive(
+        self, view: ContextView, role: str, text: str, tool_name: str | None
+    ) -> str | None:
         broker = view.extra.get("broker")
         if broker is None:
             return None
-        req = ArchiveRequest(label=recall_label(role, text, tool_name), role=role,
-                             tool_name=tool_name, content=text,
-                             conversation=view.conversation.id)
+        req = ArchiveRequest(
+            label=recall_label(role, text, tool_name),
+            role=role,
+            tool_name=tool_name,
+            content=text,
+            conversation=view.conversation.id,
+        )
         try:
-            msg = await broker.request(req, subjects.RECALL_ARCHIVE,
-                                       timeout=float(getattr(self.settings,
-                                                             "recall_timeout_s", 5.0)))
+            msg = await broker.request(
+                req,
+                subjects.RECALL_ARCHIVE,
+                timeout=float(getattr(self.settings, "recall_timeout_s", 5.0)),
+            )
             reply = ArchiveReply.model_validate_json(msg.body)
         except Exception as exc:  # noqa: BLE001 - recall unreachable: summarise without ids
-            log.warning("[compact] archive failed (%s); summarising without archiving",
-                        type(exc).__name__)
+            log.warning(
+                "[compact] archive failed (%s); summarising without archiving", type(exc).__name__
+            )
             return None
         if reply.error is not None or not reply.id:
             log.warning("[compact] archive refused: %s", reply.error)
@@ -543,9 +629,15 @@ class CompactionPolicy:
         wait = max(1.0, float(getattr(self.settings, "lease_timeout_s", 70.0)) - 5)
         try:
             msg = await broker.request(
-                LeaseRequest(kind="compact", conversation=view.conversation.id, wait_s=wait,
-                             continuation=continuation),
-                subjects.ENGINE_LEASE, timeout=wait + 5)
+                LeaseRequest(
+                    kind="compact",
+                    conversation=view.conversation.id,
+                    wait_s=wait,
+                    continuation=continuation,
+                ),
+                subjects.ENGINE_LEASE,
+                timeout=wait + 5,
+            )
             lease = Lease.model_validate_json(msg.body)
         except Exception as exc:  # noqa: BLE001
             log.warning("[compact] no lease (%s)", type(exc).__name__)
@@ -560,8 +652,9 @@ class CompactionPolicy:
         if broker is None or not lease.lease_id:
             return
         try:
-            await broker.request(ReleaseRequest(lease_id=lease.lease_id),
-                                 subjects.ENGINE_RELEASE, timeout=5.0)
+            await broker.request(
+                ReleaseRequest(lease_id=lease.lease_id), subjects.ENGINE_RELEASE, timeout=5.0
+            )
         except Exception:  # noqa: BLE001 - it expires by itself
             log.warning("[compact] lease %s not released", lease.lease_id)
 
@@ -574,25 +667,38 @@ class CompactionPolicy:
             while True:
                 await asyncio.sleep(max(0.5, lease.ttl_s / 3))
                 try:
-                    await broker.request(RenewRequest(lease_id=lease.lease_id),
-                                         subjects.ENGINE_RENEW, timeout=5.0)
+                    await broker.request(
+                        RenewRequest(lease_id=lease.lease_id), subjects.ENGINE_RENEW, timeout=5.0
+                    )
                 except Exception:  # noqa: BLE001
                     pass
 
         return asyncio.create_task(loop())
 
-    def _publish_perf(self, view: ContextView, lease: Lease, body: dict[str, Any],
-                      data: dict[str, Any], total_ms: float) -> None:
+    def _publish_perf(
+        self,
+        view: ContextView,
+        lease: Lease,
+        body: dict[str, Any],
+        data: dict[str, Any],
+        total_ms: float,
+    ) -> None:
         broker = view.extra.get("broker")
         if broker is None:
             return
         from loki_shared.perf_publish import build_record, publish_record
 
         try:
-            record = build_record(kind="compact", messages=body["messages"], final=data,
-                                  conversation=view.conversation.id, model=lease.model,
-                                  preset="external" if lease.external else "local",
-                                  slot=lease.id_slot, total_ms=total_ms)
+            record = build_record(
+                kind="compact",
+                messages=body["messages"],
+                final=data,
+                conversation=view.conversation.id,
+                model=lease.model,
+                preset="external" if lease.external else "local",
+                slot=lease.id_slot,
+                total_ms=total_ms,
+            )
         except Exception:
             log.warning("[compact] perf record not built", exc_info=True)
             return
@@ -603,13 +709,26 @@ class CompactionPolicy:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _mark(self, view: ContextView, path: str, before: int, after: int,
-                    archived: list[str], t0: float, summary: str | None = None,
-                    failure: str | None = None) -> None:
+    async def _mark(
+        self,
+        view: ContextView,
+        path: str,
+        before: int,
+        after: int,
+        archived: list[str],
+        t0: float,
+        summary: str | None = None,
+        failure: str | None = None,
+    ) -> None:
         """The display-log marker and the audit event of one compaction."""
-        meta: dict[str, Any] = {"event": "compaction", "trigger": view.trigger, "path": path,
-                                "tokens_before": before, "tokens_after": after,
-                                "archived": archived}
+        meta: dict[str, Any] = {
+            "event": "compaction",
+            "trigger": view.trigger,
+            "path": path,
+            "tokens_before": before,
+            "tokens_after": after,
+            "archived": archived,
+        }
         if summary is not None:
             meta["summary"] = summary
         if failure is not None:
@@ -620,18 +739,32 @@ class CompactionPolicy:
             except Exception:
                 log.warning("[compact] marker not emitted", exc_info=True)
         await self._event(view, path, before, after, archived, t0)
-        log.info("[compact] %s: %s via %s, %d -> %d tokens, archived %s",
-                 view.conversation.id, view.trigger, path, before, after, archived)
+        log.info(
+            "[compact] %s: %s via %s, %d -> %d tokens, archived %s",
+            view.conversation.id,
+            view.trigger,
+            path,
+            before,
+            after,
+            archived,
+        )
 
-    async def _event(self, view: ContextView, path: str, before: int, after: int,
-                     archived: list[str], t0: float) -> None:
+    async def _event(
+        self, view: ContextView, path: str, before: int, after: int, archived: list[str], t0: float
+    ) -> None:
         broker = view.extra.get("broker")
         if broker is None:
             return
-        event = CompactionEvent(conversation=view.conversation.id, ts=time.time(),
-                                trigger=view.trigger, tokens_before=before,
-                                tokens_after=after, archived=archived, path=path,
-                                duration_s=time.monotonic() - t0)
+        event = CompactionEvent(
+            conversation=view.conversation.id,
+            ts=time.time(),
+            trigger=view.trigger,
+            tokens_before=before,
+            tokens_after=after,
+            archived=archived,
+            path=path,
+            duration_s=time.monotonic() - t0,
+        )
         await publish_event(broker, event)
 
 
@@ -657,8 +790,9 @@ async def publish_event(broker: Any, event: CompactionEvent) -> bool:
         _streams_ready[id(js)] = True
     for attempt in (1, 2):
         try:
-            await js.publish(subjects.EVENTS_COMPACTION, payload, timeout=2.0,
-                             stream=subjects.STREAM_EVENTS)
+            await js.publish(
+                subjects.EVENTS_COMPACTION, payload, timeout=2.0, stream=subjects.STREAM_EVENTS
+            )
             return True
         except (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError):
             if attempt == 2:
@@ -680,8 +814,9 @@ _streams_ready: dict[int, bool] = {}
 def _events_config() -> Any:
     from loki_shared.nats import events_stream
 
-    return dataclasses.replace(events_stream().config,
-                               subjects=[subjects.EVENTS_COMPACTION, subjects.EVENTS_ARCHIVE])
+    return dataclasses.replace(
+        events_stream().config, subjects=[subjects.EVENTS_COMPACTION, subjects.EVENTS_ARCHIVE]
+    )
 
 
 def _template_knows(info: EngineInfo | None) -> bool:
@@ -697,8 +832,10 @@ def _factor(view: ContextView, estimate: int) -> float:
     return 1.0
 
 
-def strip_torso(torso: list[ChatMessage], ids: dict[tuple[int, str], str | None],
-                ) -> list[ChatMessage]:
+def strip_torso(
+    torso: list[ChatMessage],
+    ids: dict[tuple[int, str], str | None],
+) -> list[ChatMessage]:
     """The torso with each archived big part replaced by its excerpt and id (a part that
     could not be archived stays whole: nothing is lost)."""
     out: list[ChatMessage] = []
@@ -714,18 +851,21 @@ def strip_torso(torso: list[ChatMessage], ids: dict[tuple[int, str], str | None]
                 cid = ids.get((i, call.function.arguments))
                 if cid:
                     # arguments stay valid JSON (templates re-parse them)
-                    args = json.dumps({"archived": f"recall:{cid}",
-                                       "excerpt": call.function.arguments[:400]})
-                    call = call.model_copy(update={"function": call.function.model_copy(
-                        update={"arguments": args})})
+                    args = json.dumps(
+                        {"archived": f"recall:{cid}", "excerpt": call.function.arguments[:400]}
+                    )
+                    call = call.model_copy(
+                        update={"function": call.function.model_copy(update={"arguments": args})}
+                    )
                 calls.append(call)
             update["tool_calls"] = calls
         out.append(message.model_copy(update=update) if update else message)
     return out
 
 
-async def shrink(messages: list[ChatMessage], system: str, target: float,
-                 archive: Any) -> tuple[list[ChatMessage], list[str]]:
+async def shrink(
+    messages: list[ChatMessage], system: str, target: float, archive: Any
+) -> tuple[list[ChatMessage], list[str]]:
     """Last resort: bring the estimate of ``[system, *messages]`` to ``target`` tokens.
 
     First big tool results (oldest first) are archived and cut to their excerpt and id;
@@ -738,7 +878,8 @@ async def shrink(messages: list[ChatMessage], system: str, target: float,
 
     def size() -> int:
         return estimate_tokens({"role": "system", "content": system}) + sum(
-            estimate_tokens(m) for m in out)
+            estimate_tokens(m) for m in out
+        )
 
     for i, message in enumerate(out):
         if size() <= target:
@@ -750,8 +891,11 @@ async def shrink(messages: list[ChatMessage], system: str, target: float,
                 archived.append(block)
             out[i] = message.model_copy(update={"content": excerpt(text, block)})
     while size() > target:
-        starts = [i for i, m in enumerate(out) if m.role == "user" and i > 0
-                  and not (m.loki and m.loki.injected in ("budget", "act"))]
+        starts = [
+            i
+            for i, m in enumerate(out)
+            if m.role == "user" and i > 0 and not (m.loki and m.loki.injected in ("budget", "act"))
+        ]
         if not starts:
             break
         cut = starts[0]

@@ -130,12 +130,12 @@ def big_parts(torso: list[ChatMessage], threshold: int = BIG_BLOCK_CHARS) -> lis
             continue
         text = text_of(message)
         if len(text) >= threshold:
-            out.append(BigPart(i, text, message.role,
-                               message.name if message.role == "tool" else None))
+            out.append(
+                BigPart(i, text, message.role, message.name if message.role == "tool" else None)
+            )
         for call in message.tool_calls or []:
             if len(call.function.arguments) >= threshold:
-                out.append(BigPart(i, call.function.arguments, "assistant",
-                                   call.function.name))
+                out.append(BigPart(i, call.function.arguments, "assistant", call.function.name))
     return out
 
 
@@ -168,9 +168,14 @@ class Cleaned:
     cut: str | None = None
 
 
-def clean_summary(content: str | None, *, reasoning: str | None = None,
-                  tool_calls: Any = None, finish_reason: str | None = None,
-                  budget: int = 256) -> Cleaned:
+def clean_summary(
+    content: str | None,
+    *,
+    reasoning: str | None = None,
+    tool_calls: Any = None,
+    finish_reason: str | None = None,
+    budget: int = 256,
+) -> Cleaned:
     """Clean a summariser answer.
 
     - Reasoning is removed only at the head: one or more leading ``<think>…</think>``
@@ -194,13 +199,13 @@ def clean_summary(content: str | None, *, reasoning: str | None = None,
     close = text.find("</think>")
     open_ = text.find("<think>")
     if close >= 0 and (open_ < 0 or open_ > close):
-        text = text[close + len("</think>"):]
+        text = text[close + len("</think>") :]
     else:
         while True:
             m = _LEAD_THINK.match(text)
             if not m:
                 break
-            text = text[m.end():]
+            text = text[m.end() :]
     if text.lstrip().startswith("<think>"):
         raise SummaryError("unclosed_think")
     if _TOOL_MARKUP.search(text):

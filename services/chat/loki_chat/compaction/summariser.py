@@ -32,7 +32,7 @@ SUMMARISER_PROMPT = (
     "Keep: the user's goals and requests, every decision taken, every constraint and "
     "preference stated, open questions, names, numbers and facts that matter later.\n"
     "Some long blocks were archived verbatim: they appear as an excerpt followed by "
-    "\"archived verbatim as recall:r<N>\". Cite every such id exactly as recall:r<N> next to "
+    '"archived verbatim as recall:r<N>". Cite every such id exactly as recall:r<N> next to '
     "what it contains, so the assistant can bring the block back with recall(id).\n"
     "In code work, also keep each file created or modified (path and purpose), the errors met "
     "and how they were solved, and the build and test commands.\n"
@@ -53,8 +53,9 @@ CONTINUATION_DEMAND = (
 )
 
 
-def render_transcript(torso: list[ChatMessage], ids: dict[tuple[int, str], str | None],
-                      big: set[tuple[int, str]]) -> str:
+def render_transcript(
+    torso: list[ChatMessage], ids: dict[tuple[int, str], str | None], big: set[tuple[int, str]]
+) -> str:
     """The torso as text for the transcript path.
 
     Each message is ``[<role>]: <text>`` (``[tool <name>]`` for a tool result, ``[Loki
@@ -89,12 +90,15 @@ def archived_line(ids: list[str]) -> str:
     """The demand's line listing the blocks archived from the summarised part."""
     if not ids:
         return "No block was archived."
-    return ("These long blocks of that part were archived verbatim; cite each as "
-            "recall:<id> next to what it contains: " + ", ".join(ids) + ".")
+    return (
+        "These long blocks of that part were archived verbatim; cite each as "
+        "recall:<id> next to what it contains: " + ", ".join(ids) + "."
+    )
 
 
-def thinking_kwargs(base: dict[str, Any] | None, local: bool,
-                    template_knows: bool) -> dict[str, Any] | None:
+def thinking_kwargs(
+    base: dict[str, Any] | None, local: bool, template_knows: bool
+) -> dict[str, Any] | None:
     """``chat_template_kwargs`` of a summary request: the turn's, plus
     ``enable_thinking: false`` when the local template knows the switch; None for an
     external API (llama.cpp-only field)."""
@@ -106,13 +110,21 @@ def thinking_kwargs(base: dict[str, Any] | None, local: bool,
     return out or None
 
 
-def transcript_request(*, transcript: str, model: str, budget: int, local: bool,
-                       id_slot: int | None, template_kwargs: dict[str, Any] | None,
-                       ) -> dict[str, Any]:
+def transcript_request(
+    *,
+    transcript: str,
+    model: str,
+    budget: int,
+    local: bool,
+    id_slot: int | None,
+    template_kwargs: dict[str, Any] | None,
+) -> dict[str, Any]:
     """The transcript path's body (see the module docstring)."""
     body: dict[str, Any] = {
-        "messages": [{"role": "system", "content": SUMMARISER_PROMPT},
-                     {"role": "user", "content": TRANSCRIPT_HEADER + transcript}],
+        "messages": [
+            {"role": "system", "content": SUMMARISER_PROMPT},
+            {"role": "user", "content": TRANSCRIPT_HEADER + transcript},
+        ],
         "stream": False,
         "temperature": 0.2,
         "max_tokens": budget,
@@ -127,13 +139,30 @@ def transcript_request(*, transcript: str, model: str, budget: int, local: bool,
     return body
 
 
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "stream",
-             "stream_options", "tool_choice", "chat_template_kwargs", "id_slot")
+_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "stream",
+    "stream_options",
+    "tool_choice",
+    "chat_template_kwargs",
+    "id_slot",
+)
 
 
-def continuation_request(sent: dict[str, Any], after: list[dict[str, Any]], demand: str, *,
-                         budget: int, local: bool, id_slot: int | None,
-                         template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+def continuation_request(
+    sent: dict[str, Any],
+    after: list[dict[str, Any]],
+    demand: str,
+    *,
+    budget: int,
+    local: bool,
+    id_slot: int | None,
+    template_kwargs: dict[str, Any] | None,
+) -> dict[str, Any]:
     """The continuation path's body: ``sent`` (the turn's request as it was sent) with its
     messages followed by ``after`` (the model-view messages accepted since, as wire dicts)
     and the summary demand as one user message — joined to the last message when that is a
@@ -142,8 +171,11 @@ def continuation_request(sent: dict[str, Any], after: list[dict[str, Any]], dema
     the one the slot holds)."""
     body = {k: v for k, v in sent.items() if k not in _SAMPLING}
     messages = [dict(m) for m in sent["messages"]] + [dict(m) for m in after]
-    if messages and messages[-1].get("role") == "user" and isinstance(
-            messages[-1].get("content"), str):
+    if (
+        messages
+        and messages[-1].get("role") == "user"
+        and isinstance(messages[-1].get("content"), str)
+    ):
         messages[-1]["content"] = f"{messages[-1]['content']}\n\n{demand}"
     else:
         messages.append({"role": "user", "content": demand})
