@@ -35,12 +35,13 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT.parent) not in sys.path:
     sys.path.insert(0, str(ROOT.parent))
 
-from bench import _common  # noqa: E402
-from loki_perf.decode import decode  # noqa: E402
-from loki_perf.metrics import Totals  # noqa: E402
-from loki_perf.ring import Ring  # noqa: E402
-from loki_shared import servers, subjects  # noqa: E402
-from loki_shared.fingerprint import fingerprints  # noqa: E402
+from loki_perf.decode import decode
+from loki_perf.metrics import Totals
+from loki_perf.ring import Ring
+from loki_shared import servers, subjects
+from loki_shared.fingerprint import fingerprints
+
+from bench import _common
 
 TIMEOUT_S = {"quick": 180, "full": 900}
 KINDS = ["main"] * 70 + ["subagent"] * 8 + ["verify"] * 5 + ["task"] * 3 + ["compact"] * 2 \
@@ -147,11 +148,10 @@ def bench_summary(times: int) -> dict:
 
 async def _rebuild_pair(nats_url: str, times: int) -> dict:
     import nats
-    from nats.js.api import DeliverPolicy
-
     from loki_perf.service import PerfService
     from loki_perf.settings import Settings
     from loki_shared.perf_publish import ensure_perf_stream
+    from nats.js.api import DeliverPolicy
 
     nc = await nats.connect(nats_url)
     js = nc.jetstream()

@@ -12,12 +12,11 @@ from collections import deque
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 import nats
 import nats.js.errors
 from loki_shared import servers, subjects
 from loki_shared.perf_publish import build_record
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def start_own_nats(data_dir: Path) -> tuple[servers.ManagedProcess, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from loki_perf.decode import DEPTH_NAMES, RecordDecodeError, decode
 
 

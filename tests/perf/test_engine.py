@@ -12,11 +12,11 @@ test must show.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
 import pytest
-
 from loki_shared import subjects
 from loki_shared.perf_publish import CompletionClock, build_record, publish_record
 
@@ -104,7 +104,7 @@ async def test_alternating_conversations_lose_to_each_other_extending_one_does_n
                 assert loss["tokens"] > 50  # most of the previous total was recomputed
         # c strictly extends its own prompt, nothing ran in between: no loss, cache reused.
         assert "conv-c" not in by_conv, by_conv["conv-c"]
-        for before, after in zip(finals, finals[1:]):
+        for before, after in itertools.pairwise(finals):
             # everything the previous request sent is reused, and more (its reply)
             assert after["timings"]["cache_n"] > before["usage"]["prompt_tokens"], finals
         assert summary["cache_n"] > 0 and summary["prompt_n"] > 0

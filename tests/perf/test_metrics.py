@@ -6,14 +6,13 @@ import json
 import re
 from pathlib import Path
 
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import CollectorRegistry
-
 from loki_perf.decode import decode
 from loki_perf.metrics import PREFIX, PerfCollector, Totals, exported_names
 from loki_perf.ring import Ring
 from loki_shared.fingerprint import fingerprints
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/loki-prompt-cache.json"
 

@@ -7,13 +7,11 @@ import json
 
 import nats
 import pytest
-
 from loki_shared import subjects
 from loki_shared.nats import make_broker
 from loki_shared.perf_publish import publish_record
 
 from .perf_helpers import PerfProc, record, request, wait_summary
-
 
 COMPLETIONS = "lokiassist_completions_total"
 

@@ -8,7 +8,6 @@ import signal
 import sys
 
 import nats.errors
-
 from loki_shared.logsetup import setup_logging
 
 from .errors import MetricsPortInUse, PerfError

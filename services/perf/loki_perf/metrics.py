@@ -178,7 +178,7 @@ class Totals:
             }
 
     @classmethod
-    def load(cls, data: dict[str, Any]) -> "Totals":
+    def load(cls, data: dict[str, Any]) -> Totals:
         """Rebuild from :meth:`dump`'s output.
 
         Raises:
@@ -208,7 +208,7 @@ class Totals:
         return json.dumps(self.dump(), separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "Totals":
+    def from_bytes(cls, raw: bytes) -> Totals:
         return cls.load(json.loads(raw))
 
 

@@ -34,7 +34,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-
 from .decode import CAUSES, DEPTH_BOUNDS, DEPTH_NAMES, KINDS, UNKNOWN_KIND, Entry, Loss, category
 
 _ALL_KINDS = (*KINDS, UNKNOWN_KIND)

@@ -28,10 +28,6 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
-from nats.js.api import DeliverPolicy, KeyValueConfig
-from prometheus_client import start_http_server
-from prometheus_client.registry import CollectorRegistry
-
 from loki_shared import subjects
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.perf import (
@@ -44,6 +40,9 @@ from loki_shared.messages.perf import (
 )
 from loki_shared.nats import make_broker
 from loki_shared.perf_publish import ensure_perf_stream
+from nats.js.api import DeliverPolicy, KeyValueConfig
+from prometheus_client import start_http_server
+from prometheus_client.registry import CollectorRegistry
 
 from .decode import DEPTH_NAMES, Entry, RecordDecodeError, decode
 from .errors import MetricsPortInUse, StreamUnavailable

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from loki_shared.settings import LokiSettings
+from pydantic import Field
 
 
 class Settings(LokiSettings):

@@ -15,7 +15,6 @@ No perf service answering is a 503 (OpenAI-shaped error body).
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
-
 from loki_shared import subjects
 from loki_shared.messages.perf import LossesReply, LossesRequest, PerfSummary, SummaryRequest
 
@@ -34,9 +33,10 @@ async def perf_summary(bus: Bus = Depends(get_bus)) -> dict:
 
 @router.get("/api/perf/losses")
 async def perf_losses(limit: str = "100", bus: Bus = Depends(get_bus)) -> dict:
-    if not limit.isascii() or not limit.isdigit() or not 1 <= int(limit) <= subjects.STREAM_PERF_MAX_MSGS:
+    top = subjects.STREAM_PERF_MAX_MSGS
+    if not limit.isascii() or not limit.isdigit() or not 1 <= int(limit) <= top:
         raise BadRequest(
-            f"limit must be an integer in 1..{subjects.STREAM_PERF_MAX_MSGS}", code="invalid_limit"
+            f"limit must be an integer in 1..{top}", code="invalid_limit"
         )
     reply = await bus.request_ok(subjects.PERF_LOSSES, LossesRequest(limit=int(limit)), LossesReply)
     return {"losses": reply.losses}
