@@ -18,7 +18,9 @@ Usage::
         await engine.await_requests(2)               # async tests: never block the loop
 
 Responses (played in FIFO order, one per completion request; ``engine.default`` when the
-script is empty, a plain "ok" reply unless changed):
+script is empty, a plain "ok" reply unless changed). A request without ``"stream": true``
+gets the scripted :class:`Stream` aggregated into one ``chat.completion`` JSON
+(:func:`aggregate`). ``GET /v1/models`` lists ``fake-model``.
 
 - :class:`Stream` — SSE ``data:`` frames written one network write each (``delay_s`` between
   writes), optionally ending with ``data: [DONE]`` (``done``), or cut (``end="abort"`` closes
@@ -480,6 +482,16 @@ class FakeEngine:
                 },
             )
             return True
+        if method == "GET" and path_only in ("/v1/models", "/models"):
+            await self._send_json(
+                writer,
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": "fake-model", "object": "model", "owned_by": "llamacpp"}],
+                },
+            )
+            return True
         if method == "GET" and path_only == "/slots":
             busy = self.active_streams
             await self._send_json(
@@ -515,6 +527,12 @@ class FakeEngine:
             request = record.json
         except ValueError:
             request = {}
+        if request.get("stream") is not True:
+            await self._send_json(writer, 200, aggregate(response))
+            with self._cond:
+                self.completed_streams += 1
+                self._cond.notify_all()
+            return True
         include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
         head = [
             "HTTP/1.1 200 OK",
@@ -567,6 +585,46 @@ class FakeEngine:
                 elif response.end != "abort":
                     self.disconnects += 1
                 self._cond.notify_all()
+
+
+def aggregate(stream: Stream) -> dict[str, Any]:
+    """The non-streamed ``chat.completion`` equivalent of a scripted :class:`Stream` (what
+    llama-server answers when the request has no ``stream: true``): content, reasoning and
+    tool calls joined, ``finish_reason``, ``usage`` and ``timings``."""
+    content, reasoning = "", ""
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    for frame in stream.frames:
+        if not isinstance(frame, dict):
+            continue
+        for choice in frame.get("choices") or []:
+            delta = choice.get("delta") or {}
+            content += delta.get("content") or ""
+            reasoning += delta.get("reasoning_content") or ""
+            for tc in delta.get("tool_calls") or []:
+                call = calls.setdefault(
+                    tc["index"],
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                call["id"] = tc.get("id") or call["id"]
+                fn = tc.get("function") or {}
+                call["function"]["name"] = fn.get("name") or call["function"]["name"]
+                call["function"]["arguments"] += fn.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "fake-model",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish or "stop"}],
+        "usage": stream.usage or default_usage(),
+        "timings": stream.timings or default_timings(),
+    }
 
 
 def _copy(response: Response) -> Response:
