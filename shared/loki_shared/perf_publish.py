@@ -200,8 +200,9 @@ async def publish_record(target: Any, record: PerfRecord, *, timeout: float = 2.
     ``Nats-Msg-Id`` so a retry is never stored twice.
 
     Returns:
-        True when JetStream stored the record; False when it could not be published (the
-        failure is logged at WARNING; nothing is raised, so a turn never fails for perf).
+        True when JetStream stored the record; False when it could not be published (no
+        connection, broker not started, timeout, stream refused; logged at WARNING; nothing
+        is raised, so a turn never fails for perf).
 
     Raises:
         TypeError: ``target`` is not one of the accepted types (a programming error).
@@ -209,7 +210,13 @@ async def publish_record(target: Any, record: PerfRecord, *, timeout: float = 2.
     import nats.errors
     import nats.js.errors
 
-    js = jetstream_of(target)
+    try:
+        js = jetstream_of(target)
+    except TypeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a broker not connected (yet, or any more)
+        log.warning("perf record not published: no connection (%s)", type(exc).__name__)
+        return False
     payload = record.model_dump_json().encode()
     headers = {MSG_ID_HEADER: uuid.uuid4().hex}
     for attempt in (1, 2):

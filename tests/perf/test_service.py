@@ -134,3 +134,5 @@ async def test_publish_creates_the_stream_and_never_raises(perf_nats, nc):
     closed = await nats.connect(perf_nats)
     await closed.close()
     assert await publish_record(closed, record("a", 1, cache_n=0, prompt_n=5)) is False
+    not_started = make_broker(perf_nats, "never-started")
+    assert await publish_record(not_started, record("a", 1, cache_n=0, prompt_n=5)) is False
