@@ -42,6 +42,12 @@ def test_not_a_gguf_is_unknown(tmp_path: Path):
         facts.read_gguf(bad)
     assert facts.try_read_gguf(bad) is None
     assert facts.try_read_gguf(tmp_path / "missing.gguf") is None
+    # Random bytes after the magic: lengths past the end of the file are refused, not read.
+    import os
+
+    for seed in range(20):
+        bad.write_bytes(b"GGUF" + os.urandom(512))
+        assert facts.try_read_gguf(bad) is None
 
 
 def test_nvml_absent_or_failing_is_unknown(monkeypatch):

@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,10 @@ from .conftest import chat, collect_states, port_of, process_alive, request, wai
 pytestmark = pytest.mark.engine
 
 
+def argv_value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
 async def lease(nc, kind: str, wait: float = 30.0, **kw) -> Lease:
     reply = await request(nc, subjects.ENGINE_LEASE, LeaseRequest(kind=kind, wait_s=wait, **kw),
                           Lease, timeout=wait + 5)
@@ -40,9 +45,15 @@ async def release(nc, lease_id: str, **kw) -> ReleaseReply:
 async def test_one_slot_launch_lease_and_clean_stop(engine_env, supervisor_factory, nc):
     states: list[dict] = []
     await collect_states(nc, states)
+    slots = Path(engine_env["LOKI_HOME"]) / "slots"
+    slots.mkdir(parents=True)
+    (slots / "stale.bin").write_bytes(b"old slot file")
     sup = supervisor_factory(engine_env)
     info = await wait_info(nc, lambda i: i.state == "ready", sup=sup)
     assert info.total_slots == 1 and info.slot_n_ctx == [2048] and info.n_ctx == 2048
+    # --slot-save-path LOKI_HOME/slots: mode 0700, emptied at launch.
+    assert argv_value(info.argv, "--slot-save-path") == str(slots.resolve())
+    assert list(slots.iterdir()) == [] and (slots.stat().st_mode & 0o777) == 0o700
     assert not info.external and info.base_url.startswith("http://127.0.0.1:")
     argv = info.argv
     assert argv[argv.index("-c") + 1] == "2048" and argv[argv.index("-np") + 1] == "1"
@@ -105,38 +116,63 @@ async def test_two_slots_with_side_slot(engine_env, supervisor_factory, nc):
     assert rel.ok and not rel.slot_erased and "2 slots" in (rel.erase_skipped or "")
 
 
-async def test_crash_is_restarted_with_backoff(engine_env, supervisor_factory, nc):
+async def test_crash_is_restarted_with_backoff_and_leases_wait_for_it(
+    engine_env, supervisor_factory, nc
+):
     states: list[dict] = []
     await collect_states(nc, states)
     sup = supervisor_factory(engine_env)
     await wait_info(nc, lambda i: i.state == "ready", sup=sup)
     [pid] = sup.engine_pids()
     os.kill(pid, signal.SIGKILL)
+    # A lease asked while the engine is down waits for the restarted engine.
+    await wait_info(nc, lambda i: i.state != "ready", sup=sup, timeout=10)
+    granted = await lease(nc, "main", wait=120)
     info = await wait_info(nc, lambda i: i.state == "ready" and i.restarts == 1, sup=sup)
-    assert sup.engine_pids() != [pid]
+    assert granted.base_url == info.base_url
+    new_pids = sup.engine_pids()
+    assert len(new_pids) == 1 and new_pids != [pid]
     names = [s["state"] for s in states]
     assert names[:2] == ["starting", "ready"]
     failed = [s for s in states if s["state"] == "failed"]
-    assert failed and "status -9" in failed[0]["detail"] and "restart in" in failed[0]["detail"]
+    assert failed and "status -9" in failed[0]["detail"] and "restart in 1 s" in failed[0]["detail"]
     assert failed[0]["stderr_tail"], "the last engine output lines are reported"
     assert names[names.index("failed"):][:3] == ["failed", "starting", "ready"]
-    granted = await lease(nc, "main")
-    assert granted.base_url == info.base_url
     await asyncio.to_thread(chat, granted.base_url, "Hi")
     await release(nc, granted.lease_id)
 
 
-async def test_lease_waits_through_a_restart(engine_env, supervisor_factory, nc):
-    sup = supervisor_factory(engine_env)
-    await wait_info(nc, lambda i: i.state == "ready", sup=sup)
-    [pid] = sup.engine_pids()
-    os.kill(pid, signal.SIGKILL)
-    await wait_info(nc, lambda i: i.state != "ready", sup=sup, timeout=10)
+async def test_engine_that_cannot_start_is_failed_with_its_output(
+    engine_env, supervisor_factory, nc, tmp_path
+):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(4096))
+    states: list[dict] = []
+    await collect_states(nc, states)
+    sup = supervisor_factory({**engine_env, "LOKI_MODEL": str(bad)})
+    info = await wait_info(nc, lambda i: i.state == "failed" and i.restarts >= 1, sup=sup)
+    failed = [s for s in states if s["state"] == "failed"]
+    assert "while starting" in failed[0]["detail"] and failed[0]["stderr_tail"]
+    assert any("restart in 1 s" in s["detail"] for s in failed)
+    assert any("restart in 2 s" in s["detail"] for s in failed[1:]) or info.restarts == 1
+    # A lease is refused as unavailable, not hung.
+    refused = await request(nc, subjects.ENGINE_LEASE, LeaseRequest(kind="main", wait_s=0.3),
+                            Lease, timeout=5)
+    assert refused.error is not None and refused.error.type == "unavailable"
     t0 = time.monotonic()
-    granted = await lease(nc, "main", wait=60)
-    assert granted.lease_id and time.monotonic() - t0 > 0.1
-    await asyncio.to_thread(chat, granted.base_url, "Hi")
+    assert sup.stop() == 0 and time.monotonic() - t0 < 20
+
+
+async def test_follows_an_engine_already_running(engine_env, supervisor_factory, nc, engine_url):
+    sup = supervisor_factory({**engine_env, "LOKI_ENGINE_URL": engine_url})
+    info = await wait_info(nc, lambda i: i.state == "ready", sup=sup)
+    assert info.base_url == engine_url and info.total_slots == 1 and info.slot_n_ctx
+    assert sup.engine_pids() == []  # nothing launched
+    granted = await lease(nc, "main")
+    assert granted.base_url == engine_url and granted.id_slot is None
     await release(nc, granted.lease_id)
+    assert sup.stop() == 0
+    assert servers.port_open("127.0.0.1", port_of(engine_url)), "a followed engine is not stopped"
 
 
 LONG_SIDE_PROMPT = "Check this list of fruits and say if it is sorted: " + ", ".join(

@@ -171,6 +171,8 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> dict[str, o
         def string() -> str:
             nonlocal pos
             n = take("Q")
+            if n > len(mm) - pos:
+                raise ValueError("string past the end of the file")
             raw = mm[pos : pos + n]
             pos += n
             return raw.decode("utf-8", "replace")
@@ -185,6 +187,8 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> dict[str, o
             if t == T.ARRAY:
                 itype = T(take("I"))
                 count = take("Q")
+                if count > len(mm) - pos:
+                    raise ValueError("array past the end of the file")
                 if itype in scalar:
                     size = struct.calcsize(scalar[itype])
                     if keep:
@@ -213,7 +217,7 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> dict[str, o
                 v = value(take("I"), keep)
                 if keep:
                     out[key] = v
-        except (struct.error, ValueError) as exc:
+        except (struct.error, ValueError, OverflowError, MemoryError) as exc:
             raise ValueError(f"{path}: malformed GGUF header ({exc})") from exc
         return out
 
@@ -272,7 +276,7 @@ def try_read_gguf(path: Path | None) -> GgufFacts | None:
         return None
     try:
         return read_gguf(path)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is an unknown fact
         log.warning("GGUF facts unknown for %s: %s", path, exc)
         return None
 

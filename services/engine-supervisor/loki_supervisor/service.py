@@ -184,7 +184,9 @@ class Supervisor:
             try:
                 cfg, plan = await self.make_plan(preset)
                 binary = servers.find_llama_server()
-            except (SupervisorError, servers.ServerNotFound, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any planning failure is a failed engine
+                if not isinstance(exc, (SupervisorError, servers.ServerNotFound, OSError)):
+                    log.exception("planning the launch failed")
                 await self.runner.stop()
                 self.plan_error = str(exc)
                 await self.runner._set("failed", f"cannot launch: {exc}")

@@ -1,0 +1,285 @@
+"""SIDE_SLOT: a conversation interleaved with side jobs keeps its prompt cache in its own slot.
+
+Runs, in the same run and on the same machine, one scripted conversation through the real
+engine supervisor (``python -m loki_supervisor`` launching llama-server with the bundled
+model on CPU) under three launch configurations:
+
+- ``one slot, CACHE_RAM 0``: the side job takes the conversation's slot and the engine keeps
+  no host-RAM copy: the conversation's prompt is recomputed (lost);
+- ``one slot, CACHE_RAM default``: same slot sharing, but llama-server copies the
+  conversation's state to host RAM and back (restored by copy, while it fits);
+- ``SIDE_SLOT on``: two slots of CTX each (``-np 2 --no-kv-unified -c 2×CTX``); side jobs are
+  routed to slot 1 by the lease, the conversation keeps slot 0.
+
+Each turn leases ``main``, sends the whole conversation with the lease's ``id_slot``, reads
+``timings.cache_n``/``prompt_n``, releases; between turns a ``verify`` side job (a different,
+long prompt) runs through its own lease and is released with ``job_done`` (CACHE_ISOLATE
+erases slot 0 after it when there is one slot). The figure: for turns that follow a side
+job, the share of the conversation's previous tokens served from cache
+(``cache_n / (cache_n + prompt_n)``), and the prompt tokens recomputed.
+
+Usage: ``python -m bench --only side_slot [--quick]`` or ``python bench/side_slot_bench.py
+[--quick]`` (writes ``bench/results/side_slot.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _common  # noqa: E402
+from loki_shared import servers, subjects  # noqa: E402
+from loki_shared.messages.engine import (  # noqa: E402
+    EngineInfo,
+    EngineInfoRequest,
+    Lease,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+)
+
+TIMEOUT_S = {"quick": 900, "full": 2400}
+CTX = 4096
+
+CONFIGS = [
+    ("one slot, CACHE_RAM 0", {"LOKI_SIDE_SLOT": "off", "LOKI_CACHE_RAM": "0"}),
+    ("one slot, CACHE_RAM default", {"LOKI_SIDE_SLOT": "off"}),
+    ("SIDE_SLOT on", {"LOKI_SIDE_SLOT": "on", "LOKI_CACHE_RAM": "0"}),
+]
+
+TOPICS = ["the tides", "bread baking", "old bridges", "mountain weather", "river fish",
+          "city gardens", "paper maps", "wind mills", "glass making", "night trains"]
+
+
+def user_message(i: int) -> str:
+    topic = TOPICS[i % len(TOPICS)]
+    facts = " ".join(f"Note {j} about {topic}: it matters for reason {j * 7 % 11}." for j in range(8))
+    return f"Turn {i}. Tell me one short thing about {topic}. Context: {facts}"
+
+
+def side_prompt(i: int) -> str:
+    items = ", ".join(f"item {k} weighs {(k * 37 + i) % 101} grams" for k in range(40))
+    return f"Check job {i}: is this inventory consistent? {items}. Answer yes or no."
+
+
+async def request(nc, subject: str, msg, reply_type, timeout: float = 30.0):
+    r = await nc.request(subject, msg.model_dump_json().encode(), timeout=timeout)
+    return reply_type.model_validate_json(r.data)
+
+
+async def wait_ready(nc, proc: subprocess.Popen, timeout: float = 300.0) -> EngineInfo:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise _common.BenchError(f"supervisor exited with {proc.returncode}")
+        try:
+            info = await request(nc, subjects.ENGINE_INFO, EngineInfoRequest(), EngineInfo, 2)
+            if info.state == "ready":
+                return info
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            pass
+        await asyncio.sleep(0.3)
+    raise _common.BenchError("engine not ready in time")
+
+
+async def completion(client: httpx.AsyncClient, lease: Lease, messages: list[dict]) -> dict:
+    body: dict[str, Any] = {"messages": messages, "max_tokens": 8, "temperature": 0,
+                            "cache_prompt": True}
+    if lease.id_slot is not None:
+        body["id_slot"] = lease.id_slot
+    headers = {"Authorization": f"Bearer {lease.api_key}"} if lease.api_key else {}
+    t0 = time.perf_counter()
+    r = await client.post(f"{lease.base_url}/v1/chat/completions", json=body, headers=headers)
+    r.raise_for_status()
+    data = r.json()
+    data["_wall_s"] = time.perf_counter() - t0
+    return data
+
+
+async def conversation(nc, turns: int) -> dict[str, Any]:
+    """Run the scripted conversation; return per-turn figures."""
+    messages: list[dict] = [{"role": "system", "content": "You are a brief assistant."}]
+    rows = []
+    async with httpx.AsyncClient(timeout=600) as client:
+        for i in range(turns):
+            messages.append({"role": "user", "content": user_message(i)})
+            lease = await request(nc, subjects.ENGINE_LEASE,
+                                  LeaseRequest(kind="main", conversation="bench", wait_s=120),
+                                  Lease, 130)
+            if lease.error:
+                raise _common.BenchError(f"lease: {lease.error.message}")
+            data = await completion(client, lease, messages)
+            t = data.get("timings") or {}
+            usage = data.get("usage") or {}
+            await request(nc, subjects.ENGINE_RELEASE, ReleaseRequest(
+                lease_id=lease.lease_id, prompt_tokens=usage.get("prompt_tokens"),
+                cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            ), ReleaseReply)
+            rows.append({"turn": i, "slot": lease.id_slot, "cache_n": t.get("cache_n"),
+                         "prompt_n": t.get("prompt_n"), "wall_s": data["_wall_s"],
+                         "after_side_job": i > 0})
+            messages.append({"role": "assistant",
+                             "content": data["choices"][0]["message"].get("content") or "ok"})
+            if i == turns - 1:
+                break
+            side = await request(nc, subjects.ENGINE_LEASE,
+                                 LeaseRequest(kind="verify", conversation="bench", wait_s=120),
+                                 Lease, 130)
+            if side.error:
+                raise _common.BenchError(f"side lease: {side.error.message}")
+            await completion(client, side, [{"role": "user", "content": side_prompt(i)}])
+            rel = await request(nc, subjects.ENGINE_RELEASE,
+                                ReleaseRequest(lease_id=side.lease_id, job_done=True), ReleaseReply)
+            rows[-1]["side_slot"] = side.id_slot
+            rows[-1]["slot_erased_after"] = rel.slot_erased
+    return {"turns": rows}
+
+
+def run_config(name: str, extra_env: dict[str, str], turns: int, root: Path) -> dict[str, Any]:
+    """One supervisor (own NATS and Redis) with ``extra_env``; the conversation through it."""
+    home = root / name.replace(" ", "_").replace(",", "")
+    nats_port, redis_port = servers.free_port(), servers.free_port()
+    (home / "nats").mkdir(parents=True)
+    (home / "redis").mkdir(parents=True)
+    nats_proc = servers.ManagedProcess("nats", servers.nats_command(nats_port, home / "nats")).start()
+    redis_proc = servers.ManagedProcess("redis", servers.redis_command(redis_port, home / "redis")).start()
+    sup = None
+    try:
+        nats_proc.wait_port(nats_port)
+        redis_proc.wait_port(redis_port)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
+        env.update(LOKI_NATS_URL=f"nats://127.0.0.1:{nats_port}",
+                   LOKI_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", LOKI_HOME=str(home),
+                   LOKI_SECRET_KEY="bench-side-slot-key", LOKI_CTX=str(CTX),
+                   LOKI_ENGINE_THREADS="2", **extra_env)
+        log = open(home / "supervisor.log", "wb")
+        sup = subprocess.Popen([sys.executable, "-m", "loki_supervisor"], env=env, stdout=log,
+                               stderr=subprocess.STDOUT)
+
+        async def go() -> dict[str, Any]:
+            nc = await nats.connect(f"nats://127.0.0.1:{nats_port}")
+            try:
+                info = await wait_ready(nc, sup)
+                out = await conversation(nc, turns)
+                out["engine"] = {"total_slots": info.total_slots, "slot_n_ctx": info.slot_n_ctx,
+                                 "side_slot": info.side_slot, "argv": info.argv,
+                                 "build_info": info.build_info, "base_url": info.base_url}
+                out["engine_build"] = _common.engine_build(info.base_url)
+                return out
+            finally:
+                await nc.drain()
+
+        return asyncio.run(go())
+    finally:
+        if sup is not None and sup.poll() is None:
+            sup.terminate()
+            try:
+                sup.wait(30)
+            except subprocess.TimeoutExpired:
+                sup.kill()
+        nats_proc.stop()
+        redis_proc.stop()
+
+
+def summarize(rows: list[dict]) -> dict[str, Any]:
+    """Figures over the turns that follow a side job: share of the previous turn's prompt
+    (a strict prefix of this one) served from cache (``cache_n / previous prompt tokens``,
+    capped at 1: the previous reply may be cached too), tokens recomputed, wall time of the
+    main request."""
+    after = []
+    for prev, row in zip(rows, rows[1:]):
+        if row["after_side_job"] and row["cache_n"] is not None and prev["cache_n"] is not None:
+            row["restored_share"] = min(1.0, row["cache_n"] / max(1, prev["cache_n"] + prev["prompt_n"]))
+            after.append(row)
+    shares = [r["restored_share"] for r in after]
+    return {
+        "turns_after_side_job": len(after),
+        "cache_share_median": statistics.median(shares) if shares else None,
+        "cache_n_sum": sum(r["cache_n"] for r in after),
+        "prompt_n_sum": sum(r["prompt_n"] for r in after),
+        "main_wall_s_median": statistics.median(r["wall_s"] for r in after) if after else None,
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    turns = 3 if quick else 8
+    results: dict[str, Any] = {}
+    engine = None
+    with tempfile.TemporaryDirectory(prefix="loki-side-slot-") as tmp:
+        for name, env in CONFIGS:
+            out = run_config(name, env, turns, Path(tmp))
+            out["summary"] = summarize(out["turns"])
+            results[name] = out
+            engine = engine or out.get("engine_build")
+    rows = []
+    for name, out in results.items():
+        s = out["summary"]
+        rows.append([name, out["engine"]["total_slots"], s["turns_after_side_job"],
+                     None if s["cache_share_median"] is None else round(s["cache_share_median"], 3),
+                     s["cache_n_sum"], s["prompt_n_sum"],
+                     None if s["main_wall_s_median"] is None else round(s["main_wall_s_median"], 3)])
+    off = results["one slot, CACHE_RAM 0"]["summary"]
+    on = results["SIDE_SLOT on"]["summary"]
+    speed = (_common.ratio(on["main_wall_s_median"], off["main_wall_s_median"])
+             if on["main_wall_s_median"] and off["main_wall_s_median"] else None)
+    targets = [
+        _common.target("SIDE_SLOT on: previous prompt restored after a side job (median share)",
+                       on["cache_share_median"], ">=", 0.95, issue="6"),
+        _common.target("one slot, CACHE_RAM 0: previous prompt restored after a side job",
+                       off["cache_share_median"], "<=", 0.1, issue="6"),
+        _common.target("SIDE_SLOT on / one slot: main request time after a side job",
+                       speed, "<=", 1.0, issue="6"),
+    ]
+    table = _common.table(
+        "Conversation turns that follow a side job (same run, same machine)",
+        ["configuration", "slots", "turns", "previous prompt restored (median)", "cache_n (sum)",
+         "prompt_n recomputed (sum)", "main request s (median)"],
+        rows,
+        notes=f"CTX {CTX}; bundled SmolLM2-135M on CPU; side job = a verify request with a "
+              "different ~700-token prompt, released with job_done (CACHE_ISOLATE on).",
+    )
+    return _common.result(
+        "SIDE_SLOT: the conversation keeps its slot beside side jobs",
+        tables=[table], targets=targets, data={"turns": turns, "configs": results},
+        notes="restored share = cache_n of the conversation's request right after a side job "
+              "/ prompt tokens of its previous request (a strict prefix), capped at 1. With one slot and no host-RAM cache the side job "
+              "evicts the conversation; llama-server's host-RAM cache can copy it back while "
+              "it fits (8 GiB default); SIDE_SLOT keeps it in slot 0.",
+        engine=engine,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 turns instead of 8")
+    args = parser.parse_args()
+    from bench.__main__ import base_document
+
+    doc = base_document("side_slot", args.quick)
+    t0 = time.monotonic()
+    doc.update(run(args.quick))
+    doc.update(status="ok", error=None, duration_s=round(time.monotonic() - t0, 1))
+    path = _common.write_result("side_slot", doc)
+    print(path)
+    for row in doc["tables"][0]["rows"]:
+        print(row)
+    for t in doc["targets"]:
+        print(t["name"], t["value"], t["target"], t["met"])
+
+
+if __name__ == "__main__":
+    main()
