@@ -11,7 +11,9 @@ recall service as ``python -m loki_recall``, the requests over NATS. Archives N 
 - the plain full scan the original did per search (read every block from Redis, open, lower,
   score), timed over the same blocks, and the answers of both compared (they must be equal);
 - the recall service's resident memory (VmRSS, and the peak VmHWM) against the archived text;
-- restart: SIGTERM, start again, time until a ``recall_search`` is answered.
+- restart: SIGTERM (the service saves its index snapshot), start again, time until a
+  ``recall_search`` is answered; then the same without the snapshot (cold: every block read
+  and indexed again).
 
 Usage: ``python bench/recall_bench.py [--blocks N] [--quick]``; results go to
 ``bench/results/recall.json`` (``--quick``: 5,000 blocks, to ``recall-quick.json``).
@@ -241,6 +243,12 @@ async def run(n_blocks: int, out_path: Path) -> dict:
             "max": round(max(search_times) * 1000, 2), "queries": len(queries),
             "hits_mean": round(statistics.mean(a.count("\n- r") for a in answers), 2),
         }
+        kinds = ["common word", "rare word", "three words", "2-3 letter fragment", "id + word"]
+        result["recall_search_ms_by_kind"] = {
+            kind: {"p50": round(pct(search_times[k::5], 50) * 1000, 2),
+                   "p99": round(pct(search_times[k::5], 99) * 1000, 2)}
+            for k, kind in enumerate(kinds)
+        }
         result["recall_ms"] = {"p50": round(pct(recall_times, 50) * 1000, 3),
                                "p99": round(pct(recall_times, 99) * 1000, 3),
                                "calls": len(recall_times)}
@@ -270,7 +278,9 @@ async def run(n_blocks: int, out_path: Path) -> dict:
         }
 
         # --- restart ----------------------------------------------------------------------
-        service.stop()
+        t0 = time.perf_counter()
+        service.stop()  # saves the index snapshot
+        result["stop_s"] = round(time.perf_counter() - t0, 2)
         t0 = time.perf_counter()
         service.start()
         await wait_serving(nc, service.proc, timeout=600)
@@ -279,9 +289,21 @@ async def run(n_blocks: int, out_path: Path) -> dict:
         text, _ = await ask_tool(nc, "recall_search", queries[1])
         assert text == answers[1], "answer changed after restart"
         result["restart_s"] = round(restart_s, 2)
+        # the same without the snapshot: every block read, opened and indexed again
+        service.stop()
+        (tmp / "home" / "recall-index.snap").unlink()
+        t0 = time.perf_counter()
+        service.start()
+        await wait_serving(nc, service.proc, timeout=600)
+        result["restart_cold_s"] = round(time.perf_counter() - t0, 2)
+        mem3 = rss_kib(service.proc.pid)
+        text, _ = await ask_tool(nc, "recall_search", queries[2])
+        assert text == answers[2], "answer changed after a cold restart"
         result["memory"].update(rss_after_restart_mib=round(mem2["VmRSS"] / 1024, 1),
                                 hwm_after_restart_mib=round(mem2["VmHWM"] / 1024, 1))
-        worst_rss = max(mem["VmRSS"], mem2["VmRSS"]) * 1024
+        result["memory"].update(rss_after_cold_restart_mib=round(mem3["VmRSS"] / 1024, 1),
+                                hwm_after_cold_restart_mib=round(mem3["VmHWM"] / 1024, 1))
+        worst_rss = max(mem["VmRSS"], mem2["VmRSS"], mem3["VmRSS"]) * 1024
         result["memory"]["rss_over_text"] = round(worst_rss / text_bytes, 2)
         result["memory"]["growth_over_text"] = round(
             (worst_rss - rss_empty * 1024) / text_bytes, 2)

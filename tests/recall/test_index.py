@@ -53,3 +53,32 @@ def test_index_many_segments_and_substrings() -> None:
     assert len(seqs) == n and set(bound.tolist()) == {1}
     bound, seqs = index.candidates({"16390x"})
     assert seqs.tolist() == [16390]
+
+
+def test_merge_and_snapshot_keep_every_answer() -> None:
+    rng = random.Random(99)
+    index = Index()
+    index.freeze_at = 5
+    texts = {}
+    for seq in range(1, 241):
+        label, content = rand_text(rng, 8), rand_text(rng, 60)
+        texts[seq] = (go_lower(label), go_lower(content))
+        index.add(seq * 3, *texts[seq])  # seqs need not be dense
+    queries = [kws for _ in range(150) if (kws := keywords(rand_text(rng, 8)))]
+
+    def answers(ix: Index) -> list[dict[int, int]]:
+        out = []
+        for kws in queries:
+            bound, seqs = ix.candidates(kws)
+            out.append(dict(zip(seqs.tolist(), bound.tolist())))
+        return out
+
+    before = answers(index)
+    for kws, got in zip(queries, before):
+        want = {seq * 3: s for seq, (lab, con) in texts.items() if (s := score(kws, lab, con))}
+        assert got == want
+    copy = Index.from_arrays({k: v.copy() for k, v in index.to_arrays().items()})
+    assert answers(index) == before  # compacting changed nothing
+    assert answers(copy) == before and copy.vocabulary == index.vocabulary
+    copy.add(10_000, "", "brandnewword " + rand_text(rng, 20))
+    assert copy.candidates({"brandnew"})[1].tolist() == [10_000]

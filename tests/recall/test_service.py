@@ -93,6 +93,10 @@ async def test_unknown_tool_is_an_error_reply(recall: RecallService, client: Cli
     reply = await client.ask(subjects.RECALL_TOOL, ToolRequest(name="shell", arguments={}),
                              ToolReply)
     assert reply.error is not None and reply.error.type == "invalid_request"
+    for subject in (subjects.RECALL_TOOL, subjects.RECALL_ARCHIVE, subjects.RECALL_BLOCK):
+        msg = await client.nc.request(subject, b'{"nonsense": true', timeout=10)
+        reply = ToolReply.model_validate_json(msg.data)
+        assert reply.error is not None and reply.error.type == "invalid_request"
 
 
 async def test_indexed_search_equals_full_scan(recall: RecallService, client: Client) -> None:
@@ -157,14 +161,34 @@ async def test_restart_on_existing_archive(
     for i in range(20):
         await archive(client, f"persisted {i} kiwi")
     await first.stop()
+    snap = tmp_path / "home" / "recall-index.snap"
+    assert snap.exists() and b"kiwi" not in snap.read_bytes()  # sealed
     second = RecallService(settings)
     await second.start()
     try:
+        assert second.archive.stats()["blocks"] == 20
         text = await tool(client, "recall_search", {"query": "kiwi", "limit": 2})
         assert text.splitlines()[1] == "- r20 · read_file: persisted 19 kiwi"
-        assert await archive(client, "next") == 21
+        assert await archive(client, "next kiwi") == 21
+        text = await tool(client, "recall_search", {"query": "kiwi", "limit": 2})
+        assert text.splitlines()[1] == "- r21 · read_file: next kiwi"
     finally:
         await second.stop()
+    # A snapshot never serves another archive: after Redis is emptied, nothing is found.
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(redis_db)
+    await r.flushall()
+    await r.aclose()
+    third = RecallService(settings)
+    await third.start()
+    try:
+        assert third.archive.stats()["blocks"] == 0
+        assert await tool(client, "recall_search", {"query": "kiwi"}) == (
+            "[no archived block matches]"
+        )
+    finally:
+        await third.stop()
 
 
 def _wait_answering(nats_url: str, proc: subprocess.Popen, timeout: float = 60) -> None:

@@ -23,11 +23,15 @@ blocks other recall instances stored (the sequence counter says which seqs may e
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
+import os
+import secrets
 import time
 from bisect import bisect_right
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 from redis.asyncio import Redis
@@ -44,6 +48,10 @@ from .text import MAX_SEQ, go_lower, score
 
 SEQ_KEY = "loki:recall:seq"
 BLOCKS_KEY = "loki:recall:blocks"
+#: A random name of this archive, so an index snapshot is never used on another archive.
+ARCHIVE_ID_KEY = "loki:recall:archive_id"
+#: An index snapshot is written after this many newly indexed blocks, and at stop.
+SNAPSHOT_EVERY = 20_000
 KIND_PLAIN = b"P"
 KIND_MEMORY = b"M"
 #: How long a seq the counter gave out but that is not stored yet is looked for again.
@@ -86,11 +94,18 @@ class Archive:
     Args:
         redis: an asyncio Redis client (bytes responses).
         sealer: the service key's sealer.
+        snapshot: file where the index of the blocks readable with the service key is saved
+            (sealed with the service key) so a restart reads only the blocks stored since;
+            None: no snapshot, a restart reads every block.
     """
 
-    def __init__(self, redis: Redis, sealer: Sealer) -> None:
+    def __init__(self, redis: Redis, sealer: Sealer, snapshot: Path | None = None) -> None:
         self.redis = redis
         self.sealer = sealer
+        self.snapshot = snapshot
+        self._archive_id = ""
+        self._since_snapshot = 0
+        self._saving: asyncio.Task[None] | None = None
         self._memory: Sealer | None = None
         self._plain = Index()
         self._private: Index | None = None
@@ -174,6 +189,7 @@ class Archive:
                 return
         else:
             index, body = self._plain, inner[1:]
+            self._since_snapshot += 1
         data = json.loads(body)
         index.add(seq, go_lower(data["label"]), go_lower(data["content"]))
 
@@ -183,22 +199,103 @@ class Archive:
             self._sorted_dirty = False
         return self._sorted
 
+    async def _get_archive_id(self) -> str:
+        await self.redis.set(ARCHIVE_ID_KEY, secrets.token_hex(16), nx=True)
+        return (await self.redis.get(ARCHIVE_ID_KEY)).decode("ascii")
+
+    def _snapshot_aad(self) -> bytes:
+        return b"loki:recall:index-snapshot:" + self._archive_id.encode("ascii")
+
+    def _read_snapshot(self) -> tuple[Index, set[int]] | None:
+        """The saved index and memory-block seqs, or None (absent, other archive, damaged)."""
+        if self.snapshot is None or not self.snapshot.exists():
+            return None
+        try:
+            raw = self.sealer.open(self.snapshot.read_bytes(), self._snapshot_aad())
+            with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+            private = {int(x) for x in arrays.pop("private")}
+            return Index.from_arrays(arrays), private
+        except (OSError, SealError, KeyError, ValueError) as exc:
+            log.warning("index snapshot not used: %s", exc)
+            return None
+
+    async def save_snapshot(self) -> None:
+        """Save the index of service-key blocks (never memory blocks' words) to
+        :attr:`snapshot`, sealed with the service key; written to a temporary file and
+        renamed, so a crash leaves the previous snapshot."""
+        if self.snapshot is None or not self._archive_id:
+            return
+        self._since_snapshot = 0
+        arrays = self._plain.to_arrays()
+        arrays["private"] = np.array(sorted(self._private_seqs), dtype=np.uint64)
+        aad, path, sealer = self._snapshot_aad(), self.snapshot, self.sealer
+
+        def write() -> None:
+            buf = io.BytesIO()
+            np.savez(buf, **arrays)
+            blob = sealer.seal(buf.getvalue(), aad)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(blob)
+            os.replace(tmp, path)
+
+        t0 = time.monotonic()
+        await asyncio.to_thread(write)
+        log.info("index snapshot saved: %d blocks, %.1f s", len(self._plain),
+                 time.monotonic() - t0)
+
+    def _maybe_snapshot(self) -> None:
+        if (self.snapshot is not None and self._since_snapshot >= SNAPSHOT_EVERY
+                and (self._saving is None or self._saving.done())):
+            self._saving = asyncio.create_task(self.save_snapshot())
+
+    async def close(self) -> None:
+        """Stop background work; save the index snapshot when blocks were indexed since."""
+        await self.set_memory_key(None)
+        if self._saving is not None:
+            await asyncio.gather(self._saving, return_exceptions=True)
+        if self._since_snapshot:
+            try:
+                await self.save_snapshot()
+            except OSError as exc:
+                log.warning("index snapshot not saved: %s", exc)
+
     async def load(self) -> None:
-        """Read every stored block once (start-up): index what is readable.
+        """Read the archive once (start-up): restore the index snapshot when it matches this
+        archive, then read and index only the blocks it does not cover.
 
         Raises:
             StoreUnavailable: Redis does not answer.
         """
+        try:
+            self._archive_id = await self._get_archive_id()
+            top = int(await self.redis.get(SEQ_KEY) or 0)
+            stored = {int(f) for f in await self.redis.hkeys(BLOCKS_KEY)}
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+        snap = await asyncio.to_thread(self._read_snapshot)
+        if snap is not None:
+            index, private = snap
+            seqs = set(index.seqs().tolist())
+            if seqs <= stored and private <= stored and not seqs & private:
+                self._plain, self._private_seqs = index, private
+                self._known = seqs | private
+                self._sorted = sorted(self._known)
+                log.info("index snapshot restored: %d blocks", len(self._known))
+            else:
+                log.warning("index snapshot not used: it names blocks this archive lacks")
+        missing = sorted(stored - self._known)
         self._plain.freeze_at = 1 << 15  # fewer, bigger frozen parts while loading
         try:
-            top = int(await self.redis.get(SEQ_KEY) or 0)
-            cursor = 0
-            while True:
-                cursor, batch = await self.redis.hscan(BLOCKS_KEY, cursor, count=2000)
-                for field, blob in batch.items():
-                    self._ingest(int(field), blob)
-                if cursor == 0:
-                    break
+            for i in range(0, len(missing), FETCH_CHUNK):
+                chunk = missing[i : i + FETCH_CHUNK]
+                blobs = await self.redis.hmget(BLOCKS_KEY, [str(s) for s in chunk])
+                for seq, blob in zip(chunk, blobs):
+                    if blob is not None:
+                        self._ingest(seq, blob)
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
         finally:
@@ -213,6 +310,9 @@ class Archive:
                     self._pending[seq] = now
             if len(self._pending) > 10_000:  # long-dead gaps: do not chase them
                 self._pending = dict(sorted(self._pending.items())[-10_000:])
+        if self._since_snapshot >= SNAPSHOT_EVERY // 4:
+            self._since_snapshot = SNAPSHOT_EVERY
+            self._maybe_snapshot()
 
     async def sync(self) -> None:
         """Catch up with blocks other recall instances stored since the last look."""
@@ -308,6 +408,7 @@ class Archive:
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
         self._ingest(seq, blob)
+        self._maybe_snapshot()
         return block
 
     # --- reads -----------------------------------------------------------------------------

@@ -25,3 +25,9 @@ class StoreUnavailable(RecallError):
     """Redis did not answer."""
 
     type = "unavailable"
+
+
+class BadRequest(RecallError):
+    """A request that is not valid JSON for its message model."""
+
+    type = "invalid_request"

@@ -44,19 +44,20 @@ class _Part:
 
     __slots__ = ("tids", "starts", "lens", "pos")
 
-    def __init__(self, tids: np.ndarray, pos: np.ndarray) -> None:
+    def __init__(self, tids: np.ndarray, starts: np.ndarray, lens: np.ndarray,
+                 pos: np.ndarray) -> None:
+        self.tids, self.starts, self.lens, self.pos = tids, starts, lens, pos
+
+    @classmethod
+    def from_pairs(cls, tids: np.ndarray, pos: np.ndarray) -> "_Part":
+        """Group (word id, position) pairs by word id (positions keep their order)."""
         order = np.argsort(tids, kind="stable")
-        sorted_tids = tids[order]
-        self.pos = pos[order]
-        self.tids, starts, lens = np.unique(sorted_tids, return_index=True, return_counts=True)
-        self.starts = starts.astype(np.int64)
-        self.lens = lens.astype(np.int64)
+        uniq, starts, lens = np.unique(tids[order], return_index=True, return_counts=True)
+        return cls(uniq.astype(np.uint32), starts.astype(np.int64), lens.astype(np.int64),
+                   pos[order])
 
     def nbytes(self) -> int:
         return self.tids.nbytes + self.starts.nbytes + self.lens.nbytes + self.pos.nbytes
-
-    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.repeat(self.tids, self.lens), self.pos
 
     def gather(self, q: np.ndarray) -> np.ndarray | None:
         """Positions of every block holding one of the word ids ``q`` (sorted uint32)."""
@@ -70,6 +71,31 @@ class _Part:
         total = int(lens.sum())
         offs = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total)
         return self.pos[offs]
+
+
+def _merge(parts: list[_Part], chunk: int = 1 << 20) -> _Part:
+    """One part holding every posting of ``parts`` (in order), by counting and scattering:
+    no global sort, temporaries bounded by ``chunk`` postings."""
+    parts = [p for p in parts if len(p.pos)]
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Part(np.zeros(0, np.uint32), empty, empty, np.zeros(0, np.uint32))
+    size = max(int(p.tids[-1]) for p in parts) + 1
+    counts = np.zeros(size, dtype=np.int64)
+    for p in parts:
+        counts[p.tids] += p.lens
+    cursor = np.cumsum(counts) - counts
+    out = np.empty(int(counts.sum()), dtype=np.uint32)
+    for p in parts:
+        base = cursor[p.tids]  # where this part's group of each word starts in ``out``
+        for a in range(0, len(p.pos), chunk):
+            idx = np.arange(a, min(a + chunk, len(p.pos)))
+            grp = np.searchsorted(p.starts, idx, side="right") - 1
+            out[base[grp] + (idx - p.starts[grp])] = p.pos[a : a + len(idx)]
+        cursor[p.tids] += p.lens
+    nz = np.flatnonzero(counts)
+    starts = np.cumsum(counts) - counts
+    return _Part(nz.astype(np.uint32), starts[nz], counts[nz], out)
 
 
 class _Postings:
@@ -95,12 +121,17 @@ class _Postings:
         if len(self.tail_t):
             t = np.array(self.tail_t, dtype=np.uint32)
             p = np.array(self.tail_p, dtype=np.uint32)
-            self.parts.append(_Part(t, p))
+            self.parts.append(_Part.from_pairs(t, p))
             self.tail_t, self.tail_p = array("I"), array("I")
         if len(self.parts) > MAX_PARTS:
-            pairs = [part.pairs() for part in self.parts]
-            self.parts = [_Part(np.concatenate([a for a, _ in pairs]),
-                                np.concatenate([b for _, b in pairs]))]
+            self.parts = [_merge(self.parts)]
+
+    def compact(self) -> _Part:
+        """Freeze the tail and merge everything into one part (returned)."""
+        self.freeze()
+        if len(self.parts) != 1:
+            self.parts = [_merge(self.parts)]
+        return self.parts[0]
 
     def mark(self, q: np.ndarray, n: int) -> np.ndarray | None:
         """Bool array over positions: blocks holding one of the word ids ``q``."""
@@ -189,6 +220,52 @@ class Index:
         self._content.freeze()
         self._label.freeze()
         self._tail_blocks = 0
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The whole index as arrays (after merging everything into one part per field):
+        the snapshot the archive stores so a restart need not read every block again."""
+        self.freeze()
+        out = {
+            "words": np.frombuffer("\n".join(self._words).encode("utf-8"), dtype=np.uint8),
+            "seqs": np.array(self._seqs, dtype=np.uint64),
+        }
+        for name, postings in (("c", self._content), ("l", self._label)):
+            part = postings.compact()
+            out.update({f"{name}_tids": part.tids, f"{name}_starts": part.starts,
+                        f"{name}_lens": part.lens, f"{name}_pos": part.pos})
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "Index":
+        """Rebuild an index saved by :meth:`to_arrays`.
+
+        Raises:
+            KeyError, ValueError: the arrays are not a snapshot of this layout.
+        """
+        index = cls()
+        text = arrays["words"].tobytes().decode("utf-8")
+        index._words = text.split("\n") if text else []
+        index._ids = {w: i for i, w in enumerate(index._words)}
+        if len(index._ids) != len(index._words):
+            raise ValueError("snapshot vocabulary has duplicates")
+        index.vocab_chars = sum(map(len, index._words))
+        index._texts = [None] * -(-len(index._words) // SEGMENT_WORDS)
+        index._seqs = array("Q", arrays["seqs"].astype(np.uint64).tobytes())
+        for name, postings in (("c", index._content), ("l", index._label)):
+            part = _Part(arrays[f"{name}_tids"].astype(np.uint32),
+                         arrays[f"{name}_starts"].astype(np.int64),
+                         arrays[f"{name}_lens"].astype(np.int64),
+                         arrays[f"{name}_pos"].astype(np.uint32))
+            if len(part.pos) and int(part.pos.max()) >= len(index._seqs):
+                raise ValueError("snapshot postings point past its blocks")
+            if len(part.tids) and int(part.tids.max()) >= len(index._words):
+                raise ValueError("snapshot postings name unknown words")
+            postings.parts = [part] if len(part.pos) else []
+        return index
+
+    def seqs(self) -> np.ndarray:
+        """The seq of every indexed block (a copy)."""
+        return np.array(self._seqs, dtype=np.uint64)
 
     def _segment(self, seg: int) -> tuple[str, list[int]]:
         cached = self._texts[seg]

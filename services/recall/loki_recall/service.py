@@ -15,7 +15,11 @@ import binascii
 import logging
 import time
 
+from typing import TypeVar
+
 from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
+from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -39,10 +43,25 @@ from loki_shared.sealing import service_sealer
 
 from . import tools
 from .archive import Archive
-from .errors import RecallError, StoreUnavailable, UnknownTool
+from .errors import BadRequest, RecallError, StoreUnavailable, UnknownTool
 from .settings import Settings
 
 log = logging.getLogger("loki.recall")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _decode(model: type[M], body: bytes) -> M:
+    """``body`` as ``model``.
+
+    Raises:
+        BadRequest: not valid JSON for ``model``.
+    """
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise BadRequest(f"invalid {model.__name__}: {exc.errors()[:1]}") from exc
 
 
 def _error(exc: Exception) -> ErrorInfo:
@@ -62,7 +81,8 @@ class RecallService:
         self.settings = settings
         secret = settings.secret_key.get_secret_value() if settings.secret_key else None
         self.redis = Redis.from_url(settings.redis_url)
-        self.archive = Archive(self.redis, service_sealer(settings.home, secret))
+        snapshot = settings.home / "recall-index.snap" if settings.recall_snapshot else None
+        self.archive = Archive(self.redis, service_sealer(settings.home, secret), snapshot)
         self.broker: NatsBroker = make_broker(settings.nats_url, "recall")
         self._memory_key_id: str | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -70,14 +90,17 @@ class RecallService:
 
     # --- handlers --------------------------------------------------------------------------
     def _register(self) -> None:
+        """Subscribe the handlers. Requests are decoded here from the raw body with pydantic
+        (exact big integers; a malformed request gets an ``invalid_request`` reply rather
+        than silence)."""
         broker, archive = self.broker, self.archive
         workers = self.settings.recall_workers
         q = subjects.QUEUE_RECALL
 
         @broker.subscriber(subjects.RECALL_ARCHIVE, queue=q, max_workers=workers)
-        async def on_archive(req: ArchiveRequest) -> ArchiveReply:
+        async def on_archive(msg: NatsMessage) -> ArchiveReply:
             try:
-                block = await archive.archive(req)
+                block = await archive.archive(_decode(ArchiveRequest, msg.body))
             except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply
                 return ArchiveReply(error=_error(exc))
             try:
@@ -91,8 +114,9 @@ class RecallService:
             return ArchiveReply(id=block.id, seq=block.seq)
 
         @broker.subscriber(subjects.RECALL_TOOL, queue=q, max_workers=workers)
-        async def on_tool(req: ToolRequest) -> ToolReply:
+        async def on_tool(msg: NatsMessage) -> ToolReply:
             try:
+                req = _decode(ToolRequest, msg.body)
                 if req.name == tools.RECALL:
                     text = await tools.recall(req.arguments, archive)
                 elif req.name == tools.RECALL_SEARCH:
@@ -104,22 +128,29 @@ class RecallService:
             return ToolReply(text=text)
 
         @broker.subscriber(subjects.RECALL_BLOCK, queue=q, max_workers=workers)
-        async def on_block(req: BlockRequest) -> BlockReply:
+        async def on_block(msg: NatsMessage) -> BlockReply:
             try:
+                req = _decode(BlockRequest, msg.body)
                 return BlockReply(block=await archive.get(req.seq))
             except Exception as exc:  # noqa: BLE001
                 return BlockReply(error=_error(exc))
 
         @broker.subscriber(subjects.RECALL_BLOCKS, queue=q, max_workers=workers)
-        async def on_blocks(req: BlocksRequest) -> BlocksReply:
+        async def on_blocks(msg: NatsMessage) -> BlocksReply:
             try:
+                req = _decode(BlocksRequest, msg.body)
                 blocks, next_after = await archive.page(req.after, max(req.max_bytes, 1))
             except Exception as exc:  # noqa: BLE001
                 return BlocksReply(error=_error(exc))
             return BlocksReply(blocks=blocks, next_after=next_after)
 
         @broker.subscriber(subjects.MEMORY_KEY)
-        async def on_memory_key(event: MemoryKeyEvent) -> None:
+        async def on_memory_key(msg: NatsMessage) -> None:
+            try:
+                event = MemoryKeyEvent.model_validate_json(msg.body)
+            except ValidationError:
+                log.warning("unreadable loki.memory.key event ignored")
+                return
             await self.apply_memory(event.state, event.key_b64)
 
     # --- memory key ------------------------------------------------------------------------
@@ -211,6 +242,6 @@ class RecallService:
         if self._poller is not None:
             self._poller.cancel()
             self._poller = None
-        await self.archive.set_memory_key(None)
         await self.broker.stop()
+        await self.archive.close()
         await self.redis.aclose()
