@@ -271,3 +271,17 @@ def test_side_jobs_starting_new_prompts_are_not_divergences():
     f.add(msgs("x"), cache_n=0, prompt_n=50, conversation="b")
     e = f.add(msgs("task two", "a", "more"), cache_n=3, prompt_n=200, kind="subagent")
     assert e.loss.type == "loss" and e.loss.cause == "conversation"
+
+
+def test_only_the_latest_record_of_a_conversation_keeps_its_fingerprints():
+    f = Feed(Ring(capacity=50))
+    history = msgs("q")
+    for i in range(60):
+        history = history + [{"role": "user", "content": str(i)}]
+        f.add(history, cache_n=0, prompt_n=10, conversation="a" if i % 2 else "b")
+    kept = [e for e in f.ring.entries if e.fingerprints is not None]
+    assert [e.conversation for e in kept] == ["b", "a"]  # one per (conversation, kind)
+    # ...and comparisons still work against the latest one.
+    e = f.add(history + [{"role": "user", "content": "more"}], cache_n=0, prompt_n=500,
+              conversation="a")
+    assert e.loss is not None and e.loss.type == "loss"

@@ -214,19 +214,29 @@ class Ring:
 
     def _analyse(self, e: Entry) -> None:
         if e.conversation is None:
+            e.fingerprints = e.roles = None  # never compared: do not keep them
             return
         key = (e.conversation, e.kind)
         prev = self._last.pop(key, None)
         self._last[key] = e
         if len(self._last) > self.key_limit:
-            del self._last[next(iter(self._last))]
+            old = self._last.pop(next(iter(self._last)))
+            old.fingerprints = old.roles = None
+        if prev is not None:
+            # Only the latest record of a key is ever compared again: the ring keeps the
+            # fingerprints of one record per key, not of 5000 (a long conversation sends
+            # hundreds of messages per request).
+            pf = prev.fingerprints
+            prev.fingerprints = prev.roles = None
+        else:
+            pf = None
         if prev is None or e.external or prev.external:
             return
         if prev.cut is not False:
             return  # never after a cut stream: the slot's content is unknown
-        if e.fingerprints is None or prev.fingerprints is None:
+        if e.fingerprints is None or pf is None:
             return
-        pf, cf = prev.fingerprints, e.fingerprints
+        cf = e.fingerprints
         shared = chained_prefix(pf, cf)
         extends = shared == len(pf) and len(cf) > len(pf)
         identical = shared == len(pf) == len(cf)

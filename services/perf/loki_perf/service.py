@@ -223,12 +223,17 @@ class PerfService:
             self.rejected += 1
             self.log.warning("%s", exc)
         else:
-            self.ring.add(e)
-            if seq > self.totals.seq:
-                self.totals.add(e)
-            if self.settings.perf_log and seq > self._target_seq:
-                # Live records only: a restart does not print the rebuilt ring again.
-                print(perf_line(e), file=sys.stderr, flush=True)
+            try:
+                self.ring.add(e)
+                if seq > self.totals.seq:
+                    self.totals.add(e)
+            except Exception:  # noqa: BLE001 - one bad record must not stop the consumer
+                self.rejected += 1
+                self.log.exception("record %d could not be accounted", seq)
+            else:
+                if self.settings.perf_log and seq > self._target_seq:
+                    # Live records only: a restart does not print the rebuilt ring again.
+                    print(perf_line(e), file=sys.stderr, flush=True)
         if seq >= self._target_seq and not self.ready.is_set():
             self.ready.set()
             self.log.info("ring rebuilt: %d records up to seq %d", len(self.ring), seq)
