@@ -103,9 +103,14 @@ async def ask_nats(
     import nats
     from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
+    async def quiet(_exc: Exception) -> None:  # errors are reported once, below
+        return None
+
     try:
-        nc = await nats.connect(
-            nats_url, connect_timeout=timeout, max_reconnect_attempts=0, allow_reconnect=False
+        nc = await asyncio.wait_for(
+            nats.connect(nats_url, connect_timeout=timeout, max_reconnect_attempts=0,
+                         allow_reconnect=False, error_cb=quiet),
+            timeout=timeout + 0.5,
         )
     except Exception as exc:
         raise RuntimeError(f"NATS {nats_url} unreachable: {type(exc).__name__}: {exc}") from exc

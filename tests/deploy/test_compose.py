@@ -7,6 +7,7 @@ validates the files; these tests then check the rendered model.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -337,18 +338,40 @@ def test_grafana_is_provisioned_and_closed(rendered: tuple[str, str, dict]) -> N
 
 
 def test_grafana_dashboards_use_the_provisioned_datasource() -> None:
-    """Every dashboard JSON shipped is valid and names only the provisioned datasource."""
+    """The home dashboard compose names is shipped; every dashboard JSON is valid and names
+    only the provisioned datasource (directly, or through a Prometheus datasource variable,
+    which resolves to the default datasource: ours)."""
     import json
 
     ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml")
                         .read_text())["datasources"][0]
+    assert ds["isDefault"] is True
+    base = yaml.safe_load(BASE.read_text())
+    home = base["services"]["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (ROOT / "deploy/grafana/dashboards" / Path(home).name).is_file(), home
     dashboards = sorted((ROOT / "deploy/grafana/dashboards").glob("*.json"))
+    assert dashboards
+
+    def datasources(node: object) -> Iterator[dict]:
+        if isinstance(node, dict):
+            if isinstance(node.get("datasource"), dict):
+                yield node["datasource"]
+            for value in node.values():
+                yield from datasources(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from datasources(value)
+
     for path in dashboards:
         board = json.loads(path.read_text())
-        uids = set(re.findall(r'"uid":\s*"([^"]+)"', json.dumps(
-            [p.get("datasource") for p in board.get("panels", [])])))
-        assert uids <= {ds["uid"], "${datasource}", "${DS_PROMETHEUS}", "$datasource"}, \
-            (path.name, uids)
+        variables = {v["name"] for v in board.get("templating", {}).get("list", [])
+                     if v.get("type") == "datasource" and v.get("query") == "prometheus"}
+        allowed = {ds["uid"]} | {f"${{{v}}}" for v in variables} | {f"${v}" for v in variables}
+        found = list(datasources(board))
+        assert found, path.name
+        for ref in found:
+            assert ref.get("type", "prometheus") == "prometheus", (path.name, ref)
+            assert ref.get("uid") in allowed, (path.name, ref, allowed)
 
 
 def test_unraid_conventions() -> None:
