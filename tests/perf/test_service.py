@@ -136,3 +136,14 @@ async def test_publish_creates_the_stream_and_never_raises(perf_nats, nc):
     assert await publish_record(closed, record("a", 1, cache_n=0, prompt_n=5)) is False
     not_started = make_broker(perf_nats, "never-started")
     assert await publish_record(not_started, record("a", 1, cache_n=0, prompt_n=5)) is False
+
+
+async def test_a_purged_stream_is_rebuilt_at_once(perf_nats, nc, tmp_path):
+    assert await publish_record(nc, record("a", 1, cache_n=0, prompt_n=5))
+    await nc.jetstream().purge_stream(subjects.STREAM_PERF)  # last_seq stays 1, no message
+    svc = PerfProc(perf_nats, tmp_path / "home")
+    try:
+        s = await wait_summary(nc, 0)
+        assert s["detail"]["rebuilding"] is False
+    finally:
+        svc.stop()

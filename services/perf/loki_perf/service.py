@@ -171,7 +171,8 @@ class PerfService:
         except (nats.errors.Error, OSError) as exc:
             raise StreamUnavailable(f"stream {subjects.STREAM_PERF}: {exc}") from exc
         self._stream_id = info.created.isoformat() if info.created else ""
-        self._target_seq = info.state.last_seq
+        # An empty stream (new, or purged: last_seq stays) has nothing to rebuild.
+        self._target_seq = info.state.last_seq if info.state.messages else 0
         await self._load_checkpoint(info.state.last_seq)
         if self._target_seq == 0:
             self.ready.set()
