@@ -21,6 +21,7 @@ async def test_plain_turn_streams_events_and_persists(chat, client, fake_engine,
     state = await client.state(cid)
     assert [m.role for m in state.messages] == ["system", "user", "assistant"]
     assert state.messages[-1].content == "Hello there"
+    assert state.n_ctx == 4096 and state.ctx_used == 25 and state.last_seq == events[-1].seq
     replay = await client.replay(cid)
     assert [e.model_dump() for e in replay.events] == [e.model_dump() for e in events]
     assert supervisor.released == ["l1"]

@@ -45,6 +45,7 @@ class ContextMeter:
 
     measured: int | None = None
     measured_count: int = 0
+    n_ctx: int | None = None  # the window of the last lease (tokens)
 
     def record(
         self,
@@ -82,12 +83,20 @@ class ContextMeter:
         return self.measured + sum(estimate_tokens(m) for m in messages[self.measured_count :])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"measured": self.measured, "measured_count": self.measured_count}
+        return {
+            "measured": self.measured,
+            "measured_count": self.measured_count,
+            "n_ctx": self.n_ctx,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ContextMeter:
         data = data or {}
-        return cls(measured=data.get("measured"), measured_count=data.get("measured_count", 0))
+        return cls(
+            measured=data.get("measured"),
+            measured_count=data.get("measured_count", 0),
+            n_ctx=data.get("n_ctx"),
+        )
 
 
 @dataclass

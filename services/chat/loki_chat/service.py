@@ -520,7 +520,7 @@ class ChatService:
             view = ContextView(
                 conversation=conv,
                 trigger="manual",
-                n_ctx=0,
+                n_ctx=conv.meter.n_ctx or 0,
                 ctx_used=conv.meter.used(self.settings.system_prompt, conv.messages),
                 emit=lambda delta, meta: actor.emit(delta, loki=meta),
                 extra=self.policy_extra(),
@@ -556,6 +556,7 @@ class ChatService:
             conversation=conv.id,
             messages=[system, *conv.messages],
             ctx_used=conv.meter.used(self.settings.system_prompt, conv.messages),
+            n_ctx=conv.meter.n_ctx,
             generating=bool(actor and actor.busy),
             queued=len(conv.pending) - int(bool(actor and actor.busy and conv.pending)),
             last_seq=conv.seq,

@@ -220,6 +220,8 @@ class TurnRunner:
             return self.finish
         try:
             self.lease_n_ctx = lease.n_ctx
+            if lease.n_ctx:
+                self.conv.meter.n_ctx = lease.n_ctx
             self.model = lease.model
             self.external = lease.external
             echo_model = (
@@ -545,7 +547,7 @@ class TurnRunner:
         view = ContextView(
             conversation=self.conv,
             trigger=trigger,
-            n_ctx=self.lease_n_ctx,
+            n_ctx=self.lease_n_ctx or self.conv.meter.n_ctx or 0,
             ctx_used=self.ctx_used(),
             overflow=overflow,
             emit=lambda delta, meta: self.host.emit(delta, loki=meta),

@@ -126,6 +126,7 @@ class SummaryOutcome:
     text: str | None = None
     failure: str | None = None
     suspend: bool = False
+    prompt_n: int | None = None
 
 
 class CompactionPolicy:
@@ -150,7 +151,8 @@ class CompactionPolicy:
         self._tasks: set[asyncio.Task[Any]] = set()
         #: ``timings.prompt_n`` of the last summary request and the path it took (figures)
         self.last_prompt_n: int | None = None
-        self.last_path: str | None = None
+        #: ``timings.prompt_n`` of each continuation request answered (figures, tests)
+        self.continuation_prompt_n: list[int] = []
 
     # -- knobs ------------------------------------------------------------------------------
     @property
@@ -397,6 +399,8 @@ class CompactionPolicy:
             assert st.stamp is not None
             model = st.stamp.model
             outcome = await self._continuation(view, st, b, budget, archived)
+            if outcome.prompt_n is not None:
+                self.continuation_prompt_n.append(outcome.prompt_n)
             if outcome.text is not None:
                 self.failures.pop(model, None)
                 return outcome, "continuation"
@@ -556,14 +560,15 @@ class CompactionPolicy:
                 budget=budget,
             )
         except SummaryError as exc:
-            return SummaryOutcome(failure=exc.reason, suspend=exc.reason == "tool_call")
+            return SummaryOutcome(failure=exc.reason, suspend=exc.reason == "tool_call",
+                                  prompt_n=self.last_prompt_n)
         if cleaned.cut:
             log.warning(
                 "[compact] %s: summary cut (%s), kept and marked […]",
                 view.conversation.id,
                 cleaned.cut,
             )
-        return SummaryOutcome(text=cleaned.text)
+        return SummaryOutcome(text=cleaned.text, prompt_n=self.last_prompt_n)
 
     # -- last resort ------------------------------------------------------------------------
     async def _shrink(self, view: ContextView, n_ctx: int, st: ConvState, t0: float) -> bool:
