@@ -78,7 +78,8 @@ def test_dashboard_covers_the_required_views():
     text = json.dumps(dashboard)
     for needle in ("lokiassist_prompt_tokens_cached_total", "lokiassist_prompt_tokens_computed_total",
                    "by (cause)", "lokiassist_ttft_seconds_bucket", "by (depth)",
-                   "lokiassist_draft_tokens_accepted_total", "by (kind)"):
+                   "lokiassist_draft_tokens_accepted_total", "by (kind)",
+                   "lokiassist_ttft_median_seconds"):
         assert needle in text, needle
     for panel in dashboard["panels"]:
         assert panel["targets"] and all(t["expr"] for t in panel["targets"])

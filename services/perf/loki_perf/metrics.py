@@ -78,6 +78,7 @@ GAUGES: dict[str, str] = {
     "perf_ring_records": "Records in the perf ring.",
     "prompt_speed_median_tokens_per_second": "Median prompt speed over the ring by context depth.",
     "generation_speed_median_tokens_per_second": "Median generation speed over the ring by depth.",
+    "ttft_median_seconds": "Median time to first token over the ring by context depth.",
     "cache_hit_ratio": "Prompt-cache hit ratio over the ring, by kind.",
     "cache_ram_advice_events": "CACHE_RAM advice events in the ring.",
     "perf_rejected_records": "Records refused since start (payload not a JSON object).",
@@ -270,8 +271,14 @@ class PerfCollector(Collector):
                 pp.add_metric([row["depth"]], row["prompt_tps_median"])
             if row["gen_tps_median"] is not None:
                 tg.add_metric([row["depth"]], row["gen_tps_median"])
+        ttft = GaugeMetricFamily(PREFIX + "ttft_median_seconds", GAUGES["ttft_median_seconds"],
+                                 labels=["depth"])
+        for row in summary["speeds_by_depth"]:
+            if row["ttft_ms_median"] is not None:
+                ttft.add_metric([row["depth"]], row["ttft_ms_median"] / 1000.0)
         yield pp
         yield tg
+        yield ttft
         hit = GaugeMetricFamily(PREFIX + "cache_hit_ratio", GAUGES["cache_hit_ratio"],
                                 labels=["kind"])
         for kind, row in sorted(summary["by_kind"].items()):

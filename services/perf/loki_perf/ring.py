@@ -159,6 +159,7 @@ class Ring:
         self._pp: list[list[float]] = [[] for _ in DEPTH_NAMES]
         self._tg: list[list[float]] = [[] for _ in DEPTH_NAMES]
         self._ttft: list[float] = []
+        self._ttft_depth: list[list[float]] = [[] for _ in DEPTH_NAMES]
         self._losses: deque[Entry] = deque()
         self._advice: deque[Entry] = deque()
         self.advice_total = 0  # advice events seen by this process (not only in the ring)
@@ -192,6 +193,8 @@ class Ring:
                     insort(self._pp[e.bucket], e.pp_tps)
                 if e.tg_tps is not None:
                     insort(self._tg[e.bucket], e.tg_tps)
+                if e.ttft_ms is not None:
+                    insort(self._ttft_depth[e.bucket], e.ttft_ms)
             if e.ttft_ms is not None:
                 insort(self._ttft, e.ttft_ms)
             if e.loss is not None:
@@ -205,6 +208,8 @@ class Ring:
                     _discard(self._pp[e.bucket], e.pp_tps)
                 if e.tg_tps is not None:
                     _discard(self._tg[e.bucket], e.tg_tps)
+                if e.ttft_ms is not None:
+                    _discard(self._ttft_depth[e.bucket], e.ttft_ms)
             if e.ttft_ms is not None:
                 _discard(self._ttft, e.ttft_ms)
             if self._losses and self._losses[0] is e:
@@ -338,8 +343,8 @@ class Ring:
         main = self._aggs["main"]
         speeds = []
         for i, name in enumerate(DEPTH_NAMES):
-            pp, tg = self._pp[i], self._tg[i]
-            if not pp and not tg:
+            pp, tg, ttft = self._pp[i], self._tg[i], self._ttft_depth[i]
+            if not pp and not tg and not ttft:
                 continue
             speeds.append({
                 "depth": name,
@@ -348,6 +353,8 @@ class Ring:
                 "n_gen": len(tg),
                 "prompt_tps_median": _median(pp),
                 "gen_tps_median": _median(tg),
+                "n_ttft": len(ttft),
+                "ttft_ms_median": _median(ttft),
             })
         overall = total.as_dict()
         detail = {
