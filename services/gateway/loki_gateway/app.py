@@ -75,10 +75,14 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_bus = bus is None
         app.state.bus = bus if bus is not None else await Bus.connect(settings.nats_url)
+        app.state.background = set()  # tasks that must outlive a request (perf records)
         app.state.hub = EventHub(app.state.bus.client, settings.sse_client_buffer)
         app.state.http = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0, pool=60.0),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
+            # llama-server closes idle keep-alive connections after 5 s: drop ours sooner so
+            # a request never goes out on a connection the engine is closing.
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=32,
+                                keepalive_expiry=2.0),
             trust_env=False,
         )
         log.info("gateway ready (routers: %s)", ", ".join(app.state.routers))

@@ -94,7 +94,7 @@ def normalise_chat(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(message, dict):
             raise BadRequest(f"messages[{i}] must be an object", code="invalid_value")
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise BadRequest(
                 f"messages[{i}].role must be one of {sorted(ROLES)}", code="invalid_value"
             )

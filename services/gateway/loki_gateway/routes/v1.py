@@ -43,6 +43,7 @@ from loki_shared.messages.engine import (
     RenewRequest,
 )
 from loki_shared.messages.perf import PerfRecord
+from loki_shared.perf_publish import publish_record
 
 from ..bus import Bus
 from ..deps import get_bus
@@ -207,12 +208,16 @@ def _upstream_headers(lease: Lease) -> dict[str, str]:
 
 
 async def _publish_perf(request: Request, record: PerfRecord) -> None:
-    try:
-        await _state(request).bus.client.publish(
-            subjects.PERF_RECORD, record.model_dump_json().encode()
-        )
-    except Exception as exc:
-        log.warning("perf record not published: %s", exc)
+    """Publish ``record`` into the perf stream (JetStream, acknowledged); never raises."""
+    await publish_record(_state(request).bus.client, record)
+
+
+def _publish_perf_later(request: Request, record: PerfRecord) -> None:
+    """Publish in the background, so the client's answer does not wait for the ack."""
+    tasks: set = _state(request).background
+    task = asyncio.create_task(_publish_perf(request, record))
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 def _record(
@@ -236,6 +241,16 @@ def _record(
         fingerprints=fingerprints(messages),
         roles=[str(m.get("role")) for m in messages if isinstance(m, dict)],
     )
+
+
+async def _send_once_more_if_stale(client: httpx.AsyncClient, req: httpx.Request) -> httpx.Response:
+    """Send ``req`` (streamed answer); when the engine closed the pooled connection before
+    answering anything (a keep-alive race), send it once more on a fresh connection."""
+    try:
+        return await client.send(req, stream=True)
+    except httpx.RemoteProtocolError:
+        log.info("engine closed a pooled connection before answering: sending again")
+        return await client.send(req, stream=True)
 
 
 async def _read_body(request: Request) -> dict[str, Any]:
@@ -269,11 +284,11 @@ async def _proxy(
         headers=_upstream_headers(lease),
     )
     try:
-        resp = await race_disconnect(request, client.send(upstream, stream=True))
+        resp = await race_disconnect(request, _send_once_more_if_stale(client, upstream))
     except ClientGone:
         await holder.release()
         if perf:
-            await _publish_perf(request, _record(body, lease, started, None, {}, cut=True))
+            _publish_perf_later(request, _record(body, lease, started, None, {}, cut=True))
         return Response(status_code=499)
     except httpx.HTTPError as exc:
         await holder.release()
@@ -306,7 +321,7 @@ async def _proxy(
                     "model": payload.get("model"),
                     "finish_reason": (payload.get("choices") or [{}])[0].get("finish_reason"),
                 }
-            await _publish_perf(request, _record(body, lease, started, None, final, cut=False))
+            _publish_perf_later(request, _record(body, lease, started, None, final, cut=False))
         return Response(content=raw, status_code=200, media_type="application/json")
 
     return StreamingResponse(
