@@ -23,7 +23,7 @@ class Settings(LokiSettings):
     - ``LOKI_SSE_PING_S`` (4): seconds between ``: ping`` comments on ``/api/chat``.
     - ``LOKI_SSE_CLIENT_BUFFER`` (4096): live events one SSE client may have waiting; past it
       the client is told to reconnect (and resumes by replay).
-    - ``LOKI_SSE_REPLAY_PAGE`` (500): events asked per ``loki.chat.replay`` request.
+    - ``LOKI_SSE_REPLAY_PAGE`` (200): events asked per ``loki.chat.replay`` request.
     - ``LOKI_LEASE_WAIT_S`` (60): how long a ``/v1`` request may wait for an engine lease.
     - ``LOKI_UPSTREAM_TIMEOUT_S`` (600): read timeout towards the engine.
     """
@@ -35,7 +35,7 @@ class Settings(LokiSettings):
     max_message_chars: int = Field(default=1_000_000, ge=1)
     sse_ping_s: float = Field(default=4.0, gt=0)
     sse_client_buffer: int = Field(default=4096, ge=16)
-    sse_replay_page: int = Field(default=500, ge=1)
+    sse_replay_page: int = Field(default=200, ge=1)
     lease_wait_s: float = Field(default=60.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0)
 

@@ -17,6 +17,7 @@
     generating: false,
     turn: null,        // pointers of the turn being drawn
     dirty: new Set(),  // answer bubbles to re-render
+    nctx: 0,           // the conversation's window, from its state
   };
 
   // ---- API -------------------------------------------------------------------------------
@@ -226,6 +227,25 @@
       state.turn = null;
       return;
     }
+    if (delta.role === "user" && ev.loki && ev.loki.injected) {
+      // a message Loki wrote itself (reminder, summary...): shown folded, not as the user's
+      const el = bubble("tool injected", "details");
+      const s = document.createElement("summary");
+      s.textContent = "Loki injected: " + ev.loki.injected;
+      const pre = document.createElement("pre");
+      pre.textContent = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
+      el.append(s, pre);
+      add(el);
+      if (state.turn) { state.turn.last = "tool"; state.turn.answer = null; }
+      return;
+    }
+    if (mark === "retry") {
+      const el = document.createElement("div");
+      el.className = "marker";
+      el.textContent = "retrying" + (ev.loki.reason ? ": " + ev.loki.reason : "");
+      add(el);
+      return;
+    }
     if (delta.role === "user") {
       state.turn = null;
       const el = bubble("user");
@@ -309,6 +329,7 @@
       for (const el of box().querySelectorAll(".typing")) el.classList.remove("typing");
       state.turn = null;
       setGenerating(false);
+      if (ev.loki && typeof ev.loki.ctx_used === "number") setGauge(ev.loki.ctx_used, state.nctx);
       refreshStateSoon();
     }
   }
@@ -334,6 +355,8 @@
   }
 
   function setGauge(used, nctx) {
+    if (nctx) state.nctx = nctx;
+    nctx = nctx || state.nctx;
     // Same figure as the server's: ctx_used / n_ctx of the conversation's state.
     const pct = nctx ? Math.min(100, Math.round((100 * used) / nctx)) : 0;
     $("gauge-fill").style.width = pct + "%";
