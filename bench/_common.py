@@ -404,7 +404,7 @@ def stack(home: Path, env: dict[str, str] | None = None,
     from loki_shared import servers
 
     config = StackConfig(home=home, web_port=servers.free_port(), env=dict(env or {}),
-                         echo=bool(os.environ.get("LOKI_BENCH_ECHO")))
+                         echo=os.environ.get("LOKI_BENCH_ECHO", "").lower() in ("1", "true", "on", "yes"))
     running = Stack(config, log=lambda line: None)
     running.start()
     try:

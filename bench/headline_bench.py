@@ -45,7 +45,7 @@ from typing import Any
 
 from bench import _common
 
-TIMEOUT_S = {"quick": 1500, "full": 5400}
+TIMEOUT_S = {"quick": 2700, "full": 5400}
 
 #: Reply length cap for every completion of the session (tokens): the figure is about the
 #: prompt, and generation is the slow part on a shared 2-core machine.
@@ -98,15 +98,20 @@ def new_tokens(requests: Sequence[Request], min_block: int = MIN_BLOCK) -> list[
     conversation: ``max(1, len(P_i) − held(P_i, P_prev ⊕ G_prev))``, ``P_prev ⊕ G_prev``
     the prompt and generated tokens of the latest earlier request of the reference group
     (what the engine holds after it), ``held`` from :func:`held_tokens`. The first request
-    of a group is new entirely. ``max(1, ·)``: llama.cpp always evaluates at least one
+    of a group is new but for the prefix it shares with the request just before it (the
+    engine holds that one whatever its conversation). ``max(1, ·)``: llama.cpp always evaluates at least one
     token (a full hit reads ``cache_n = N−1, prompt_n = 1``)."""
     last: dict[str, list[int]] = {}
+    previous: list[int] | None = None
     out: list[int] = []
     for req in requests:
         ref = last.get(req.reference or req.group)
         held = held_tokens(req.prompt, ref, min_block) if ref else 0
+        if previous is not None and previous is not ref:
+            # what the engine held just before, when it shares more (a template's opening)
+            held = max(held, common_prefix(req.prompt, previous))
         out.append(max(1, len(req.prompt) - held))
-        last[req.group] = list(req.prompt) + list(req.generated)
+        previous = last[req.group] = list(req.prompt) + list(req.generated)
     return out
 
 
@@ -153,9 +158,9 @@ def _sentence(rng: random.Random, n: int) -> str:
     return words[0].capitalize() + " " + " ".join(words[1:]) + "."
 
 
-def _code_block(rng: random.Random, turn: int) -> str:
+def _code_block(rng: random.Random, turn: int, scale: float = 1.0) -> str:
     lines = [f"# file: src/module_{turn}.py", "import json", "import time", ""]
-    for f in range(rng.randint(5, 7)):
+    for f in range(max(1, round(rng.randint(5, 7) * scale))):
         name = f"{rng.choice(_WORDS)}_{rng.choice(_WORDS)}_{f}"
         lines += [f"def {name}(items, limit={rng.randint(2, 99)}):",
                   f'    """Return the {rng.choice(_WORDS)}s of items under limit."""',
@@ -167,9 +172,9 @@ def _code_block(rng: random.Random, turn: int) -> str:
     return "\n".join(lines)
 
 
-def _tool_output(rng: random.Random, turn: int) -> str:
+def _tool_output(rng: random.Random, turn: int, scale: float = 1.0) -> str:
     lines = [f"$ pytest -q tests/test_module_{turn}.py"]
-    for i in range(rng.randint(8, 12)):
+    for i in range(max(2, round(rng.randint(8, 12) * scale))):
         ok = rng.random() > 0.2
         lines.append(f"tests/test_module_{turn}.py::test_{rng.choice(_WORDS)}_{i} "
                      + ("PASSED" if ok else f"FAILED - AssertionError: {rng.randint(1, 9)} != "
@@ -179,11 +184,12 @@ def _tool_output(rng: random.Random, turn: int) -> str:
     return "\n".join(lines)
 
 
-def script_session(n_turns: int = 30, seed: int = 7) -> list[Turn]:
+def script_session(n_turns: int = 30, seed: int = 7, scale: float = 1.0) -> list[Turn]:
     """The scripted session: a deterministic list of ``n_turns`` turns cycling short
     question, long message, pasted code, short question, pasted tool output, long message;
     side work after turns 3, 8, 13… (``v1``) and 5, 12, 19… (``bench``); one explicit
-    compaction request two thirds in.
+    compaction request two thirds in. ``scale`` shrinks or grows the long messages, pasted
+    code and tool output (quick mode uses 0.5).
 
     Raises:
         ValueError: fewer than 6 turns.
@@ -200,11 +206,12 @@ def script_session(n_turns: int = 30, seed: int = 7) -> list[Turn]:
             text = rng.choice(_SHORT)
         elif kind == "long":
             text = (f"Let us look at {topic}. "
-                    + " ".join(_sentence(rng, rng.randint(8, 14)) for _ in range(rng.randint(6, 9))))
+                    + " ".join(_sentence(rng, rng.randint(8, 14))
+                              for _ in range(max(1, round(rng.randint(6, 9) * scale)))))
         elif kind == "paste":
-            text = f"Here is {topic}, review it briefly:\n```python\n{_code_block(rng, i)}\n```"
+            text = f"Here is {topic}, review it briefly:\n```python\n{_code_block(rng, i, scale)}\n```"
         else:
-            text = f"The tests of {topic} say:\n```\n{_tool_output(rng, i)}\n```\nWhat failed?"
+            text = f"The tests of {topic} say:\n```\n{_tool_output(rng, i, scale)}\n```\nWhat failed?"
         side = []
         if i % 5 == 3:
             side.append("v1")
@@ -258,15 +265,16 @@ def tokenize_exchange(engine_url: str, ex: _common.Exchange) -> tuple[list[int],
 
 
 def classify(ex: _common.Exchange) -> str:
-    """What a recorded request was: ``v1`` / ``bench`` (tagged side jobs), ``compact`` (a
-    non-streamed request with ``tool_choice: none``, the summariser's shape), else ``main``."""
+    """What a recorded request was: ``v1`` / ``bench`` (tagged side jobs), ``compact`` (an
+    untagged non-streamed request: the summariser's shape, every turn step is streamed),
+    else ``main``."""
     text = json.dumps(ex.body.get("messages", [])[:1])
     if SIDE_V1_TAG in text:
         return "v1"
     if SIDE_BENCH_TAG in text:
         return "bench"
-    if ex.body.get("tool_choice") == "none" and not ex.body.get("stream"):
-        return "compact"
+    if not ex.body.get("stream"):
+        return "compact"  # the chat service streams every turn step; summaries are not
     return "main"
 
 
@@ -368,14 +376,19 @@ class NaiveClient:
         """A naive client has no compaction of its own; it only truncates (above)."""
 
 
-def run_naive(turns: Sequence[Turn], ctx: int) -> dict[str, Any]:
-    """The session with :class:`NaiveClient` on a one-slot llama-server."""
+def run_naive(turns: Sequence[Turn], ctx: int, deadline: float = float("inf")) -> dict[str, Any]:
+    """The session with :class:`NaiveClient` on a one-slot llama-server; stops early (the
+    figures cover the turns done) when ``time.monotonic()`` passes ``deadline``."""
     with _common.llama(ctx=ctx) as engine:
         proxy = _common.RecordingProxy(engine.url).start()
         try:
             client = NaiveClient(proxy.url, ctx)
             start = time.monotonic()
+            done = 0
             for i, turn in enumerate(turns):
+                if time.monotonic() > deadline:
+                    break
+                done += 1
                 client.turn(turn.text)
                 for side in turn.side:
                     client.side(side, i)
@@ -383,7 +396,7 @@ def run_naive(turns: Sequence[Turn], ctx: int) -> dict[str, Any]:
             figures = analyse(engine.url, proxy.exchanges)
         finally:
             proxy.stop()
-        figures.update(wall_s=round(wall, 1), compactions=client.truncations,
+        figures.update(wall_s=round(wall, 1), compactions=client.truncations, turns_done=done,
                        engine_argv=engine.argv[engine.argv.index("-c"):],
                        engine=_common.engine_build(engine.url))
         return figures
@@ -502,9 +515,11 @@ class LokiClient:
             await nc.close()
 
 
-def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig) -> dict[str, Any]:
+def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig,
+             deadline: float = float("inf")) -> dict[str, Any]:
     """The session through the whole stack (``LOKI_ENGINE_URL`` → the recording proxy →
-    llama-server launched with the layout the supervisor gives ``config``)."""
+    llama-server launched with the layout the supervisor gives ``config``); stops early (the
+    figures cover the turns done) when ``time.monotonic()`` passes ``deadline``."""
     extra: list[str] = []
     n_ctx, parallel = ctx, 1
     if config.side_slot:
@@ -521,7 +536,11 @@ def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig) -> dict[str, A
                     _common.stack(Path(home), env) as stack:
                 client = LokiClient(f"http://127.0.0.1:{stack.config.web_port}", stack.nats_url)
                 start = time.monotonic()
+                done = 0
                 for i, turn in enumerate(turns):
+                    if time.monotonic() > deadline:
+                        break
+                    done += 1
                     client.turn(turn.text)
                     if turn.compact:
                         client.compact()
@@ -531,7 +550,7 @@ def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig) -> dict[str, A
             figures = analyse(engine.url, proxy.exchanges)
         finally:
             proxy.stop()
-        figures.update(wall_s=round(wall, 1),
+        figures.update(wall_s=round(wall, 1), turns_done=done,
                        compactions=figures["by_kind"].get("compact", {}).get("requests", 0),
                        engine_argv=engine.argv[engine.argv.index("-c"):],
                        keys=config.keys, engine=_common.engine_build(engine.url))
@@ -539,33 +558,42 @@ def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig) -> dict[str, A
 
 
 # =========================================================================== the bench
+#: Time the bench gives itself (s); a configuration that would run past its share stops
+#: early and reports the turns it did (the harness's TIMEOUT_S is a little longer).
+BUDGET_S = {"quick": 2400, "full": 5000}
+
+
 def run(quick: bool) -> dict[str, Any]:
-    """Run the session for the naive client and each Loki configuration; see the module
-    docstring. Quick: 30 turns, CTX 2048, naive + loki-default + loki-best. Full: 40 turns,
-    CTX 2048, every configuration."""
+    """Run the session for each Loki configuration and the naive client; see the module
+    docstring. Quick: 30 turns at half size, CTX 2048, loki-best, loki-default, naive. Full:
+    40 turns, CTX 2048, every configuration. Each configuration gets an equal share of the
+    time left; one that runs out reports the turns it did."""
     n_turns = 30 if quick else 40
     ctx = 2048
-    turns = script_session(n_turns)
+    turns = script_session(n_turns, scale=0.5 if quick else 1.0)
+    budget_end = time.monotonic() + BUDGET_S["quick" if quick else "full"]
+    configs = loki_configs(quick)
+    configs.sort(key=lambda c: c.name != "loki-best")  # the figure that matters first
+    order: list[LokiConfig | None] = [*configs, None]  # None: the naive client
     runs: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
-    try:
-        runs["naive"] = run_naive(turns, ctx)
-    except Exception as exc:  # noqa: BLE001 - one configuration's failure is reported
-        errors["naive"] = f"{type(exc).__name__}: {exc}"
-    for config in loki_configs(quick):
+    for index, config in enumerate(order):
+        name = config.name if config else "naive"
+        deadline = time.monotonic() + (budget_end - time.monotonic()) / (len(order) - index)
         try:
-            runs[config.name] = run_loki(turns, ctx, config)
-        except Exception as exc:  # noqa: BLE001
-            errors[config.name] = f"{type(exc).__name__}: {exc}"
-            if config.name == "loki-default":
-                break  # the stack does not work: the other keys would fail the same way
+            if config is None:
+                runs[name] = run_naive(turns, ctx, deadline)
+            else:
+                runs[name] = run_loki(turns, ctx, config, deadline)
+        except Exception as exc:  # noqa: BLE001 - one configuration's failure is reported
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    runs = {k: runs[k] for k in sorted(runs, key=lambda k: (k != "naive", k))}
 
     rows = []
     for name, fig in runs.items():
         kinds = fig["by_kind"]
-        rows.append([name, fig["ratio"], fig["prefilled"], fig["new"], fig["extra"],
-                     fig["requests"], kinds.get("main", {}).get("requests", 0),
-                     fig["compactions"],
+        rows.append([name, fig["ratio"], fig["turns_done"], fig["prefilled"], fig["new"],
+                     fig["extra"], fig["requests"], fig["compactions"],
                      sum(kinds.get(k, {}).get("requests", 0) for k in ("v1", "bench")),
                      fig["total_prompt_ms"] / 1000, fig["wall_s"]])
     for name, err in errors.items():
@@ -587,6 +615,10 @@ def run(quick: bool) -> dict[str, Any]:
                               k["prefilled"] / k["new"] if k["new"] else None])
     check_rows = [[name, fig["check"]["requests_off"], fig["check"]["max_abs_diff"],
                    fig["left_out"], " ".join(fig["engine_argv"])] for name, fig in runs.items()]
+    short = [k for k, v in runs.items() if v["turns_done"] < n_turns]
+    if short:
+        targets.append(_common.target("configurations that ran the whole session",
+                                      len(runs) - len(short), ">=", len(runs)))
     notes = (f"Session: {n_turns} scripted turns (short and long messages, pasted code, pasted "
              f"test output), side work between turns (a `/v1` client request and a `bench` "
              f"request), one explicit compaction request two thirds in plus any the window "
@@ -598,9 +630,12 @@ def run(quick: bool) -> dict[str, Any]:
         "Headline: prompt recomputation ratio",
         tables=[
             _common.table("Recomputation ratio by configuration",
-                          ["configuration", "ratio", "Σ prompt_n", "Σ new", "extra",
-                           "requests", "main", "compactions", "side jobs", "prefill s",
-                           "wall s"], rows),
+                          ["configuration", "ratio", "turns", "Σ prompt_n", "Σ new", "extra",
+                           "requests", "compactions", "side jobs", "prefill s", "wall s"],
+                          rows,
+                          notes="turns: turns done of the scripted session (fewer when the "
+                                "time budget ran out: the figures cover those). compactions: "
+                                "summary requests for Loki, truncations for the naive client."),
             _common.table("By request kind", ["configuration", "kind", "requests",
                                               "Σ prompt_n", "Σ new", "ratio"], breakdown),
             _common.table("Rendering check", ["configuration", "requests off by >1 token",

@@ -80,6 +80,12 @@ def test_compaction_summary_is_new_and_its_tail_is_not() -> None:
     assert new[2] == 40 + 12
 
 
+def test_a_new_conversation_shares_the_template_opening_with_the_request_before() -> None:
+    main = [1, 2, 3] + _seq(1000, 50)
+    side = [1, 2, 3] + _seq(9000, 20)
+    assert new_tokens([Request("main", main), Request("v1", side)]) == [53, 20]
+
+
 def test_a_full_hit_still_counts_one_token() -> None:
     p = SYS + _seq(1000, 10)
     assert new_tokens([Request("main", p), Request("main", p)]) == [50, 1]
@@ -107,6 +113,7 @@ def test_classify_by_tag_and_summary_shape() -> None:
     assert classify(ex({"messages": [{"role": "system", "content": "[side:bench] x"}]})) \
         == "bench"
     assert classify(ex({"messages": [], "tool_choice": "none", "stream": False})) == "compact"
+    assert classify(ex({"messages": [{"role": "system", "content": "x"}]})) == "compact"
     assert classify(ex({"messages": [], "stream": True})) == "main"
 
 
