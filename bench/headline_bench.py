@@ -506,13 +506,43 @@ class LokiClient:
             async with httpx.AsyncClient(timeout=900) as http:
                 r = await http.post(f"{lease.base_url}/v1/chat/completions", json=body,
                                     headers=headers)
-            usage = r.json().get("usage") or {}
+            answer = r.json()
+            usage = answer.get("usage") or {}
+            try:  # a bench request is measured like any other completion (perf issue)
+                from loki_shared.perf_publish import build_record, publish_record
+
+                await publish_record(nc, build_record(
+                    kind="bench", messages=body["messages"], final=answer,
+                    model=lease.model, slot=lease.id_slot))
+            except ImportError:
+                pass
             await nc.request(subjects.ENGINE_RELEASE, ReleaseRequest(
                 lease_id=lease.lease_id, job_done=True,
                 prompt_tokens=usage.get("prompt_tokens")).model_dump_json().encode(),
                 timeout=30)
         finally:
             await nc.close()
+
+
+def _perf_summary(client: LokiClient, wait_s: float = 10.0) -> dict[str, Any] | None:
+    """Loki's own account of the session (``GET /api/perf/summary``: completions, Σ
+    prompt_n, Σ cache_n), read once it has as many completions as a moment ago (records
+    arrive through JetStream)."""
+    deadline = time.monotonic() + wait_s
+    last: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        try:
+            r = client.http.get("/api/perf/summary", timeout=10)
+            doc = r.json() if r.status_code == 200 else None
+        except Exception:  # noqa: BLE001 - a cross-check only
+            doc = None
+        if doc and last and doc.get("completions") == last.get("completions"):
+            break
+        last = doc or last
+        time.sleep(1.0)
+    if not last:
+        return None
+    return {k: last.get(k) for k in ("completions", "prompt_n", "cache_n")}
 
 
 def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig,
@@ -547,10 +577,11 @@ def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig,
                     for side in turn.side:
                         client.side(side, i)
                 wall = time.monotonic() - start
+                perf = _perf_summary(client)
             figures = analyse(engine.url, proxy.exchanges)
         finally:
             proxy.stop()
-        figures.update(wall_s=round(wall, 1), turns_done=done,
+        figures.update(wall_s=round(wall, 1), turns_done=done, perf_service=perf,
                        compactions=figures["by_kind"].get("compact", {}).get("requests", 0),
                        engine_argv=engine.argv[engine.argv.index("-c"):],
                        keys=config.keys, engine=_common.engine_build(engine.url))
@@ -613,8 +644,12 @@ def run(quick: bool) -> dict[str, Any]:
         for kind, k in sorted(fig["by_kind"].items()):
             breakdown.append([name, kind, k["requests"], k["prefilled"], k["new"],
                               k["prefilled"] / k["new"] if k["new"] else None])
-    check_rows = [[name, fig["check"]["requests_off"], fig["check"]["max_abs_diff"],
-                   fig["left_out"], " ".join(fig["engine_argv"])] for name, fig in runs.items()]
+    check_rows = []
+    for name, fig in runs.items():
+        perf = fig.get("perf_service") or {}
+        check_rows.append([name, fig["check"]["requests_off"], fig["check"]["max_abs_diff"],
+                           fig["left_out"], perf.get("completions"), perf.get("prompt_n"),
+                           " ".join(fig["engine_argv"])])
     short = [k for k, v in runs.items() if v["turns_done"] < n_turns]
     if short:
         targets.append(_common.target("configurations that ran the whole session",
@@ -640,10 +675,13 @@ def run(quick: bool) -> dict[str, Any]:
                                               "Σ prompt_n", "Σ new", "ratio"], breakdown),
             _common.table("Rendering check", ["configuration", "requests off by >1 token",
                                               "max |rendered − (cache_n+prompt_n)|",
-                                              "left out", "engine layout"], check_rows,
+                                              "left out", "perf service completions",
+                                              "perf service Σ prompt_n", "engine layout"],
+                          check_rows,
                           notes="The rendered prompt (engine's `/apply-template` + "
                                 "`/tokenize`) against the engine's own count of the same "
-                                "request."),
+                                "request; Loki's own account (`GET /api/perf/summary`) "
+                                "against the requests the proxy saw."),
         ],
         targets=targets,
         data={"turns": n_turns, "ctx": ctx, "max_tokens": MAX_TOKENS, "runs": runs,
