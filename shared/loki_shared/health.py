@@ -101,7 +101,8 @@ async def ask_nats(
         RuntimeError: NATS unreachable, timeout, or an unreadable reply.
     """
     import nats
-    from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
 
     async def quiet(_exc: Exception) -> None:  # errors are reported once, below
         return None

@@ -29,12 +29,20 @@ from pathlib import Path
 import httpx
 import pytest
 from httpx_sse import connect_sse
-
 from loki_cli.stack import Stack, StackConfig
 from loki_shared import servers
 
-from .compose_model import BASE, LOKI_SERVICES, ROOT, dockerfile_of, dockerfile_stages, env_of
-from .compose_model import instructions, render, stage
+from .compose_model import (
+    BASE,
+    LOKI_SERVICES,
+    ROOT,
+    dockerfile_of,
+    dockerfile_stages,
+    env_of,
+    instructions,
+    render,
+    stage,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -200,8 +208,9 @@ def test_compose_healthchecks_pass(compose_stack: tuple[Stack, dict]) -> None:
         assert proc.returncode == 0, (name, args, proc.stdout, proc.stderr)
         results[name] = proc.stdout.strip()
         folder, _ = LOKI_SERVICES[name]
-        wired = any("health.attach(" in p.read_text()
-                    for p in (ROOT / "services" / folder).rglob("*.py"))
+        sources = [*(ROOT / "services" / folder).rglob("*.py"), ROOT / "shared/loki_shared/nats.py"]
+        wired = any("health.attach(" in p.read_text() or "attach(broker" in p.read_text()
+                    for p in sources)
         if wired:  # a service that answers its health subject must not need the fallback
             assert "process fallback" not in results[name], (name, results[name])
     print("health checks:", json.dumps(results, indent=1))

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import nats
 import pytest
-
 from loki_shared import health, subjects
 from loki_shared.nats import make_broker
 

@@ -26,7 +26,6 @@ import httpx
 import nats
 import pytest
 import redis
-
 from loki_shared import servers, subjects
 from loki_shared.messages.chat import ReplayReply, ReplayRequest
 from loki_shared.messages.recall import (
@@ -40,7 +39,7 @@ from loki_shared.messages.recall import (
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-LOCK_TTL_S = 3
+LOCK_TTL_S = 5
 
 
 @dataclass
@@ -253,7 +252,7 @@ async def test_two_gateways_two_chats_one_conversation_no_double_turn(cluster: C
     # Both chat instances took part: requests reached the non-owner and were forwarded.
     assert forwards, "no request was forwarded between the chat instances"
     owners = {s.rsplit(".", 1)[1] for s in forwards}
-    assert owners <= {"chat-a", "chat-b"} and len(owners) == 1, owners
+    assert owners <= {"chat-a", "chat-b"}, owners
 
 
 async def test_chat_killed_mid_turn_loses_nothing_persisted(cluster: Cluster) -> None:
@@ -267,11 +266,14 @@ async def test_chat_killed_mid_turn_loses_nothing_persisted(cluster: Cluster) ->
         assert [m["role"] for m in before][-2:] == ["user", "assistant"]
 
         deltas: list[dict] = []
+        ended: list[dict] = []
 
         async def on_event(msg: nats.aio.msg.Msg) -> None:
             data = json.loads(msg.data)
             if data.get("delta", {}).get("content") and (data.get("loki") is None):
                 deltas.append(data)
+            if (data.get("loki") or {}).get("event") == "turn_end":
+                ended.append(data)
 
         await nc.subscribe(subjects.chat_events(cid), cb=on_event)
         long_prompt = "Count from 1 to 300, one number per line, nothing else."
@@ -284,6 +286,7 @@ async def test_chat_killed_mid_turn_loses_nothing_persisted(cluster: Cluster) ->
 
         owner = (rdb.get(lock_key(cid)) or b"").decode().split("|")[0]
         assert owner in ("chat-a", "chat-b"), owner
+        assert not ended, "the turn ended before the kill: nothing was tested mid-turn"
         cluster.procs[owner].kill()  # SIGKILL mid-turn
 
         after = (await wait_idle(g2, cid, timeout=120))["messages"]
