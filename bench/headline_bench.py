@@ -55,6 +55,13 @@ MAX_TOKENS = 24
 MIN_BLOCK = 8
 
 SIDE_V1_TAG = "[side:v1]"
+
+
+def _progress(name: str, done: int, total: int, start: float) -> None:
+    import sys
+
+    print(f"[headline] {name}: turn {done}/{total} at {time.monotonic() - start:.0f} s",
+          file=sys.stderr, flush=True)
 SIDE_BENCH_TAG = "[side:bench]"
 
 
@@ -392,6 +399,7 @@ def run_naive(turns: Sequence[Turn], ctx: int, deadline: float = float("inf")) -
                 client.turn(turn.text)
                 for side in turn.side:
                     client.side(side, i)
+                _progress("naive", done, len(turns), start)
             wall = time.monotonic() - start
             figures = analyse(engine.url, proxy.exchanges)
         finally:
@@ -576,6 +584,7 @@ def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig,
                         client.compact()
                     for side in turn.side:
                         client.side(side, i)
+                    _progress(config.name, done, len(turns), start)
                 wall = time.monotonic() - start
                 perf = _perf_summary(client)
             figures = analyse(engine.url, proxy.exchanges)
