@@ -105,6 +105,10 @@ def test_loki_healthchecks_ask_the_right_thing(rendered: tuple[str, str, dict]) 
             assert int(env[key]) == port, (name, url, env.get(key))
             host_key = {"gateway": "LOKI_WEB_HOST", "perf": "LOKI_PERF_METRICS_HOST"}[name]
             assert env[host_key] == "0.0.0.0", (name, "must listen beyond loopback")
+            if name == "gateway":  # the check carries no key: it must pass with LOKI_API_KEY
+                from loki_gateway.auth import is_protected
+
+                assert not is_protected(url.split(str(port), 1)[1]), url
         else:
             service_name = args[0]
             sources = "\n".join(p.read_text() for p in (ROOT / "services" / folder).rglob("*.py"))
