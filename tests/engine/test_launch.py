@@ -98,7 +98,12 @@ async def test_two_slots_with_side_slot(engine_env, supervisor_factory, nc):
     assert any("second slot uses" in n for n in info.notes)
 
     main = await lease(nc, "main", conversation="c1")
-    side = await lease(nc, "verify", conversation="c1", wait=5)  # not blocked by slot 0
+    # A second main request waits for slot 0; meanwhile a side request is served at once
+    # (lease requests are handled concurrently: a waiting one never blocks another queue).
+    waiting_main = asyncio.create_task(lease(nc, "main", conversation="c1", wait=60))
+    await asyncio.sleep(0.3)
+    side = await lease(nc, "verify", conversation="c1", wait=5)
+    assert not waiting_main.done()
     assert (main.id_slot, side.id_slot) == (0, 1)
     assert main.shares_main_slot and not side.shares_main_slot
     foreign = await request(nc, subjects.ENGINE_LEASE, LeaseRequest(kind="foreign", wait_s=0.3),
@@ -111,6 +116,9 @@ async def test_two_slots_with_side_slot(engine_env, supervisor_factory, nc):
     )
     assert r0["choices"] and r1["choices"]
     await release(nc, main.lease_id)
+    main2 = await asyncio.wait_for(waiting_main, 10)
+    assert main2.id_slot == 0
+    await release(nc, main2.lease_id)
     # Two slots: the slot erase abstains even at the end of a side job.
     rel = await release(nc, side.lease_id, job_done=True)
     assert rel.ok and not rel.slot_erased and "2 slots" in (rel.erase_skipped or "")

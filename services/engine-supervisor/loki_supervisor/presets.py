@@ -17,6 +17,7 @@ import base64
 import json
 import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -49,7 +50,8 @@ def validate(preset: Preset) -> None:
     """Check a preset's fields.
 
     Raises:
-        InvalidRequest: bad id, CTX, NGL, external preset without ``base_url``, ...
+        InvalidRequest: bad id, missing model file, CTX, NGL, CACHE_RAM, external preset
+            without ``base_url`` or ``api_model``.
     """
     if not _ID.match(preset.id):
         raise InvalidRequest("preset id: 1-64 letters, digits, '-' or '_'")
@@ -59,6 +61,8 @@ def validate(preset: Preset) -> None:
         if not preset.api_model:
             raise InvalidRequest("external preset: api_model is required")
         return
+    if preset.model and not Path(preset.model).is_file():
+        raise InvalidRequest(f"model file not found: {preset.model}")
     if preset.ctx < 256:
         raise InvalidRequest("CTX must be at least 256 tokens")
     ngl = (preset.ngl or "").strip().lower()
