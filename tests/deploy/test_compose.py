@@ -405,6 +405,27 @@ def test_unraid_conventions() -> None:
     assert services["engine-supervisor"].get("runtime") == "nvidia"
 
 
+def test_unraid_init_prepares_appdata(tmp_path: Path) -> None:
+    """``loki-init``'s command, run by a real shell on a scratch folder, creates every appdata
+    folder and gives it to PUID:PGID."""
+    import os
+    import subprocess
+
+    uid, gid = os.getuid(), os.getgid()
+    out = render([BASE, UNRAID], ["gpu"], env={"PUID": str(uid), "PGID": str(gid)})
+    init = out.services["loki-init"]
+    argv = [a.replace("$$", "$") for a in init["command"]]
+    assert argv[:2] == ["sh", "-c"]
+    script = argv[2].replace("/appdata", str(tmp_path / "appdata"))
+    env = {"PATH": os.environ["PATH"], **{k: str(v) for k, v in init["environment"].items()}}
+    proc = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    for sub in ("nats", "redis", "data", "prometheus", "grafana"):
+        st = (tmp_path / "appdata" / sub).stat()
+        assert (st.st_uid, st.st_gid) == (uid, gid), sub
+
+
 def test_unraid_appdata_follows_env() -> None:
     out = render([BASE, UNRAID], ["cpu"], env={"LOKI_APPDATA": "/mnt/cache/appdata/loki2",
                                               "LOKI_MODELS_DIR": "/mnt/user/gguf"})
