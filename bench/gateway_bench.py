@@ -57,7 +57,8 @@ def _start_gateway(nats_url: str, home: Path) -> tuple[servers.ManagedProcess, s
     port = servers.free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
     env.update(LOKI_NATS_URL=nats_url, LOKI_WEB_PORT=str(port), LOKI_HOME=str(home),
-               LOKI_SECRET_KEY="bench-secret", LOKI_LOG_LEVEL="WARNING")
+               LOKI_SECRET_KEY="bench-secret", LOKI_LOG_LEVEL="WARNING",
+               LOKI_REDIS_URL="redis://127.0.0.1:1/0")  # no Redis: memory routes idle
     proc = servers.ManagedProcess("gateway", [sys.executable, "-m", "loki_gateway"],
                                   env=env).start()
     url = f"http://127.0.0.1:{port}"

@@ -8,10 +8,11 @@ lifespan, or may be injected (tests).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -68,6 +69,33 @@ def load_routers() -> tuple[list, list[str]]:
     return routers, loaded
 
 
+async def _start_memory(app: FastAPI, settings: Settings) -> None:
+    """Wire the user's memory key (:class:`loki_gateway.memory_state.MemoryState`, Redis +
+    NATS) into ``app.state.memory``; retried every 5 s while Redis cannot be reached, so the
+    rest of the gateway serves meanwhile."""
+    try:
+        from redis.asyncio import Redis
+
+        from .memory_state import MemoryState
+    except ImportError:
+        log.info("memory state not present: /api/memory unavailable")
+        return
+    while True:
+        redis = Redis.from_url(settings.redis_url)
+        memory = MemoryState(redis, app.state.bus.client)
+        try:
+            await memory.start()
+        except Exception as exc:
+            log.warning("memory state not started (%s): retrying in 5 s", exc)
+            with suppress(Exception):
+                await memory.stop()
+                await redis.aclose()
+            await asyncio.sleep(5)
+            continue
+        app.state.memory = memory
+        return
+
+
 def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
     """The gateway app. ``bus`` injected: used as is and not closed at shutdown."""
 
@@ -85,10 +113,16 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
                                 keepalive_expiry=2.0),
             trust_env=False,
         )
+        memory_task = asyncio.create_task(_start_memory(app, settings))
         log.info("gateway ready (routers: %s)", ", ".join(app.state.routers))
         try:
             yield
         finally:
+            memory_task.cancel()
+            memory = getattr(app.state, "memory", None)
+            if memory is not None:
+                with suppress(Exception):
+                    await memory.stop()
             await app.state.http.aclose()
             if own_bus:
                 await app.state.bus.close()
