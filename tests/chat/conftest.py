@@ -337,7 +337,12 @@ class ChatRunner:
 
 
 @pytest.fixture
-async def chat_runner(nats_url: str, redis_db: str, tmp_path: Path) -> AsyncIterator[ChatRunner]:
+async def chat_runner(
+    nats_url: str, redis_db: str, tmp_path: Path, nc: Any
+) -> AsyncIterator[ChatRunner]:
+    from loki_shared.perf_publish import ensure_perf_stream
+
+    await ensure_perf_stream(nc.jetstream())  # as the perf service does at start
     runner = ChatRunner(nats_url, redis_db, tmp_path / "home")
     yield runner
     await runner.stop_all()
