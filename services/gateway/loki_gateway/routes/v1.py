@@ -271,7 +271,11 @@ async def _proxy(
         wants_usage = bool(opts.get("include_usage"))
         opts["include_usage"] = True
         body["stream_options"] = opts
-    holder = await race_disconnect(request, LeaseHolder.acquire(state.bus, settings.lease_wait_s))
+    try:
+        holder = await race_disconnect(
+            request, LeaseHolder.acquire(state.bus, settings.lease_wait_s))
+    except ClientGone:
+        return Response(status_code=499)
     lease = holder.lease
     if lease.id_slot is not None:
         body["id_slot"] = lease.id_slot
@@ -324,8 +328,9 @@ async def _proxy(
             _publish_perf_later(request, _record(body, lease, started, None, final, cut=False))
         return Response(content=raw, status_code=200, media_type="application/json")
 
-    return StreamingResponse(
-        _relay(request, resp, holder, body, started, wants_usage, perf),
+    relay = Relay(request, resp, holder, body, started, wants_usage, perf)
+    return RelayResponse(
+        relay,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -362,48 +367,48 @@ def _frame(lines: list[str]) -> bytes:
     return ("\n".join(lines) + "\n\n").encode("utf-8")
 
 
-async def _relay(
-    request: Request,
-    resp: httpx.Response,
-    holder: LeaseHolder,
-    body: dict[str, Any],
-    started: float,
-    wants_usage: bool,
-    perf: bool,
-) -> AsyncIterator[bytes]:
-    """Relay the engine's SSE events, one write per event, as they come.
+class Relay:
+    """One streamed answer being relayed: the event loop (:meth:`events`) and its cleanup
+    (close upstream, release the lease, publish the perf record), run exactly once whether
+    the stream ends, fails, or the client leaves before it even started."""
 
-    When the client did not ask for ``include_usage`` the stream it gets is the one
-    llama-server sends without it: the usage-only chunk (``choices: []``) is dropped, its
-    ``timings`` moved onto the chunk holding ``finish_reason`` (held back until the next
-    event for that), and ``usage`` removed from any other chunk. Cleanup (closing upstream,
-    releasing the lease, the perf record) runs shielded from the cancellation a client
-    disconnect causes.
-    """
-    final: dict[str, Any] = {}
-    ttft: float | None = None
-    cut = True
-    lines: list[str] = []
-    parsed: dict[str, Any] | None = None
-    held: dict[str, Any] | None = None  # finish_reason chunk waiting for the timings
+    def __init__(self, request: Request, resp: httpx.Response, holder: LeaseHolder,
+                 body: dict[str, Any], started: float, wants_usage: bool, perf: bool) -> None:
+        self.request = request
+        self.resp = resp
+        self.holder = holder
+        self.body = body
+        self.started = started
+        self.wants_usage = wants_usage
+        self.perf = perf
+        self.final: dict[str, Any] = {}
+        self.ttft: float | None = None
+        self.cut = True
+        self._cleaned = False
 
-    def flush_held() -> bytes | None:
-        nonlocal held
-        if held is None:
-            return None
-        out = _frame(["data: " + _dump(held)])
-        held = None
-        return out
+    async def cleanup(self) -> None:
+        """Idempotent; shielded from the cancellation a client disconnect causes."""
+        if self._cleaned:
+            return
+        self._cleaned = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            await self.resp.aclose()
+            await self.holder.release()
+            if self.perf:
+                await _publish_perf(self.request, _record(
+                    self.body, self.holder.lease, self.started, self.ttft, self.final,
+                    cut=self.cut))
 
-    async def events() -> AsyncIterator[tuple[list[str], dict[str, Any] | None]]:
-        nonlocal lines, parsed, ttft
-        async for line in resp.aiter_lines():
+    async def _upstream_events(self) -> AsyncIterator[tuple[list[str], dict[str, Any] | None]]:
+        lines: list[str] = []
+        parsed: dict[str, Any] | None = None
+        async for line in self.resp.aiter_lines():
             if line:
                 if line.startswith("data:"):
                     data = line[5:].lstrip(" ")
-                    if ttft is None:
-                        ttft = time.monotonic()
-                    parsed = _inspect(data, final)
+                    if self.ttft is None:
+                        self.ttft = time.monotonic()
+                    parsed = _inspect(data, self.final)
                     line = "data: " + data
                 lines.append(line)
                 continue
@@ -413,43 +418,60 @@ async def _relay(
         if lines:
             yield lines, parsed
 
-    try:
-        async for ev_lines, chunk in events():
-            if wants_usage or chunk is None:
-                out = flush_held()
-                if out:
-                    yield out
-                yield _frame(ev_lines)
-                continue
-            if "usage" in chunk and not chunk.get("choices"):
-                # the usage-only chunk the client did not ask for
-                if held is not None and chunk.get("timings") and "timings" not in held:
-                    held["timings"] = chunk["timings"]
-                out = flush_held()
-                if out:
-                    yield out
-                continue
-            chunk.pop("usage", None)
-            out = flush_held()
-            if out:
-                yield out
-            if any(isinstance(c, dict) and c.get("finish_reason")
-                   for c in chunk.get("choices") or []):
-                held = chunk
-                continue
-            yield _frame(["data: " + _dump(chunk)])
-        out = flush_held()
-        if out:
-            yield out
-        cut = False
-    finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            await resp.aclose()
-            await holder.release()
-            if perf:
-                await _publish_perf(
-                    request, _record(body, holder.lease, started, ttft, final, cut=cut)
-                )
+    async def events(self) -> AsyncIterator[bytes]:
+        """Relay the engine's SSE events, one write per event, as they come.
+
+        When the client did not ask for ``include_usage`` the stream it gets is the one
+        llama-server sends without it: the usage-only chunk (``choices: []``) is dropped,
+        its ``timings`` moved onto the chunk holding ``finish_reason`` (held back until the
+        next event for that), and ``usage`` removed from any other chunk.
+        """
+        held: dict[str, Any] | None = None  # finish_reason chunk waiting for the timings
+        try:
+            async for ev_lines, chunk in self._upstream_events():
+                if self.wants_usage or chunk is None:
+                    if held is not None:
+                        yield _frame(["data: " + _dump(held)])
+                        held = None
+                    yield _frame(ev_lines)
+                    continue
+                if "usage" in chunk and not chunk.get("choices"):
+                    # the usage-only chunk the client did not ask for
+                    if held is not None:
+                        if chunk.get("timings") and "timings" not in held:
+                            held["timings"] = chunk["timings"]
+                        yield _frame(["data: " + _dump(held)])
+                        held = None
+                    continue
+                chunk.pop("usage", None)
+                if held is not None:
+                    yield _frame(["data: " + _dump(held)])
+                    held = None
+                if any(isinstance(c, dict) and c.get("finish_reason")
+                       for c in chunk.get("choices") or []):
+                    held = chunk
+                    continue
+                yield _frame(["data: " + _dump(chunk)])
+            if held is not None:
+                yield _frame(["data: " + _dump(held)])
+            self.cut = False
+        finally:
+            await self.cleanup()
+
+
+class RelayResponse(StreamingResponse):
+    """A streaming response whose relay is cleaned up even when the client leaves before
+    the first byte (the body generator then never runs, so its ``finally`` cannot)."""
+
+    def __init__(self, relay: Relay, **kwargs: Any) -> None:
+        super().__init__(relay.events(), **kwargs)
+        self.relay = relay
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.relay.cleanup()
 
 
 @router.get("/v1/models")
