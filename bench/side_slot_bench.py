@@ -61,13 +61,25 @@ CONFIGS = [
     ("SIDE_SLOT on", {"LOKI_SIDE_SLOT": "on", "LOKI_CACHE_RAM": "0"}),
 ]
 
-TOPICS = ["the tides", "bread baking", "old bridges", "mountain weather", "river fish",
-          "city gardens", "paper maps", "wind mills", "glass making", "night trains"]
+TOPICS = [
+    "the tides",
+    "bread baking",
+    "old bridges",
+    "mountain weather",
+    "river fish",
+    "city gardens",
+    "paper maps",
+    "wind mills",
+    "glass making",
+    "night trains",
+]
 
 
 def user_message(i: int) -> str:
     topic = TOPICS[i % len(TOPICS)]
-    facts = " ".join(f"Note {j} about {topic}: it matters for reason {j * 7 % 11}." for j in range(8))
+    facts = " ".join(
+        f"Note {j} about {topic}: it matters for reason {j * 7 % 11}." for j in range(8)
+    )
     return f"Turn {i}. Tell me one short thing about {topic}. Context: {facts}"
 
 
@@ -97,8 +109,12 @@ async def wait_ready(nc, proc: subprocess.Popen, timeout: float = 300.0) -> Engi
 
 
 async def completion(client: httpx.AsyncClient, lease: Lease, messages: list[dict]) -> dict:
-    body: dict[str, Any] = {"messages": messages, "max_tokens": 8, "temperature": 0,
-                            "cache_prompt": True}
+    body: dict[str, Any] = {
+        "messages": messages,
+        "max_tokens": 8,
+        "temperature": 0,
+        "cache_prompt": True,
+    }
     if lease.id_slot is not None:
         body["id_slot"] = lease.id_slot
     headers = {"Authorization": f"Bearer {lease.api_key}"} if lease.api_key else {}
@@ -117,33 +133,62 @@ async def conversation(nc, turns: int) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=600) as client:
         for i in range(turns):
             messages.append({"role": "user", "content": user_message(i)})
-            lease = await request(nc, subjects.ENGINE_LEASE,
-                                  LeaseRequest(kind="main", conversation="bench", wait_s=120),
-                                  Lease, 130)
+            lease = await request(
+                nc,
+                subjects.ENGINE_LEASE,
+                LeaseRequest(kind="main", conversation="bench", wait_s=120),
+                Lease,
+                130,
+            )
             if lease.error:
                 raise _common.BenchError(f"lease: {lease.error.message}")
             data = await completion(client, lease, messages)
             t = data.get("timings") or {}
             usage = data.get("usage") or {}
-            await request(nc, subjects.ENGINE_RELEASE, ReleaseRequest(
-                lease_id=lease.lease_id, prompt_tokens=usage.get("prompt_tokens"),
-                cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-            ), ReleaseReply)
-            rows.append({"turn": i, "slot": lease.id_slot, "cache_n": t.get("cache_n"),
-                         "prompt_n": t.get("prompt_n"), "wall_s": data["_wall_s"],
-                         "after_side_job": i > 0})
-            messages.append({"role": "assistant",
-                             "content": data["choices"][0]["message"].get("content") or "ok"})
+            await request(
+                nc,
+                subjects.ENGINE_RELEASE,
+                ReleaseRequest(
+                    lease_id=lease.lease_id,
+                    prompt_tokens=usage.get("prompt_tokens"),
+                    cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                ),
+                ReleaseReply,
+            )
+            rows.append(
+                {
+                    "turn": i,
+                    "slot": lease.id_slot,
+                    "cache_n": t.get("cache_n"),
+                    "prompt_n": t.get("prompt_n"),
+                    "wall_s": data["_wall_s"],
+                    "after_side_job": i > 0,
+                }
+            )
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": data["choices"][0]["message"].get("content") or "ok",
+                }
+            )
             if i == turns - 1:
                 break
-            side = await request(nc, subjects.ENGINE_LEASE,
-                                 LeaseRequest(kind="verify", conversation="bench", wait_s=120),
-                                 Lease, 130)
+            side = await request(
+                nc,
+                subjects.ENGINE_LEASE,
+                LeaseRequest(kind="verify", conversation="bench", wait_s=120),
+                Lease,
+                130,
+            )
             if side.error:
                 raise _common.BenchError(f"side lease: {side.error.message}")
             await completion(client, side, [{"role": "user", "content": side_prompt(i)}])
-            rel = await request(nc, subjects.ENGINE_RELEASE,
-                                ReleaseRequest(lease_id=side.lease_id, job_done=True), ReleaseReply)
+            rel = await request(
+                nc,
+                subjects.ENGINE_RELEASE,
+                ReleaseRequest(lease_id=side.lease_id, job_done=True),
+                ReleaseReply,
+            )
             rows[-1]["side_slot"] = side.id_slot
             rows[-1]["slot_erased_after"] = rel.slot_erased
     return {"turns": rows}
@@ -155,29 +200,44 @@ def run_config(name: str, extra_env: dict[str, str], turns: int, root: Path) -> 
     nats_port, redis_port = servers.free_port(), servers.free_port()
     (home / "nats").mkdir(parents=True)
     (home / "redis").mkdir(parents=True)
-    nats_proc = servers.ManagedProcess("nats", servers.nats_command(nats_port, home / "nats")).start()
-    redis_proc = servers.ManagedProcess("redis", servers.redis_command(redis_port, home / "redis")).start()
+    nats_proc = servers.ManagedProcess(
+        "nats", servers.nats_command(nats_port, home / "nats")
+    ).start()
+    redis_proc = servers.ManagedProcess(
+        "redis", servers.redis_command(redis_port, home / "redis")
+    ).start()
     sup = None
     try:
         nats_proc.wait_port(nats_port)
         redis_proc.wait_port(redis_port)
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
-        env.update(LOKI_NATS_URL=f"nats://127.0.0.1:{nats_port}",
-                   LOKI_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", LOKI_HOME=str(home),
-                   LOKI_SECRET_KEY="bench-side-slot-key", LOKI_CTX=str(CTX),
-                   LOKI_ENGINE_THREADS="2", **extra_env)
+        env.update(
+            LOKI_NATS_URL=f"nats://127.0.0.1:{nats_port}",
+            LOKI_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+            LOKI_HOME=str(home),
+            LOKI_SECRET_KEY="bench-side-slot-key",
+            LOKI_CTX=str(CTX),
+            LOKI_ENGINE_THREADS="2",
+            **extra_env,
+        )
         log = open(home / "supervisor.log", "wb")
-        sup = subprocess.Popen([sys.executable, "-m", "loki_supervisor"], env=env, stdout=log,
-                               stderr=subprocess.STDOUT)
+        sup = subprocess.Popen(
+            [sys.executable, "-m", "loki_supervisor"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
 
         async def go() -> dict[str, Any]:
             nc = await nats.connect(f"nats://127.0.0.1:{nats_port}")
             try:
                 info = await wait_ready(nc, sup)
                 out = await conversation(nc, turns)
-                out["engine"] = {"total_slots": info.total_slots, "slot_n_ctx": info.slot_n_ctx,
-                                 "side_slot": info.side_slot, "argv": info.argv,
-                                 "build_info": info.build_info, "base_url": info.base_url}
+                out["engine"] = {
+                    "total_slots": info.total_slots,
+                    "slot_n_ctx": info.slot_n_ctx,
+                    "side_slot": info.side_slot,
+                    "argv": info.argv,
+                    "build_info": info.build_info,
+                    "base_url": info.base_url,
+                }
                 out["engine_build"] = _common.engine_build(info.base_url)
                 return out
             finally:
@@ -203,7 +263,9 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
     after = []
     for prev, row in zip(rows, rows[1:]):
         if row["after_side_job"] and row["cache_n"] is not None and prev["cache_n"] is not None:
-            row["restored_share"] = min(1.0, row["cache_n"] / max(1, prev["cache_n"] + prev["prompt_n"]))
+            row["restored_share"] = min(
+                1.0, row["cache_n"] / max(1, prev["cache_n"] + prev["prompt_n"])
+            )
             after.append(row)
     shares = [r["restored_share"] for r in after]
     return {
@@ -228,37 +290,72 @@ def run(quick: bool) -> dict[str, Any]:
     rows = []
     for name, out in results.items():
         s = out["summary"]
-        rows.append([name, out["engine"]["total_slots"], s["turns_after_side_job"],
-                     None if s["cache_share_median"] is None else round(s["cache_share_median"], 3),
-                     s["cache_n_sum"], s["prompt_n_sum"],
-                     None if s["main_wall_s_median"] is None else round(s["main_wall_s_median"], 3)])
+        rows.append(
+            [
+                name,
+                out["engine"]["total_slots"],
+                s["turns_after_side_job"],
+                None if s["cache_share_median"] is None else round(s["cache_share_median"], 3),
+                s["cache_n_sum"],
+                s["prompt_n_sum"],
+                None if s["main_wall_s_median"] is None else round(s["main_wall_s_median"], 3),
+            ]
+        )
     off = results["one slot, CACHE_RAM 0"]["summary"]
     on = results["SIDE_SLOT on"]["summary"]
-    speed = (_common.ratio(on["main_wall_s_median"], off["main_wall_s_median"])
-             if on["main_wall_s_median"] and off["main_wall_s_median"] else None)
+    speed = (
+        _common.ratio(on["main_wall_s_median"], off["main_wall_s_median"])
+        if on["main_wall_s_median"] and off["main_wall_s_median"]
+        else None
+    )
     targets = [
-        _common.target("SIDE_SLOT on: previous prompt restored after a side job (median share)",
-                       on["cache_share_median"], ">=", 0.95, issue="6"),
-        _common.target("one slot, CACHE_RAM 0: previous prompt restored after a side job",
-                       off["cache_share_median"], "<=", 0.1, issue="6"),
-        _common.target("SIDE_SLOT on / one slot: main request time after a side job",
-                       speed, "<=", 1.0, issue="6"),
+        _common.target(
+            "SIDE_SLOT on: previous prompt restored after a side job (median share)",
+            on["cache_share_median"],
+            ">=",
+            0.95,
+            issue="6",
+        ),
+        _common.target(
+            "one slot, CACHE_RAM 0: previous prompt restored after a side job",
+            off["cache_share_median"],
+            "<=",
+            0.1,
+            issue="6",
+        ),
+        _common.target(
+            "SIDE_SLOT on / one slot: main request time after a side job",
+            speed,
+            "<=",
+            1.0,
+            issue="6",
+        ),
     ]
     table = _common.table(
         "Conversation turns that follow a side job (same run, same machine)",
-        ["configuration", "slots", "turns", "previous prompt restored (median)", "cache_n (sum)",
-         "prompt_n recomputed (sum)", "main request s (median)"],
+        [
+            "configuration",
+            "slots",
+            "turns",
+            "previous prompt restored (median)",
+            "cache_n (sum)",
+            "prompt_n recomputed (sum)",
+            "main request s (median)",
+        ],
         rows,
         notes=f"CTX {CTX}; bundled SmolLM2-135M on CPU; side job = a verify request with a "
-              "different ~700-token prompt, released with job_done (CACHE_ISOLATE on).",
+        "different ~700-token prompt, released with job_done (CACHE_ISOLATE on).",
     )
     return _common.result(
         "SIDE_SLOT: the conversation keeps its slot beside side jobs",
-        tables=[table], targets=targets, data={"turns": turns, "configs": results},
+        tables=[table],
+        targets=targets,
+        data={"turns": turns, "configs": results},
         notes="restored share = cache_n of the conversation's request right after a side job "
-              "/ prompt tokens of its previous request (a strict prefix), capped at 1. With one slot and no host-RAM cache the side job "
-              "evicts the conversation; llama-server's host-RAM cache can copy it back while "
-              "it fits (8 GiB default); SIDE_SLOT keeps it in slot 0.",
+        "/ prompt tokens of its previous request (a strict prefix), capped at 1. With one "
+        "slot and no host-RAM cache the side job evicts the conversation; llama-server's "
+        "host-RAM cache can copy it back while it fits (8 GiB default); SIDE_SLOT keeps it "
+        "in slot 0.",
         engine=engine,
     )
 

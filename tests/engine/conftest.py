@@ -59,7 +59,10 @@ def start_supervisor(env: dict[str, str], log_path: Path) -> SupervisorProc:
     """Run ``python -m loki_supervisor`` with ``env``; its output goes to ``log_path``."""
     fh = open(log_path, "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loki_supervisor"], env=env, stdout=fh, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "loki_supervisor"],
+        env=env,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
     )
     return SupervisorProc(proc, env, log_path)
 
@@ -70,7 +73,9 @@ async def request(nc, subject: str, msg: BaseModel, reply_type, timeout: float =
     return reply_type.model_validate_json(r.data)
 
 
-async def wait_info(nc, predicate, timeout: float = 120.0, sup: SupervisorProc | None = None) -> EngineInfo:
+async def wait_info(
+    nc, predicate, timeout: float = 120.0, sup: SupervisorProc | None = None
+) -> EngineInfo:
     """Poll ``loki.engine.info`` until ``predicate(info)``; fail with the supervisor log."""
     deadline = time.monotonic() + timeout
     info = None
@@ -129,14 +134,21 @@ async def collect_states(nc, into: list[dict]):
     return await nc.subscribe(subjects.ENGINE_STATE, cb=cb)
 
 
-def chat(base_url: str, content: str, id_slot: int | None = None, api_key: str | None = None,
-         max_tokens: int = 4) -> dict:
+def chat(
+    base_url: str,
+    content: str,
+    id_slot: int | None = None,
+    api_key: str | None = None,
+    max_tokens: int = 4,
+) -> dict:
     """One non-streamed chat completion against the engine; returns the JSON body."""
     import httpx
 
     body: dict = {
         "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens, "temperature": 0, "cache_prompt": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "cache_prompt": True,
     }
     if id_slot is not None:
         body["id_slot"] = id_slot

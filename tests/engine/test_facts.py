@@ -90,14 +90,25 @@ def test_host_memory_is_capped_by_the_cgroup(tmp_path: Path):
     assert facts.read_host_memory(meminfo, cg) == facts.HostMemory(8 << 30, 2 << 30)
     (cg / "memory.max").write_text("max\n")
     assert facts.read_host_memory(meminfo, cg).total == 32 << 30
-    assert facts.read_host_memory(tmp_path / "none", tmp_path / "none") == facts.HostMemory(None, None)
+    assert facts.read_host_memory(tmp_path / "none", tmp_path / "none") == facts.HostMemory(
+        None, None
+    )
 
 
 @pytest.mark.engine
 def test_real_engine_help_lists_what_the_rules_need():
     help_ = facts.read_engine_help(servers.find_llama_server())
-    for flag in ("-c", "-np", "-ngl", "--metrics", "--no-kv-unified", "--cache-ram",
-                 "--slot-save-path", "--kv-unified-per-slot", "--cache-idle-slots"):
+    for flag in (
+        "-c",
+        "-np",
+        "-ngl",
+        "--metrics",
+        "--no-kv-unified",
+        "--cache-ram",
+        "--slot-save-path",
+        "--kv-unified-per-slot",
+        "--cache-idle-slots",
+    ):
         assert help_.has(flag), flag
     assert help_.ngl_auto
     assert help_.env_of("-c") == ["LLAMA_ARG_CTX_SIZE"]

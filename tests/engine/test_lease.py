@@ -122,7 +122,7 @@ async def test_renewal_keeps_a_lease_and_release_twice_is_not_found():
 async def test_external_preset_has_no_slot_and_no_limit():
     lm, _ = manager(EXT)
     leases = [await lm.acquire(req(k)) for k in ("main", "verify", "main", "foreign")]
-    assert all(l.id_slot is None and l.external and not l.shares_main_slot for l in leases)
+    assert all(x.id_slot is None and x.external and not x.shares_main_slot for x in leases)
     assert lm.in_flight == 4
 
 

@@ -54,15 +54,31 @@ OLD_HELP = parse_help(
 
 #: A 7B-like dense model: 32 layers × 8 KV heads × 128 × 2 (K, V) × 2 bytes = 128 KiB/token.
 DENSE = GgufFacts(
-    architecture="llama", file_size=4 * GIB, context_length=32768, block_count=32,
-    embedding_length=4096, head_count=32, head_count_kv=(8,) * 32,
+    architecture="llama",
+    file_size=4 * GIB,
+    context_length=32768,
+    block_count=32,
+    embedding_length=4096,
+    head_count=32,
+    head_count_kv=(8,) * 32,
 )
 #: A hybrid (gated delta net + attention every 4th layer) model.
 HYBRID = GgufFacts(
-    architecture="qwen3next", file_size=8 * GIB, context_length=262144, block_count=48,
-    embedding_length=2048, head_count=16, head_count_kv=(2,) * 48, key_length=256,
-    value_length=256, full_attention_interval=4, ssm_conv_kernel=4, ssm_inner_size=4096,
-    ssm_state_size=128, ssm_group_count=16, ssm_time_step_rank=32,
+    architecture="qwen3next",
+    file_size=8 * GIB,
+    context_length=262144,
+    block_count=48,
+    embedding_length=2048,
+    head_count=16,
+    head_count_kv=(2,) * 48,
+    key_length=256,
+    value_length=256,
+    full_attention_interval=4,
+    ssm_conv_kernel=4,
+    ssm_inner_size=4096,
+    ssm_state_size=128,
+    ssm_group_count=16,
+    ssm_time_step_rank=32,
 )
 GPU24 = GpuFacts(known=True, gpus=(Gpu("NVIDIA Test 24G", 24 * GIB, 22 * GIB),))
 GPU6 = GpuFacts(known=True, gpus=(Gpu("NVIDIA Test 6G", 6 * GIB, 5 * GIB),))
@@ -102,8 +118,21 @@ def test_kv_bytes_per_token_dense_and_hybrid():
 def test_command_line_one_slot_on_gpu():
     plan = plan_launch(cfg(), facts())
     assert plan.args == [
-        "-m", str(MODEL), "-c", "8192", "-np", "1", "-ngl", "auto", "--metrics",
-        "--host", "127.0.0.1", "--port", "8091", "--slot-save-path", "/home/slots",
+        "-m",
+        str(MODEL),
+        "-c",
+        "8192",
+        "-np",
+        "1",
+        "-ngl",
+        "auto",
+        "--metrics",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8091",
+        "--slot-save-path",
+        "/home/slots",
     ]
     assert plan.slots == 1 and not plan.side_slot and plan.side_slot_refusal is None
     assert plan.placement == "gpu" and plan.notes == []
@@ -126,15 +155,40 @@ def test_side_slot_parallel_two_is_accepted():
 REFUSALS = [
     ("parallel 3", dict(parallel=3), {}, "PARALLEL=3"),
     ("parallel 1", dict(parallel=1), {}, "PARALLEL=1"),
-    *[(f"extra {flag}", dict(extra_args=f"{flag} 4" if flag in ("-c", "--ctx-size", "-np",
-                                                              "--parallel") else flag),
-       {}, flag)
-      for flag in ("-c", "--ctx-size", "-np", "--parallel", "-kvu", "--kv-unified",
-                   "--no-kv-unified", "--kv-unified-per-slot", "--cache-idle-slots")],
+    *[
+        (
+            f"extra {flag}",
+            dict(
+                extra_args=f"{flag} 4"
+                if flag in ("-c", "--ctx-size", "-np", "--parallel")
+                else flag
+            ),
+            {},
+            flag,
+        )
+        for flag in (
+            "-c",
+            "--ctx-size",
+            "-np",
+            "--parallel",
+            "-kvu",
+            "--kv-unified",
+            "--no-kv-unified",
+            "--kv-unified-per-slot",
+            "--cache-idle-slots",
+        )
+    ],
     ("extra --ctx-size=4096", dict(extra_args="--ctx-size=4096"), {}, "--ctx-size"),
-    *[(f"env {name}", {}, dict(env={name: "1"}), name)
-      for name in ("LLAMA_ARG_CTX_SIZE", "LLAMA_ARG_N_PARALLEL", "LLAMA_ARG_KV_UNIFIED",
-                   "LLAMA_ARG_KV_UNIFIED_PER_SLOT", "LLAMA_ARG_CACHE_IDLE_SLOTS")],
+    *[
+        (f"env {name}", {}, dict(env={name: "1"}), name)
+        for name in (
+            "LLAMA_ARG_CTX_SIZE",
+            "LLAMA_ARG_N_PARALLEL",
+            "LLAMA_ARG_KV_UNIFIED",
+            "LLAMA_ARG_KV_UNIFIED_PER_SLOT",
+            "LLAMA_ARG_CACHE_IDLE_SLOTS",
+        )
+    ],
     ("engine without --no-kv-unified", {}, dict(help=OLD_HELP), "--no-kv-unified"),
     ("engine help unknown", {}, dict(help=EngineHelp()), "--no-kv-unified"),
     ("GGUF unknown", {}, dict(gguf=None), "GGUF"),
@@ -145,10 +199,18 @@ REFUSALS = [
     ("weights on CPU by -ot", dict(extra_args="-ot exps=CPU"), {}, "-ot"),
     ("NGL 0 beside a GPU", dict(ngl="0"), {}, "NGL 0"),
     ("above 90% of VRAM", {}, dict(gpu=GPU6), "above 90%"),
-    ("CPU-only: RAM unknown", dict(ngl="0"), dict(host=HostMemory(None, None), **CPU_FACTS),
-     "available RAM unknown"),
-    ("CPU-only: RAM too small", {}, dict(host=HostMemory(8 * GIB, 6 * GIB), **CPU_FACTS),
-     "above 90%"),
+    (
+        "CPU-only: RAM unknown",
+        dict(ngl="0"),
+        dict(host=HostMemory(None, None), **CPU_FACTS),
+        "available RAM unknown",
+    ),
+    (
+        "CPU-only: RAM too small",
+        {},
+        dict(host=HostMemory(8 * GIB, 6 * GIB), **CPU_FACTS),
+        "above 90%",
+    ),
 ]
 
 
@@ -237,22 +299,41 @@ CRAM_AUTO = [
     # CTX 65536 → 20480 MiB; cap = min(30% of 64 GiB, 50% of 48 GiB) = 19660 MiB.
     ("big ctx capped at 30% RAM", dict(ctx=65536), {}, 19660, 20480, 19660),
     ("big ctx raised to need", dict(ctx=32768), {}, 10240, 10240, 19660),
-    ("capped at half the free RAM", dict(ctx=65536),
-     dict(host=HostMemory(total=128 * GIB, available=30 * GIB)), 15360, 20480, 15360),
-    ("cgroup-limited RAM below default", dict(ctx=65536),
-     dict(host=HostMemory(total=16 * GIB, available=12 * GIB)), None, 20480, 4915),
+    (
+        "capped at half the free RAM",
+        dict(ctx=65536),
+        dict(host=HostMemory(total=128 * GIB, available=30 * GIB)),
+        15360,
+        20480,
+        15360,
+    ),
+    (
+        "cgroup-limited RAM below default",
+        dict(ctx=65536),
+        dict(host=HostMemory(total=16 * GIB, available=12 * GIB)),
+        None,
+        20480,
+        4915,
+    ),
     ("CPU-only: engine default", dict(ctx=65536), CPU_FACTS, None, None, None),
     ("NVML unknown: engine default", dict(ctx=65536), dict(gpu=NO_NVML), None, None, None),
     ("weights split: engine default", dict(ctx=65536, ngl="10"), {}, None, None, None),
     ("KV on CPU: engine default", dict(ctx=65536, extra_args="-nkvo"), {}, None, None, None),
     ("GGUF unknown: engine default", dict(ctx=65536), dict(gguf=None), None, None, None),
-    ("RAM unknown: engine default", dict(ctx=65536), dict(host=HostMemory(None, None)),
-     None, 20480, None),
+    (
+        "RAM unknown: engine default",
+        dict(ctx=65536),
+        dict(host=HostMemory(None, None)),
+        None,
+        20480,
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize("name,cfg_kw,facts_kw,value,need,cap", CRAM_AUTO,
-                         ids=[c[0] for c in CRAM_AUTO])
+@pytest.mark.parametrize(
+    "name,cfg_kw,facts_kw,value,need,cap", CRAM_AUTO, ids=[c[0] for c in CRAM_AUTO]
+)
 def test_cache_ram_auto_arithmetic(name, cfg_kw, facts_kw, value, need, cap):
     d = _cram(dict(cache_ram="auto", **cfg_kw), **facts_kw)
     assert d.value_mib == value
@@ -263,17 +344,23 @@ def test_cache_ram_auto_arithmetic(name, cfg_kw, facts_kw, value, need, cap):
 
 
 def test_cache_ram_auto_hybrid_counts_recurrent_state_and_checkpoints():
-    d = _cram(dict(cache_ram="", ctx=131072), gguf=HYBRID,
-              gpu=GpuFacts(known=True, gpus=(Gpu("NVIDIA 80G", 80 * GIB, 78 * GIB),)),
-              host=HostMemory(total=256 * GIB, available=200 * GIB))
+    d = _cram(
+        dict(cache_ram="", ctx=131072),
+        gguf=HYBRID,
+        gpu=GpuFacts(known=True, gpus=(Gpu("NVIDIA 80G", 80 * GIB, 78 * GIB),)),
+        host=HostMemory(total=256 * GIB, available=200 * GIB),
+    )
     kv = HYBRID.kv_bytes(131072)
     rec = HYBRID.recurrent_state_bytes()
     expected = -(-(2.5 * kv + rec * (1 + 8)) // MIB)
     assert d.need_mib == int(expected)
     assert d.value_mib == int(expected)
-    d3 = _cram(dict(cache_ram="", ctx=131072, extra_args="--ctx-checkpoints 3"), gguf=HYBRID,
-               gpu=GpuFacts(known=True, gpus=(Gpu("NVIDIA 80G", 80 * GIB, 78 * GIB),)),
-               host=HostMemory(total=256 * GIB, available=200 * GIB))
+    d3 = _cram(
+        dict(cache_ram="", ctx=131072, extra_args="--ctx-checkpoints 3"),
+        gguf=HYBRID,
+        gpu=GpuFacts(known=True, gpus=(Gpu("NVIDIA 80G", 80 * GIB, 78 * GIB),)),
+        host=HostMemory(total=256 * GIB, available=200 * GIB),
+    )
     assert d3.need_mib < d.need_mib
 
 

@@ -19,8 +19,13 @@ async def store(redis_db):
     await client.aclose()
 
 
-EXTERNAL = {"id": "ext", "external": True, "base_url": "https://api.example.test/v1",
-            "api_model": "m1", "api_key": "sk-secret-1"}
+EXTERNAL = {
+    "id": "ext",
+    "external": True,
+    "base_url": "https://api.example.test/v1",
+    "api_model": "m1",
+    "api_key": "sk-secret-1",
+}
 
 
 async def test_external_key_is_sealed_and_kept_when_empty(store):
@@ -60,16 +65,19 @@ async def test_new_preset_gets_an_id(store):
     assert saved.id in [p.id for p in await store.list()]
 
 
-@pytest.mark.parametrize("bad", [
-    {"id": "a b"},
-    {"id": "x", "ctx": 100},
-    {"id": "x", "ngl": "lots"},
-    {"id": "x", "model": "/no/such/model.gguf"},
-    {"id": "x", "features": {"CACHE_RAM": "-5"}},
-    {"id": "x", "external": True, "base_url": "ftp://x", "api_model": "m"},
-    {"id": "x", "external": True, "base_url": "https://x"},
-    {"id": "x", "ctx": "many"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"id": "a b"},
+        {"id": "x", "ctx": 100},
+        {"id": "x", "ngl": "lots"},
+        {"id": "x", "model": "/no/such/model.gguf"},
+        {"id": "x", "features": {"CACHE_RAM": "-5"}},
+        {"id": "x", "external": True, "base_url": "ftp://x", "api_model": "m"},
+        {"id": "x", "external": True, "base_url": "https://x"},
+        {"id": "x", "ctx": "many"},
+    ],
+)
 async def test_invalid_presets_are_refused(store, bad):
     with pytest.raises(InvalidRequest):
         await store.save(bad)

@@ -38,9 +38,16 @@ class FakeOpenAI:
                 elif self.headers.get("Authorization") == "Bearer sk-good":
                     self._send(200, {"object": "list", "data": [{"id": "remote-model"}]})
                 else:
-                    self._send(401, {"error": {
-                        "message": "Incorrect API key provided: sk-b***.",
-                        "type": "invalid_request_error", "code": "invalid_api_key"}})
+                    self._send(
+                        401,
+                        {
+                            "error": {
+                                "message": "Incorrect API key provided: sk-b***.",
+                                "type": "invalid_request_error",
+                                "code": "invalid_api_key",
+                            }
+                        },
+                    )
 
             def _send(self, status, body):
                 raw = json.dumps(body).encode()
@@ -101,12 +108,18 @@ def lease(nats_url: str, kind: str = "main"):
     async def go():
         nc = await nats.connect(nats_url)
         try:
-            r = await nc.request(subjects.ENGINE_LEASE,
-                                 LeaseRequest(kind=kind, wait_s=30).model_dump_json().encode(), 35)
+            r = await nc.request(
+                subjects.ENGINE_LEASE,
+                LeaseRequest(kind=kind, wait_s=30).model_dump_json().encode(),
+                35,
+            )
             got = Lease.model_validate_json(r.data)
             assert got.error is None, got.error
-            r = await nc.request(subjects.ENGINE_RELEASE,
-                                 ReleaseRequest(lease_id=got.lease_id).model_dump_json().encode(), 5)
+            r = await nc.request(
+                subjects.ENGINE_RELEASE,
+                ReleaseRequest(lease_id=got.lease_id).model_dump_json().encode(),
+                5,
+            )
             assert ReleaseReply.model_validate_json(r.data).ok
             return got
         finally:
@@ -129,24 +142,46 @@ def test_presets_external_key_switch_test_and_cacheram(
     assert listed["active"] == "env" and [p["id"] for p in listed["presets"]] == ["env"]
 
     # Connection test: the API's own error message, not its JSON.
-    bad = gateway.post("/api/presets/test", json={
-        "base_url": fake_api.url + "/v1", "api_model": "remote-model", "api_key": "sk-bad"}).json()
-    assert bad == {"ok": False, "status": 401,
-                   "message": "Incorrect API key provided: sk-b***.", "models": []}
+    bad = gateway.post(
+        "/api/presets/test",
+        json={"base_url": fake_api.url + "/v1", "api_model": "remote-model", "api_key": "sk-bad"},
+    ).json()
+    assert bad == {
+        "ok": False,
+        "status": 401,
+        "message": "Incorrect API key provided: sk-b***.",
+        "models": [],
+    }
 
     # Save an external preset: the key is sealed in Redis and never returned in clear.
-    saved = gateway.post("/api/presets", json={
-        "id": "remote", "name": "Remote", "external": True, "base_url": fake_api.url + "/v1",
-        "api_model": "remote-model", "api_key": "sk-good"}).json()
+    saved = gateway.post(
+        "/api/presets",
+        json={
+            "id": "remote",
+            "name": "Remote",
+            "external": True,
+            "base_url": fake_api.url + "/v1",
+            "api_model": "remote-model",
+            "api_key": "sk-good",
+        },
+    ).json()
     assert saved["preset"]["api_key"] is None and saved["preset"]["api_key_set"] is True
     raw = redis.Redis.from_url(redis_db).hget("loki:engine:presets", "remote")
     assert raw and b"sk-good" not in raw and b"api_key_sealed" in raw
     assert "sk-good" not in gateway.get("/api/presets").text
 
     # Saving again with an empty key keeps the stored key.
-    again = gateway.post("/api/presets", json={
-        "id": "remote", "name": "Remote 2", "external": True, "base_url": fake_api.url + "/v1",
-        "api_model": "remote-model", "api_key": ""}).json()
+    again = gateway.post(
+        "/api/presets",
+        json={
+            "id": "remote",
+            "name": "Remote 2",
+            "external": True,
+            "base_url": fake_api.url + "/v1",
+            "api_model": "remote-model",
+            "api_key": "",
+        },
+    ).json()
     assert again["preset"]["api_key_set"] is True and again["preset"]["name"] == "Remote 2"
     ok = gateway.post("/api/presets/test", json={"id": "remote"}).json()
     assert ok["ok"] is True and ok["models"] == ["remote-model"]
@@ -181,7 +216,9 @@ def test_presets_external_key_switch_test_and_cacheram(
     cram = gateway.get("/api/preset/cacheram").json()
     assert cram["cache_ram"]["value_mib"] is None and cram["cache_ram"]["effective_mib"] == 8192
     assert cram["placement"] == "cpu"
-    cram = gateway.get("/api/preset/cacheram", params={"cache_ram": "4096", "side_slot": "on"}).json()
+    cram = gateway.get(
+        "/api/preset/cacheram", params={"cache_ram": "4096", "side_slot": "on"}
+    ).json()
     assert cram["cache_ram"]["value_mib"] == 4096
     # Second slot: 2048 tokens × 23040 bytes (30 layers × 3 KV heads × 128 values × 2 B).
     assert cram["side_slot"] is True and cram["side_slot_mib"] == 45

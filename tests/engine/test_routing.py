@@ -16,14 +16,22 @@ from loki_supervisor.routing import (
 TWO = EngineView(external=False, total_slots=2, slot_n_ctx=(8192, 8192), ctx=8192)
 ONE = EngineView(external=False, total_slots=1, slot_n_ctx=(8192,), ctx=8192)
 EXTERNAL = EngineView(external=True, total_slots=0, slot_n_ctx=(), ctx=8192)
-SHARED = EngineView(external=False, total_slots=2, slot_n_ctx=(16384, 16384), ctx=8192,
-                    shared_window=True)
+SHARED = EngineView(
+    external=False, total_slots=2, slot_n_ctx=(16384, 16384), ctx=8192, shared_window=True
+)
 SMALL = EngineView(external=False, total_slots=2, slot_n_ctx=(4096, 4096), ctx=8192)
 FOUR = EngineView(external=False, total_slots=4, slot_n_ctx=(8192,) * 4, ctx=8192)
 
 KINDS = ["main", "compact", "verify", "subagent", "task", "bench", "foreign"]
-TWO_SLOT_ROUTES = {"main": 0, "compact": 1, "verify": 1, "subagent": 1, "task": 1, "bench": 1,
-                   "foreign": 1}
+TWO_SLOT_ROUTES = {
+    "main": 0,
+    "compact": 1,
+    "verify": 1,
+    "subagent": 1,
+    "task": 1,
+    "bench": 1,
+    "foreign": 1,
+}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -36,9 +44,11 @@ def test_continuation_summary_stays_on_slot_0():
     assert route("compact", TWO, continuation=False) == 1
 
 
-@pytest.mark.parametrize("view", [ONE, EXTERNAL, SHARED, SMALL, FOUR],
-                         ids=["one slot", "external", "shared window", "slots below CTX",
-                              "four slots"])
+@pytest.mark.parametrize(
+    "view",
+    [ONE, EXTERNAL, SHARED, SMALL, FOUR],
+    ids=["one slot", "external", "shared window", "slots below CTX", "four slots"],
+)
 @pytest.mark.parametrize("kind", KINDS)
 def test_never_an_id_slot_outside_two_slots_of_ctx(view, kind):
     assert route(kind, view) is None
@@ -52,16 +62,31 @@ def test_shares_main_slot():
     assert not shares_main_slot("verify", None, EXTERNAL)
 
 
-@pytest.mark.parametrize("text,number", [
-    ("b8660-abcdef0", 8660), ("b11434-1a2b", 11434), ("8700 (abc)", 8700), (None, None),
-    ("", None), ("unknown", None),
-])
+@pytest.mark.parametrize(
+    "text,number",
+    [
+        ("b8660-abcdef0", 8660),
+        ("b11434-1a2b", 11434),
+        ("8700 (abc)", 8700),
+        (None, None),
+        ("", None),
+        ("unknown", None),
+    ],
+)
 def test_build_number(text, number):
     assert build_number(text) == number
 
 
-OK = dict(kind="verify", job_done=True, cache_isolate=True, external=False, build=8660,
-          total_slots=1, slot0_idle=True, in_flight=0)
+OK = dict(
+    kind="verify",
+    job_done=True,
+    cache_isolate=True,
+    external=False,
+    build=8660,
+    total_slots=1,
+    slot0_idle=True,
+    in_flight=0,
+)
 ERASE = [
     ("all conditions met", {}, None),
     ("subagent", dict(kind="subagent"), None),
@@ -90,9 +115,16 @@ def test_erase_decision(name, change, reason):
         assert got is not None and reason in got
 
 
-@pytest.mark.parametrize("prompt,cached,advise", [
-    (1000, 499, True), (1000, 500, False), (1000, 1000, False), (None, 10, False),
-    (1000, None, False), (0, 0, False),
-])
+@pytest.mark.parametrize(
+    "prompt,cached,advise",
+    [
+        (1000, 499, True),
+        (1000, 500, False),
+        (1000, 1000, False),
+        (None, 10, False),
+        (1000, None, False),
+        (0, 0, False),
+    ],
+)
 def test_cache_ram_advice(prompt, cached, advise):
     assert cache_ram_advice(prompt, cached) is advise

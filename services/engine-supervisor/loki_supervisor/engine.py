@@ -212,8 +212,9 @@ class EngineRunner:
             engine stayed ready for 60 s).
     """
 
-    def __init__(self, on_state: StateCallback, start_timeout: float = 300.0,
-                 backoff_max: float = 30.0) -> None:
+    def __init__(
+        self, on_state: StateCallback, start_timeout: float = 300.0, backoff_max: float = 30.0
+    ) -> None:
         self.on_state = on_state
         self.start_timeout = start_timeout
         self.backoff_max = backoff_max
@@ -232,14 +233,21 @@ class EngineRunner:
         self._client = httpx.AsyncClient(timeout=5.0)
 
     # ------------------------------------------------------------------ state
-    async def _set(self, state: EngineStateName, detail: str = "", tail: list[str] | None = None) -> None:
+    async def _set(
+        self, state: EngineStateName, detail: str = "", tail: list[str] | None = None
+    ) -> None:
         self.state = state
         self.detail = detail
         self.stderr_tail = list(tail or [])
         log.info("engine %s%s", state, f": {detail}" if detail else "")
         event = EngineState(
-            state=state, ts=time.time(), detail=detail, stderr_tail=self.stderr_tail,
-            notes=list(self.notes), base_url=self.base_url, external=self.external,
+            state=state,
+            ts=time.time(),
+            detail=detail,
+            stderr_tail=self.stderr_tail,
+            notes=list(self.notes),
+            base_url=self.base_url,
+            external=self.external,
         )
         try:
             await self.on_state(event)
@@ -359,7 +367,9 @@ class EngineRunner:
                     f"/health not ok within {self.start_timeout:g} s", list(self.process.tail)[-15:]
                 )
             try:
-                r = await self._client.get(f"{self.base_url}/health", headers=auth_headers(self.api_key))
+                r = await self._client.get(
+                    f"{self.base_url}/health", headers=auth_headers(self.api_key)
+                )
                 if r.status_code == 200:
                     break
             except httpx.HTTPError:
@@ -368,13 +378,17 @@ class EngineRunner:
         try:
             self.props = await read_props(self._client, self.base_url, self.api_key)
         except (httpx.HTTPError, ValueError) as exc:
-            raise EngineStartError(f"/props unreadable: {exc}", list(self.process.tail)[-15:]) from exc
+            raise EngineStartError(
+                f"/props unreadable: {exc}", list(self.process.tail)[-15:]
+            ) from exc
 
     async def _follow_loop(self) -> None:
         while True:
             healthy = False
             try:
-                r = await self._client.get(f"{self.base_url}/health", headers=auth_headers(self.api_key))
+                r = await self._client.get(
+                    f"{self.base_url}/health", headers=auth_headers(self.api_key)
+                )
                 healthy = r.status_code == 200
                 why = f"/health answered {r.status_code}"
             except httpx.HTTPError as exc:
@@ -394,7 +408,9 @@ class EngineRunner:
     async def slot0_idle(self) -> bool | None:
         """Whether slot 0 is idle per ``/slots`` (``is_processing`` false); None: unknown."""
         try:
-            r = await self._client.get(f"{self.base_url}/slots", headers=auth_headers(self.api_key), timeout=1.0)
+            r = await self._client.get(
+                f"{self.base_url}/slots", headers=auth_headers(self.api_key), timeout=1.0
+            )
             if r.status_code != 200:
                 return None
             for slot in r.json():

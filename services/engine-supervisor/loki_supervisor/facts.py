@@ -149,8 +149,17 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> dict[str, o
     from gguf import GGUFValueType as T
 
     scalar = {
-        T.UINT8: "B", T.INT8: "b", T.UINT16: "H", T.INT16: "h", T.UINT32: "I", T.INT32: "i",
-        T.FLOAT32: "f", T.BOOL: "?", T.UINT64: "Q", T.INT64: "q", T.FLOAT64: "d",
+        T.UINT8: "B",
+        T.INT8: "b",
+        T.UINT16: "H",
+        T.INT16: "h",
+        T.UINT32: "I",
+        T.INT32: "i",
+        T.FLOAT32: "f",
+        T.BOOL: "?",
+        T.UINT64: "Q",
+        T.INT64: "q",
+        T.FLOAT64: "d",
     }
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         if mm[:4] != b"GGUF":

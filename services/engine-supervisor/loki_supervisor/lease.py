@@ -69,8 +69,9 @@ class LeaseManager:
         max_ttl: the longest TTL a caller may ask (s).
     """
 
-    def __init__(self, target: Callable[[], Target | None], ttl: float = 30.0,
-                 max_ttl: float = 600.0) -> None:
+    def __init__(
+        self, target: Callable[[], Target | None], ttl: float = 30.0, max_ttl: float = 600.0
+    ) -> None:
         self._target = target
         self.ttl = ttl
         self.max_ttl = max_ttl
@@ -138,7 +139,11 @@ class LeaseManager:
     def _drop(self, waiter: _Waiter) -> None:
         if waiter in self._waiting:
             self._waiting.remove(waiter)
-        if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+        if (
+            waiter.future.done()
+            and not waiter.future.cancelled()
+            and waiter.future.exception() is None
+        ):
             # Granted at the same instant the wait ended: give the slot back.
             self.release(waiter.future.result().lease_id)
         elif not waiter.future.done():
@@ -186,7 +191,10 @@ class LeaseManager:
             self.held.pop(h.lease.lease_id, None)
             log.warning(
                 "lease %s (%s, %s) expired after %.1f s without release or renewal",
-                h.lease.lease_id, h.lease.kind, h.queue, now - h.granted_at,
+                h.lease.lease_id,
+                h.lease.kind,
+                h.queue,
+                now - h.granted_at,
             )
         if gone:
             self.pump()
@@ -228,7 +236,9 @@ class LeaseManager:
                 preset_id=target.preset_id,
             )
             self.held[lease.lease_id] = Held(
-                lease=lease, queue=queue, deadline=time.monotonic() + ttl,
+                lease=lease,
+                queue=queue,
+                deadline=time.monotonic() + ttl,
                 conversation=req.conversation,
             )
             busy[queue] = busy.get(queue, 0) + 1

@@ -31,11 +31,17 @@ CACHE_RAM_FREE_SHARE = 0.50
 
 #: Options that fix the slot layout themselves: SIDE_SLOT refuses when one is given.
 SIDE_SLOT_CONFLICT_FLAGS = (
-    "-c", "--ctx-size",
-    "-np", "--parallel",
-    "-kvu", "--kv-unified", "--no-kv-unified", "-no-kvu",
+    "-c",
+    "--ctx-size",
+    "-np",
+    "--parallel",
+    "-kvu",
+    "--kv-unified",
+    "--no-kv-unified",
+    "-no-kvu",
     "--kv-unified-per-slot",
-    "--cache-idle-slots", "--no-cache-idle-slots",
+    "--cache-idle-slots",
+    "--no-cache-idle-slots",
 )
 #: Their environment variables (llama.cpp ``LLAMA_ARG_*``), besides those the help lists.
 SIDE_SLOT_CONFLICT_ENV = (
@@ -48,8 +54,14 @@ SIDE_SLOT_CONFLICT_ENV = (
 )
 _NGL_FLAGS = ("-ngl", "--gpu-layers", "--n-gpu-layers")
 _CPU_WEIGHT_FLAGS = (
-    "-ot", "--override-tensor", "-cmoe", "--cpu-moe", "-ncmoe", "--n-cpu-moe",
-    "-ncffn", "--n-cpu-ffn",
+    "-ot",
+    "--override-tensor",
+    "-cmoe",
+    "--cpu-moe",
+    "-ncmoe",
+    "--n-cpu-moe",
+    "-ncffn",
+    "--n-cpu-ffn",
 )
 _NO_KV_OFFLOAD_FLAGS = ("-nkvo", "--no-kv-offload")
 _CACHE_RAM_FLAGS = ("-cram", "--cache-ram")
@@ -281,13 +293,19 @@ def placement(cfg: LocalConfig, facts: Facts, tokens: list[str]) -> Placement:
     cpu_weights = arg_names(tokens) & set(_CPU_WEIGHT_FLAGS)
     if cpu_weights:
         return Placement(
-            "split", arg, imposed, kv_on_cpu,
+            "split",
+            arg,
+            imposed,
+            kv_on_cpu,
             f"{', '.join(sorted(cpu_weights))} in EXTRA_ARGS: weights on CPU",
         )
     if imposed and ngl_n is not None and facts.gguf is not None:
         if ngl_n < facts.gguf.block_count + 1:
             return Placement(
-                "split", arg, True, kv_on_cpu,
+                "split",
+                arg,
+                True,
+                kv_on_cpu,
                 f"NGL {ngl_n} of {facts.gguf.block_count + 1} layers: weights on CPU",
             )
     if imposed and (ngl_n is None or facts.gguf is None):
@@ -371,7 +389,9 @@ def cache_ram_decision(
         try:
             explicit = int(text)
         except ValueError as exc:
-            raise ValueError(f"CACHE_RAM={cfg.cache_ram!r}: empty, auto, or MiB (-1, 0, N)") from exc
+            raise ValueError(
+                f"CACHE_RAM={cfg.cache_ram!r}: empty, auto, or MiB (-1, 0, N)"
+            ) from exc
         if explicit < -1:
             raise ValueError(f"CACHE_RAM={explicit}: -1 (no limit), 0 (off) or a size in MiB")
     in_args = arg_value(tokens, *_CACHE_RAM_FLAGS)
@@ -388,8 +408,11 @@ def cache_ram_decision(
         return CacheRam(explicit, explicit, reason="CACHE_RAM set")
     default = CacheRam(None, ENGINE_DEFAULT_CACHE_RAM_MIB, reason="")
     if not (place.kind == "gpu" and facts.gpu.known and facts.gpu.gpus):
-        return CacheRam(None, default.effective_mib,
-                        reason=f"engine default: not an all-GPU model on known NVIDIA VRAM ({place.why})")
+        return CacheRam(
+            None,
+            default.effective_mib,
+            reason=f"engine default: not an all-GPU model on known NVIDIA VRAM ({place.why})",
+        )
     if place.kv_on_cpu:
         return CacheRam(None, default.effective_mib, reason="engine default: KV on CPU")
     if facts.gguf is None:
@@ -400,17 +423,26 @@ def cache_ram_decision(
     need = CACHE_RAM_KV_FACTOR * facts.gguf.kv_bytes(cfg.ctx, ctk, ctv) + recurrent * (1 + ckpt)
     need_mib = mib(need)
     if facts.host.total is None or facts.host.available is None:
-        return CacheRam(None, default.effective_mib, need_mib,
-                        reason="engine default: host RAM unknown")
-    cap_mib = int(min(CACHE_RAM_RAM_SHARE * facts.host.total,
-                      CACHE_RAM_FREE_SHARE * facts.host.available) // MIB)
+        return CacheRam(
+            None, default.effective_mib, need_mib, reason="engine default: host RAM unknown"
+        )
+    cap_mib = int(
+        min(CACHE_RAM_RAM_SHARE * facts.host.total, CACHE_RAM_FREE_SHARE * facts.host.available)
+        // MIB
+    )
     value = min(need_mib, cap_mib)
     if value <= ENGINE_DEFAULT_CACHE_RAM_MIB:
         why = "need fits the default" if need_mib <= ENGINE_DEFAULT_CACHE_RAM_MIB else "RAM cap"
-        return CacheRam(None, ENGINE_DEFAULT_CACHE_RAM_MIB, need_mib, cap_mib,
-                        reason=f"engine default ({why})")
-    return CacheRam(value, value, need_mib, cap_mib,
-                    reason=f"auto: 2.5 × KV at CTX{' + recurrent state and checkpoints' if recurrent else ''}")
+        return CacheRam(
+            None, ENGINE_DEFAULT_CACHE_RAM_MIB, need_mib, cap_mib, reason=f"engine default ({why})"
+        )
+    return CacheRam(
+        value,
+        value,
+        need_mib,
+        cap_mib,
+        reason=f"auto: 2.5 × KV at CTX{' + recurrent state and checkpoints' if recurrent else ''}",
+    )
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -469,7 +501,9 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
         notes.append(f"CACHE_RAM {cram.value_mib} MiB ({cram.reason})")
     args += tokens
     names = arg_names(tokens)
-    unified = bool(names & {"-kvu", "--kv-unified"}) or truthy(facts.env.get("LLAMA_ARG_KV_UNIFIED"))
+    unified = bool(names & {"-kvu", "--kv-unified"}) or truthy(
+        facts.env.get("LLAMA_ARG_KV_UNIFIED")
+    )
     np_extra = arg_value(tokens, "-np", "--parallel")
     shared = (unified and not side) or (np_extra is not None and np_extra.strip() in ("-1", "0"))
     return LaunchPlan(

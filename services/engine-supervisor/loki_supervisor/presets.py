@@ -223,7 +223,12 @@ async def test_connection(
         async with httpx.AsyncClient(timeout=timeout) as client:
             r = await client.get(url, headers=headers)
     except httpx.HTTPError as exc:
-        return {"ok": False, "status": None, "message": f"{exc.__class__.__name__}: {exc}", "models": []}
+        return {
+            "ok": False,
+            "status": None,
+            "message": f"{exc.__class__.__name__}: {exc}",
+            "models": [],
+        }
     if r.status_code != 200:
         return {"ok": False, "status": r.status_code, "message": api_error_message(r), "models": []}
     try:

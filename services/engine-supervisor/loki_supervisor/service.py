@@ -87,12 +87,18 @@ class Supervisor:
         publish_state: publishes an :class:`EngineState` event.
     """
 
-    def __init__(self, settings: Settings, redis: Redis, sealer: Sealer,
-                 publish_state: Callable[[EngineState], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        redis: Redis,
+        sealer: Sealer,
+        publish_state: Callable[[EngineState], Awaitable[None]],
+    ) -> None:
         self.settings = settings
         self.publish_state = publish_state
-        self.runner = EngineRunner(self._on_state, settings.engine_start_timeout,
-                                   settings.engine_backoff_max)
+        self.runner = EngineRunner(
+            self._on_state, settings.engine_start_timeout, settings.engine_backoff_max
+        )
         self.leases = LeaseManager(self.target, ttl=settings.lease_ttl)
         self.store = PresetStore(redis, sealer, env_preset(settings))
         self.preset: Preset = env_preset(settings)
@@ -142,7 +148,8 @@ class Supervisor:
             host=self.settings.engine_host,
             port=self._port,
             api_key=self.settings.engine_api_key.get_secret_value()
-            if self.settings.engine_api_key else None,
+            if self.settings.engine_api_key
+            else None,
             threads=self.settings.engine_threads,
             slot_dir=Path(self.settings.home).resolve() / "slots",
         )
@@ -176,8 +183,11 @@ class Supervisor:
                 key = await self.store.api_key(preset.id) if preset.api_key_set else None
                 await self.runner.run_external(preset.base_url, key, preset.api_model)
                 return
-            api_key = (self.settings.engine_api_key.get_secret_value()
-                       if self.settings.engine_api_key else None)
+            api_key = (
+                self.settings.engine_api_key.get_secret_value()
+                if self.settings.engine_api_key
+                else None
+            )
             if self.settings.engine_url:
                 await self.runner.run_follow(self.settings.engine_url, api_key)
                 return
@@ -194,11 +204,19 @@ class Supervisor:
             self.plan = plan
             self.runner.build_hint = facts_mod.package_build(binary)
             for note in plan.notes:
-                log.warning("%s", note) if "refused" in note or "imposed" in note else log.info("%s", note)
+                log.warning("%s", note) if "refused" in note or "imposed" in note else log.info(
+                    "%s", note
+                )
             await self.runner.run_launch(
-                LaunchSpec(args=list(plan.args), host=cfg.host, port=cfg.port,
-                           api_key=cfg.api_key, slot_dir=plan.slot_save_path, binary=binary,
-                           auto_port=self.settings.engine_port is None),
+                LaunchSpec(
+                    args=list(plan.args),
+                    host=cfg.host,
+                    port=cfg.port,
+                    api_key=cfg.api_key,
+                    slot_dir=plan.slot_save_path,
+                    binary=binary,
+                    auto_port=self.settings.engine_port is None,
+                ),
                 plan.notes,
             )
 
@@ -294,7 +312,8 @@ class Supervisor:
                 self.leases.pause()
                 try:
                     reply.erase_skipped = await asyncio.wait_for(
-                        self._erase_after_side_job(lease.kind), ERASE_TIMEOUT_S + 0.5)
+                        self._erase_after_side_job(lease.kind), ERASE_TIMEOUT_S + 0.5
+                    )
                 except asyncio.TimeoutError:
                     reply.erase_skipped = "erase timed out"
                 finally:
@@ -308,7 +327,8 @@ class Supervisor:
 
     async def _erase_after_side_job(self, kind: str) -> str | None:
         common = dict(
-            kind=kind, job_done=True,
+            kind=kind,
+            job_done=True,
             cache_isolate=truthy(self.preset.features.get("CACHE_ISOLATE"), default=True),
             external=self.runner.external or self.runner.state != "ready",
             build=self.runner.build,
@@ -328,8 +348,12 @@ class Supervisor:
         self._side_seen[conversation] = self._side_counter
         while len(self._side_seen) > 1000:
             self._side_seen.popitem(last=False)
-        if (self._advised or seen is None or self._side_counter == seen
-                or not cache_ram_advice(req.prompt_tokens, req.cached_tokens)):
+        if (
+            self._advised
+            or seen is None
+            or self._side_counter == seen
+            or not cache_ram_advice(req.prompt_tokens, req.cached_tokens)
+        ):
             return None
         self._advised = True
         current = self.plan.cache_ram.effective_mib if self.plan else None
@@ -353,7 +377,9 @@ class Supervisor:
         if req.action == "list":
             return PresetsReply(presets=[public(p) for p in await self.store.list()], active=active)
         if req.action == "get":
-            return PresetsReply(preset=public(await self.store.get(self._need_id(req))), active=active)
+            return PresetsReply(
+                preset=public(await self.store.get(self._need_id(req))), active=active
+            )
         if req.action == "save":
             if not req.preset:
                 raise InvalidRequest("save needs a preset")
@@ -384,8 +410,9 @@ class Supervisor:
             preset = await self._preset_of(req, active)
             if preset.external:
                 return PresetsReply(active=active, detail={"reason": "external preset: no engine"})
-            return PresetsReply(preset=public(preset), active=active,
-                                detail=await self._preview(preset))
+            return PresetsReply(
+                preset=public(preset), active=active, detail=await self._preview(preset)
+            )
         raise InvalidRequest(f"unknown action {req.action}")
 
     @staticmethod
@@ -426,7 +453,8 @@ class Supervisor:
             "side_slot": plan.side_slot,
             "side_slot_refusal": plan.side_slot_refusal,
             "side_slot_mib": (plan.side_slot_bytes + 1048575) // 1048576
-            if plan.side_slot_bytes is not None else None,
+            if plan.side_slot_bytes is not None
+            else None,
             "cache_ram": plan.cache_ram.as_dict(),
             "argv": plan.masked_args(),
             "placement": plan.placement,

@@ -47,7 +47,9 @@ PRESET_TIMEOUT_S = 15.0
 
 
 async def _presets(bus: Bus, req: PresetsRequest) -> PresetsReply:
-    return await bus.request_ok(subjects.ENGINE_PRESETS, req, PresetsReply, timeout=PRESET_TIMEOUT_S)
+    return await bus.request_ok(
+        subjects.ENGINE_PRESETS, req, PresetsReply, timeout=PRESET_TIMEOUT_S
+    )
 
 
 @router.get("/api/engine")
@@ -90,7 +92,6 @@ async def test_preset(body: dict[str, Any] = Body(...), bus: Bus = Depends(get_b
     return reply.detail or {}
 
 
-
 @router.get("/api/preset/cacheram")
 async def preset_cacheram(
     id: str | None = None,  # noqa: A002 - the query parameter's name
@@ -105,7 +106,9 @@ async def preset_cacheram(
 ) -> dict:
     fields = dict(ctx=ctx, ngl=ngl, parallel=parallel, extra_args=extra_args, model=model)
     edited: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
-    features = {k: v for k, v in (("SIDE_SLOT", side_slot), ("CACHE_RAM", cache_ram)) if v is not None}
+    features = {
+        k: v for k, v in (("SIDE_SLOT", side_slot), ("CACHE_RAM", cache_ram)) if v is not None
+    }
     if features:
         edited["features"] = features
     req = PresetsRequest(action="cacheram", preset_id=id, preset=edited or None)
