@@ -326,11 +326,13 @@ class Supervisor:
         return reply
 
     async def _erase_after_side_job(self, kind: str) -> str | None:
+        if self.runner.state != "ready" and not self.runner.external:
+            return "engine not ready"
         common = dict(
             kind=kind,
             job_done=True,
             cache_isolate=truthy(self.preset.features.get("CACHE_ISOLATE"), default=True),
-            external=self.runner.external or self.runner.state != "ready",
+            external=self.runner.external,
             build=self.runner.build,
             total_slots=self.runner.props.total_slots,
             in_flight=self.leases.in_flight,
