@@ -131,10 +131,12 @@ async def test_kill_9_mid_turn_loses_nothing_persisted(
     roles = [m.role for m in state.messages]
     assert roles == ["system", "user", "assistant", "user"]  # no half-written message
     assert [m.content for m in state.messages[1:]] == ["first", "first answer", "second"]
-    ends = [
-        e for e in (await client.replay(cid)).events if (e.loki or {}).get("event") == "turn_end"
-    ]
+    replayed = (await client.replay(cid)).events
+    ends = [e for e in replayed if (e.loki or {}).get("event") == "turn_end"]
     assert ends[-1].loki.get("interrupted") and not state.generating
+    # no seq seen live before the crash is given to another event
+    live_seqs = [e.seq for e in client.tap.events[cid]]
+    assert len(live_seqs) == len(set(live_seqs))
     fake_engine.push(text_reply("third answer"))
     await client.turn("third", cid)
     sent = fake_engine.requests[-1].json["messages"]

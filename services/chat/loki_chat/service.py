@@ -70,6 +70,9 @@ log = logging.getLogger("loki.chat.service")
 
 R = TypeVar("R", bound=BaseModel)
 
+#: Display seqs reserved in Redis at a time (one small write per block of events).
+SEQ_BLOCK = 64
+
 
 class Actor:
     """The owner-side state of one conversation (implements the turn loop's host)."""
@@ -89,6 +92,7 @@ class Actor:
         self._emit_lock = asyncio.Lock()
         self._persist_lock = asyncio.Lock()
         self._renewers: dict[str, asyncio.Task[None]] = {}
+        self.reserved = 0  # seqs up to this one are reserved in Redis
 
     @property
     def busy(self) -> bool:
@@ -96,7 +100,16 @@ class Actor:
 
     # -- TurnHost -------------------------------------------------------------------------
     async def emit(self, delta: dict[str, Any] | None = None, **fields: Any):
+        """Append a display event to the Log and publish it (in seq order). Seqs are
+        reserved in Redis ahead of publication (blocks of :data:`SEQ_BLOCK`)."""
         async with self._emit_lock:
+            if self.conv.seq + 1 > self.reserved and not self.lost:
+                try:
+                    self.reserved = self.conv.seq + SEQ_BLOCK
+                    await self.svc.store.reserve_seq(self.conv.id, self.lock_value, self.reserved)
+                except FencedWrite:
+                    self.lost = True
+                    self.stop.set()
             event = self.conv.new_event(delta, **fields)
             await self.svc.publish_event(event)
             return event
@@ -436,6 +449,10 @@ class ChatService:
             except BaseException:
                 await self.store.release(cid, value)
                 raise
+            if conv.turn_open:
+                # a previous owner died mid-turn: it may have published seqs it never
+                # persisted; continue after them so no seq is ever reused
+                conv.seq = max(conv.seq, await self.store.reserved_seq(cid))
             actor = Actor(self, conv, value)
             self.actors[cid] = actor
             log.info("instance %s owns %s", self.instance, cid)

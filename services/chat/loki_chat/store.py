@@ -7,7 +7,10 @@ Keys (values sealed with :mod:`loki_shared.sealing`, AAD = the Redis key, or
 - ``loki:chat:index`` — hash ``id -> {id, title, created, updated}`` (sealed);
 - ``loki:chat:lock:<id>`` — the owner: ``"<instance>|<fencing token>"``, with an expiry
   (``lock_ttl_s``), renewed by the owner;
-- ``loki:chat:fence:<id>`` — the fencing-token counter (INCR on every acquisition).
+- ``loki:chat:fence:<id>`` — the fencing-token counter (INCR on every acquisition);
+- ``loki:chat:seq:<id>`` — the highest seq the owner may have published live (reserved ahead
+  in blocks, before publishing): after a crash mid-turn, the next owner continues after it,
+  so a seq seen live but never persisted is never given to another event.
 
 Every write is a Lua script that first checks the lock still holds this owner's exact value
 (instance and token): an instance whose lock expired and was taken over by another can no
@@ -38,7 +41,14 @@ _DELETE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2])
 redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('DEL', KEYS[4])
 redis.call('DEL', KEYS[1])
+return 1
+"""
+_RESERVE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
+if cur < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
 return 1
 """
 _RENEW = """
@@ -63,6 +73,10 @@ def lock_key(cid: str) -> str:
 
 def fence_key(cid: str) -> str:
     return f"{PREFIX}:fence:{cid}"
+
+
+def seq_key(cid: str) -> str:
+    return f"{PREFIX}:seq:{cid}"
 
 
 def new_conversation_id() -> str:
@@ -91,6 +105,7 @@ class Store:
         self._delete = client.register_script(_DELETE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._reserve = client.register_script(_RESERVE)
 
     # -- locks ------------------------------------------------------------------------------
     async def try_acquire(self, cid: str) -> str | None:
@@ -152,9 +167,26 @@ class Store:
         Raises:
             FencedWrite: the lock is no longer this owner's.
         """
-        ok = await self._delete(keys=[lock_key(cid), conv_key(cid), INDEX], args=[lock_value, cid])
+        ok = await self._delete(
+            keys=[lock_key(cid), conv_key(cid), INDEX, seq_key(cid)], args=[lock_value, cid]
+        )
         if not ok:
             raise FencedWrite(f"lock of {cid} lost; delete refused")
+
+    async def reserve_seq(self, cid: str, lock_value: str, upto: int) -> None:
+        """Record that seqs up to ``upto`` may be published live (fenced like a write).
+
+        Raises:
+            FencedWrite: the lock is no longer this owner's.
+        """
+        ok = await self._reserve(keys=[lock_key(cid), seq_key(cid)], args=[lock_value, upto])
+        if not ok:
+            raise FencedWrite(f"lock of {cid} lost; seq reservation refused")
+
+    async def reserved_seq(self, cid: str) -> int:
+        """The highest seq a previous owner may have published (0 when none)."""
+        raw = await self.r.get(seq_key(cid))
+        return int(raw) if raw else 0
 
     async def list_infos(self) -> list[dict]:
         """Index entries (newest first); unreadable ones are skipped."""

@@ -560,8 +560,9 @@ class CompactionPolicy:
                 budget=budget,
             )
         except SummaryError as exc:
-            return SummaryOutcome(failure=exc.reason, suspend=exc.reason == "tool_call",
-                                  prompt_n=self.last_prompt_n)
+            return SummaryOutcome(
+                failure=exc.reason, suspend=exc.reason == "tool_call", prompt_n=self.last_prompt_n
+            )
         if cleaned.cut:
             log.warning(
                 "[compact] %s: summary cut (%s), kept and marked […]",
