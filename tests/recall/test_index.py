@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
+from loki_recall import index as index_module
 from loki_recall.index import SEGMENT_WORDS, Index
 from loki_recall.text import go_lower, keywords, score
 
@@ -16,6 +19,16 @@ ALPHABET = list("abcaebd09 \n\t_-.") + [
 
 def rand_text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(ALPHABET) for _ in range(n))
+
+
+@pytest.fixture(autouse=True, params=["dense bitmaps", "postings only"])
+def dense_words(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run every index test with common words as bitmaps (low threshold) and without."""
+    if request.param == "dense bitmaps":
+        monkeypatch.setattr(index_module, "DENSE_MIN", 2)
+        monkeypatch.setattr(index_module, "DENSE_FRACTION", 8)
+    else:
+        monkeypatch.setattr(index_module, "DENSE_MIN", 10**9)
 
 
 def test_index_bound_equals_exact_score() -> None:

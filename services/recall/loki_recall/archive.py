@@ -173,25 +173,34 @@ class Archive:
         except SealError as exc:
             log.error("block r%d does not open with the service key: %s", seq, exc)
             return
+        if inner[:1] != KIND_MEMORY:
+            data = json.loads(inner[1:])
+            self._record(seq, False, data["label"], data["content"])
+            return
+        label = content = None
+        if self._private is not None and self._memory is not None:
+            try:
+                data = json.loads(self._memory.open(inner[1:], memory_aad(seq)))
+                label, content = data["label"], data["content"]
+            except SealError as exc:
+                log.error("memory block r%d does not open with the memory key: %s", seq, exc)
+        self._record(seq, True, label, content)
+
+    def _record(self, seq: int, private: bool, label: str | None, content: str | None) -> None:
+        """Note block ``seq`` as stored and index its texts (None: not readable now)."""
+        if seq in self._known:
+            return
         self._known.add(seq)
         if self._sorted and seq < self._sorted[-1]:
             self._sorted_dirty = True
         self._sorted.append(seq)
-        if inner[:1] == KIND_MEMORY:
+        if private:
             self._private_seqs.add(seq)
-            if self._private is None or self._memory is None:
-                return
-            index = self._private
-            try:
-                body = self._memory.open(inner[1:], memory_aad(seq))
-            except SealError as exc:
-                log.error("memory block r%d does not open with the memory key: %s", seq, exc)
-                return
-        else:
-            index, body = self._plain, inner[1:]
+            if self._private is not None and label is not None and content is not None:
+                self._private.add(seq, go_lower(label), go_lower(content))
+        elif label is not None and content is not None:
+            self._plain.add(seq, go_lower(label), go_lower(content))
             self._since_snapshot += 1
-        data = json.loads(body)
-        index.add(seq, go_lower(data["label"]), go_lower(data["content"]))
 
     def _sorted_seqs(self) -> list[int]:
         if self._sorted_dirty:
@@ -407,7 +416,7 @@ class Archive:
             await self.redis.hset(BLOCKS_KEY, str(seq), blob)
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
-        self._ingest(seq, blob)
+        self._record(seq, memory is not None, block.label, block.content)
         self._maybe_snapshot()
         return block
 

@@ -26,7 +26,7 @@ Layout (all numpy, nothing of the texts kept):
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+import re
 from itertools import accumulate
 
 import numpy as np
@@ -35,18 +35,35 @@ from .text import words
 
 SEGMENT_WORDS = 8192
 FREEZE_AT = 2048
-MAX_PARTS = 16
+MAX_PARTS = 8
 MATCH_CACHE = 4096
+DENSE_MIN = 64
+DENSE_FRACTION = 32
 
 
 class _Part:
-    """Frozen postings: for each word id in ``tids`` (sorted), ``pos[start:start+len]``."""
+    """Frozen postings: for each word id in ``tids`` (sorted), ``pos[start:start+len]``.
 
-    __slots__ = ("tids", "starts", "lens", "pos")
+    Words held by many blocks (at least :data:`DENSE_MIN` and 1/:data:`DENSE_FRACTION` of the
+    part's position range) also get a bitmap row (``bits``, packed), so a keyword matching
+    thousands of common words ORs rows instead of scattering millions of positions.
+    """
+
+    __slots__ = ("tids", "starts", "lens", "pos", "dense_row", "bits", "width")
 
     def __init__(self, tids: np.ndarray, starts: np.ndarray, lens: np.ndarray,
                  pos: np.ndarray) -> None:
         self.tids, self.starts, self.lens, self.pos = tids, starts, lens, pos
+        self.width = int(pos.max()) + 1 if len(pos) else 0
+        dense = np.flatnonzero(lens >= max(DENSE_MIN, self.width // DENSE_FRACTION))
+        self.dense_row = np.full(len(tids), -1, dtype=np.int64)
+        self.dense_row[dense] = np.arange(len(dense))
+        self.bits = np.zeros((len(dense), (self.width + 7) // 8), dtype=np.uint8)
+        row = np.zeros(self.width, dtype=np.bool_)
+        for r, loc in enumerate(dense):
+            row[:] = False
+            row[pos[starts[loc] : starts[loc] + lens[loc]]] = True
+            self.bits[r] = np.packbits(row)
 
     @classmethod
     def from_pairs(cls, tids: np.ndarray, pos: np.ndarray) -> "_Part":
@@ -57,20 +74,30 @@ class _Part:
                    pos[order])
 
     def nbytes(self) -> int:
-        return self.tids.nbytes + self.starts.nbytes + self.lens.nbytes + self.pos.nbytes
+        return (self.tids.nbytes + self.starts.nbytes + self.lens.nbytes + self.pos.nbytes
+                + self.dense_row.nbytes + self.bits.nbytes)
 
-    def gather(self, q: np.ndarray) -> np.ndarray | None:
-        """Positions of every block holding one of the word ids ``q`` (sorted uint32)."""
+    def mark_into(self, q: np.ndarray, mark: np.ndarray) -> bool:
+        """Set ``mark[p]`` for every block p holding one of the word ids ``q`` (sorted
+        uint32); whether any was set."""
         loc = np.searchsorted(self.tids, q)
         ok = loc < len(self.tids)
         loc, qq = loc[ok], q[ok]
         loc = loc[self.tids[loc] == qq]
         if not len(loc):
-            return None
-        starts, lens = self.starts[loc], self.lens[loc]
-        total = int(lens.sum())
-        offs = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total)
-        return self.pos[offs]
+            return False
+        rows = self.dense_row[loc]
+        dense = rows >= 0
+        if dense.any():
+            union = np.bitwise_or.reduce(self.bits[rows[dense]], axis=0)
+            mark[: self.width] |= np.unpackbits(union, count=self.width).view(np.bool_)
+            loc = loc[~dense]
+        if len(loc):
+            starts, lens = self.starts[loc], self.lens[loc]
+            total = int(lens.sum())
+            offs = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(total)
+            mark[self.pos[offs]] = True
+        return True
 
 
 def _merge(parts: list[_Part], chunk: int = 1 << 20) -> _Part:
@@ -135,13 +162,12 @@ class _Postings:
 
     def mark(self, q: np.ndarray, n: int) -> np.ndarray | None:
         """Bool array over positions: blocks holding one of the word ids ``q``."""
-        mark: np.ndarray | None = None
+        mark = np.zeros(n, dtype=np.bool_)
+        hit_any = False
         for part in self.parts:
-            pos = part.gather(q)
-            if pos is not None:
-                if mark is None:
-                    mark = np.zeros(n, dtype=np.bool_)
-                mark[pos] = True
+            hit_any |= part.mark_into(q, mark)
+        if not hit_any:
+            mark = None
         if len(self.tail_t):
             t = np.frombuffer(self.tail_t, dtype=np.uint32)
             hit = np.isin(t, q, kind="table") if len(q) else np.zeros(len(t), np.bool_)
@@ -166,13 +192,13 @@ class Index:
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self._words: list[str] = []
-        self._texts: list[tuple[str, list[int]] | None] = []  # joined segment, word starts
+        self._texts: list[tuple[str, np.ndarray] | None] = []  # joined segment, word starts
         self._content = _Postings()
         self._label = _Postings()
         self._seqs = array("Q")
         self._tail_blocks = 0
         self.freeze_at = FREEZE_AT
-        self._match: dict[str, tuple[list[int], int]] = {}
+        self._match: dict[str, tuple[np.ndarray, int]] = {}
         self.vocab_chars = 0
 
     def __len__(self) -> int:
@@ -267,36 +293,44 @@ class Index:
         """The seq of every indexed block (a copy)."""
         return np.array(self._seqs, dtype=np.uint64)
 
-    def _segment(self, seg: int) -> tuple[str, list[int]]:
+    def _segment(self, seg: int) -> tuple[str, np.ndarray]:
         cached = self._texts[seg]
         if cached is None:
             chunk = self._words[seg * SEGMENT_WORDS : (seg + 1) * SEGMENT_WORDS]
             # "\n" is not a word code point, so a match never spans two words.
-            cached = ("\n".join(chunk) + "\n", [0, *accumulate(len(w) + 1 for w in chunk)])
+            starts = np.fromiter(accumulate((len(w) + 1 for w in chunk), initial=0),
+                                 dtype=np.int64, count=len(chunk) + 1)
+            cached = ("\n".join(chunk) + "\n", starts)
             self._texts[seg] = cached
         return cached
 
-    def _scan(self, kw: str, first: int) -> list[int]:
-        out: list[int] = []
+    def _scan(self, kw: str, first: int) -> np.ndarray:
+        """Ids >= ``first`` of the words containing ``kw`` (sorted, unique)."""
+        pattern = re.compile(re.escape(kw))
+        found = []
         for seg in range(first // SEGMENT_WORDS, len(self._texts)):
             text, starts = self._segment(seg)
             base = seg * SEGMENT_WORDS
-            pos = text.find(kw, starts[first - base] if first > base else 0)
-            while pos >= 0:
-                i = bisect_right(starts, pos) - 1
-                out.append(base + i)
-                pos = text.find(kw, starts[i + 1])
-        return out
+            origin = int(starts[first - base]) if first > base else 0
+            # Non-overlapping matches still find every word holding kw at least once
+            # (a match ends inside its word).
+            pos = np.fromiter((m.start() for m in pattern.finditer(text, origin)),
+                              dtype=np.int64)
+            if len(pos):
+                found.append(base + np.searchsorted(starts, pos, side="right") - 1)
+        if not found:
+            return np.zeros(0, dtype=np.uint32)
+        return np.unique(np.concatenate(found)).astype(np.uint32)
 
-    def matching_words(self, kw: str) -> list[int]:
-        """Ids of the vocabulary words that contain ``kw`` as a substring (remembered per
-        keyword; a later call only scans the words added since)."""
+    def matching_words(self, kw: str) -> np.ndarray:
+        """Ids of the vocabulary words that contain ``kw`` as a substring (sorted uint32;
+        remembered per keyword, a later call only scans the words added since)."""
         n = len(self._words)
         cached = self._match.get(kw)
         if cached is not None and cached[1] == n:
             return cached[0]
         if cached is not None:
-            tids = cached[0] + self._scan(kw, cached[1])
+            tids = np.concatenate([cached[0], self._scan(kw, cached[1])])
         else:
             tids = self._scan(kw, 0)
         if len(self._match) >= MATCH_CACHE:
@@ -312,10 +346,9 @@ class Index:
         if n == 0:
             return bound, np.zeros(0, dtype=np.uint64)
         for kw in kws:
-            tids = self.matching_words(kw)
-            if not tids:
+            q = self.matching_words(kw)
+            if not len(q):
                 continue
-            q = np.unique(np.array(tids, dtype=np.uint32))
             mark = self._content.mark(q, n)
             if mark is not None:
                 bound += mark
