@@ -188,3 +188,18 @@ async def test_recall_routes_errors(recall: RecallService, gateway: httpx.AsyncC
 async def test_memory_unavailable_recall_is_503(gateway: httpx.AsyncClient) -> None:
     r = await gateway.get("/api/recall/block", params={"seq": "1"})
     assert r.status_code == 503
+
+
+async def test_gateway_lists_every_block_across_pages(
+    recall: RecallService, client: Client, gateway: httpx.AsyncClient
+) -> None:
+    big = ["é" * 150_000 + str(i) for i in range(6)]  # ~300 kB of JSON each: several pages
+    for i, content in enumerate(big):
+        assert (await archive(client, content, f"tool: big {i}")).seq == i + 1
+    r = await gateway.get("/api/recall/blocks")
+    assert r.status_code == 200
+    blocks = r.json()["blocks"]
+    assert [b["seq"] for b in blocks] == [1, 2, 3, 4, 5, 6]
+    assert [b["content"] for b in blocks] == big
+    r = await gateway.get("/api/recall/blocks", params={"after": "4"})
+    assert [b["seq"] for b in r.json()["blocks"]] == [5, 6]
