@@ -14,6 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
+from ..errors import ServiceUnavailable
 from ..memory_state import MemoryState
 
 router = APIRouter()
@@ -24,7 +25,11 @@ class UnlockBody(BaseModel):
 
 
 def _memory(request: Request) -> MemoryState:
-    return request.app.state.memory
+    """The app's memory state; 503 while it is not started yet (e.g. Redis away)."""
+    memory = getattr(request.app.state, "memory", None)
+    if memory is None:
+        raise ServiceUnavailable("the memory state is not available yet", code="memory_unavailable")
+    return memory
 
 
 @router.get("/api/memory")
