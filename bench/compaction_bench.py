@@ -12,7 +12,7 @@ brought back with ``recall(id)`` and compared byte for byte with what was pasted
 requests' ``prompt_n`` (tokens the engine prefilled): the continuation path's median against
 the transcript path's median, target ≤ 10%.
 
-The window is 3072 tokens: at the 75% threshold a continuation needs the demand and the
+The window is 2560 tokens: at the 75% threshold a continuation needs the demand and the
 summary budget to fit in what is left (``(ctx_used + demand + budget) × 1.05 ≤ n_ctx``),
 which 2048 leaves no room for.
 """
@@ -29,9 +29,9 @@ from typing import Any
 
 from bench import _common
 
-TIMEOUT_S = {"quick": 900, "full": 2400}
+TIMEOUT_S = {"quick": 3000, "full": 9000}
 
-N_CTX = 3072
+N_CTX = 2560
 #: The continuation demand's first words (how its requests are told apart).
 DEMAND_MARK = "[Loki — compaction]"
 SECRET = "bench-secret-key-0123456789"
@@ -39,32 +39,39 @@ MODEL = "smollm2"
 
 
 def pasted(i: int) -> str:
-    """A pasted block (1,200–1,900 characters): code, a log or notes, unique per turn."""
+    """A pasted block (1,000–1,400 characters, so archived): code, a log or notes."""
     kind = i % 3
     if kind == 0:
         lines = [f"# file module_{i}.py"] + [
-            f"def step_{i}_{k}(x):\n    return x * {k + i} + {k * 3 % 7}  # stage {k}"
-            for k in range(22 + i % 5)]
+            f"def step_{i}_{k}(x):\n    return x * {k + i} + {k * 3 % 7}" for k in range(24)]
     elif kind == 1:
         lines = [f"== build log run {i} =="] + [
-            f"[{10 + k:02d}:{(k * 7) % 60:02d}] compiling unit_{i}_{k}.c ... ok ({k * 13 % 97} ms)"
-            for k in range(24 + i % 4)]
+            f"[{10 + k:02d}:{(k * 7) % 60:02d}] unit_{i}_{k}.c ok ({k * 13 % 97} ms)"
+            for k in range(32)]
     else:
         lines = [f"Meeting notes {i}"] + [
-            f"- item {k}: team {chr(65 + k % 26)} owns task {i * 100 + k}, due day {k % 28 + 1}"
-            for k in range(26 + i % 6)]
+            f"- item {k}: team {chr(65 + k % 26)} owns task {i * 100 + k}" for k in range(36)]
     return "\n".join(lines)
 
 
+def note(i: int) -> str:
+    """A chatty message under 800 characters (kept whole in a transcript)."""
+    parts = [f"Requirement set {i}:"]
+    for k in range(6):
+        parts.append(f"the {['parser', 'cache', 'UI', 'CLI', 'API', 'tests'][k]} must handle "
+                     f"case {i * 10 + k} with a limit of {(i + 1) * (k + 2)} items and report "
+                     f"errors in plain words.")
+    return " ".join(parts)[:700] + " Reply in one short sentence."
+
+
 def script(turns: int) -> list[str]:
-    """The user messages: a pasted block every other turn, a short question between."""
+    """The user messages: a pasted block, then a requirements note, alternately."""
     out = []
     for t in range(turns):
         if t % 2 == 0:
             out.append(f"Please keep this for later (paste {t}):\n{pasted(t)}")
         else:
-            out.append(f"Question {t}: in one short sentence, what did paste {t - 1} "
-                       f"contain?")
+            out.append(note(t))
     return out
 
 
@@ -117,6 +124,9 @@ async def _conversation(nats_url: str, redis_url: str, home: Path, proxy: Any,
                         max_tokens=16, temperature=0.7, step_budget=1,
                         compact_continuation=continuation, lease_timeout_s=120.0)
     nc = await nats.connect(nats_url)
+    from loki_shared.perf_publish import ensure_perf_stream
+
+    await ensure_perf_stream(nc.jetstream())  # the perf service's stream, as in the stack
     subs = await _lease_responder(nc, proxy.url)
     events: list[ChatEvent] = []
     ended = asyncio.Event()
@@ -150,7 +160,7 @@ async def _conversation(nats_url: str, redis_url: str, home: Path, proxy: Any,
             raw = await nc.request(subjects.CHAT_SEND, SendRequest(
                 conversation=cid, content=text).model_dump_json().encode(), timeout=30)
             cid = SendReply.model_validate_json(raw.data).conversation
-            await asyncio.wait_for(ended.wait(), 300)
+            await asyncio.wait_for(ended.wait(), 900)
             end = [e for e in events if (e.loki or {}).get("event") == "turn_end"][-1]
             if end.finish_reason == "error":
                 errors.append(f"turn {t}: {end.loki.get('error')}")

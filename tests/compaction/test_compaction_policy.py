@@ -334,7 +334,8 @@ async def test_continuation_is_the_sent_request_plus_one_demand(harness, fake_en
     assert demand["role"] == "user" and len(req["messages"]) == n + 2
     assert "up to, but not including, message #4 (a assistant message that starts with " \
         '"Noted file 1."); the last 5 messages stay verbatim' in demand["content"]
-    assert "recall:<id>" in demand["content"] and ": r1, r2." in demand["content"]
+    assert "recall:r<N> id next to what it holds (archived: r1, r2)" in demand["content"]
+    assert "state of progress at that message last" in demand["content"]
     assert req["tools"] == sent["tools"] and req["tool_choice"] == "none"
     assert req["temperature"] == 0.2 and "top_k" not in req and req["stream"] is False
     assert req["id_slot"] == 0 and req["max_tokens"] == 256

@@ -45,11 +45,13 @@ TRANSCRIPT_HEADER = "Conversation to summarise:\n\n"
 
 #: The demand appended to the turn's request on the continuation path.
 CONTINUATION_DEMAND = (
-    "[Loki — compaction] Stop the task for a moment: do not answer the last message and do "
-    "not call any tool. Write the memory of this conversation from its beginning up to, but "
-    "not including, message #{boundary} (a {role} message that starts with {start}); the "
-    "last {kept} messages stay verbatim, do not summarise them. Date the state of progress "
-    "at that message.\n{archived}\n" + SUMMARISER_PROMPT
+    "[Loki — compaction] Do not answer the last message and do not call any tool. Write the "
+    "memory of this conversation from its start up to, but not including, message "
+    "#{boundary} (a {role} message that starts with {start}); the last {kept} messages stay "
+    "verbatim. Same rules as always: keep decisions, constraints, open questions, every "
+    "recall:r<N> id next to what it holds ({archived}), in code work each file created or "
+    "modified, the errors met and their fixes, the build and test commands. Plain text, "
+    "concise, in the conversation's language; the state of progress at that message last."
 )
 
 
@@ -87,13 +89,11 @@ def render_transcript(
 
 
 def archived_line(ids: list[str]) -> str:
-    """The demand's line listing the blocks archived from the summarised part."""
+    """The demand's words listing the blocks archived from the summarised part (the demand is
+    kept short: it is all the engine computes on this path)."""
     if not ids:
-        return "No block was archived."
-    return (
-        "These long blocks of that part were archived verbatim; cite each as "
-        "recall:<id> next to what it contains: " + ", ".join(ids) + "."
-    )
+        return "none archived"
+    return "archived: " + ", ".join(ids)
 
 
 def thinking_kwargs(
