@@ -386,3 +386,20 @@ async def test_key_off_never_continues(harness, fake_engine, supervisor, recall)
     assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
     [req] = summary_requests(fake_engine)
     assert [m["role"] for m in req["messages"]] == ["system", "user"] and "tools" not in req
+
+
+async def test_continuation_view_mismatch_falls_back_without_suspending(harness, fake_engine,
+                                                                        supervisor, recall):
+    h = harness(compact_continuation=True)
+    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
+    for n, cid in enumerate(["c12", "c13", "c14"]):
+        conv = long_conv(cid)
+        body = json.loads(sent_request(h, conv, lease))
+        if n < 2:  # an ephemeral instruction was sent at the end: not the stored view
+            body["messages"][-1]["content"] += "\n\n(Answer now.)"
+        h.policy.note_step(cid, lease, json.dumps(body).encode(), None, len(conv.messages))
+        fake_engine.push(text_reply(SUMMARY))
+        assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
+        assert h.markers[-1]["path"] == ("summary" if n < 2 else "continuation")
+    # nothing went out for the mismatches: never suspended
+    assert ["tools" in r for r in summary_requests(fake_engine)] == [False, False, True]

@@ -90,6 +90,8 @@ REQUEST_HEADER = "\n\n[The request in progress]\n"
 
 #: Generations remembered for the generation guard.
 RECENT_GENERATIONS = 8
+#: Continuation failures found before any request left (they never count toward suspension).
+NOT_SENT = ("view_changed", "sent_view_mismatch", "no_lease", "engine_changed")
 #: Max compactions between two accepted completion steps.
 MAX_PER_STEP = 2
 
@@ -404,8 +406,9 @@ class CompactionPolicy:
             if outcome.text is not None:
                 self.failures.pop(model, None)
                 return outcome, "continuation"
-            self.failures[model] = self.failures.get(model, 0) + 1
-            if outcome.suspend or self.failures[model] >= 2:
+            if outcome.failure not in NOT_SENT:  # the engine answered or failed: counts
+                self.failures[model] = self.failures.get(model, 0) + 1
+            if outcome.suspend or self.failures.get(model, 0) >= 2:
                 self.suspended.add(model)
                 log.warning(
                     "[compact] continuation suspended for %s until restart (%s)",
