@@ -367,10 +367,14 @@ async def test_continuation_void_after_another_request(harness, fake_engine, sup
     conv = long_conv("c10")
     lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
     h.policy.note_step(conv.id, lease, sent_request(h, conv, lease), None, len(conv.messages))
+    js = nc.jetstream()
+    await ensure_perf_stream(js)
     await h.policy._subscribe_perf(h.broker)
+    assert h.policy._perf_sub is not None
     # a /v1 client's completion left for the engine: the slot no longer holds the prompt
     rec = PerfRecord(ts=0, kind="foreign", conversation=None)
-    await nc.publish(subjects.PERF_RECORD, rec.model_dump_json().encode())
+    await js.publish(subjects.PERF_RECORD, rec.model_dump_json().encode(),
+                     stream=subjects.STREAM_PERF)
     await until(lambda: h.policy.states["c10"].stamp is None)
     fake_engine.push(text_reply(SUMMARY))
     assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))

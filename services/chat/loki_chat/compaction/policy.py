@@ -150,6 +150,7 @@ class CompactionPolicy:
         self._info: EngineInfo | None = None
         self._info_at = 0.0
         self._perf_sub: Any = None
+        self._perf_retry_at = 0.0
         self._tasks: set[asyncio.Task[Any]] = set()
         #: ``timings.prompt_n`` of the last summary request and the path it took (figures)
         self.last_prompt_n: int | None = None
@@ -226,10 +227,20 @@ class CompactionPolicy:
             except Exception:  # noqa: BLE001 - an odd record never breaks compaction
                 pass
 
+        # an ordered JetStream consumer on the perf ring (new records only), never a plain
+        # subscription on the subject: that would turn a publish into a missing stream into
+        # a timeout for every publisher. No stream yet: try again 30 s later.
+        if time.monotonic() < self._perf_retry_at:
+            return
         try:
-            self._perf_sub = await nc.subscribe(subjects.PERF_RECORD, cb=on)
-        except Exception:  # noqa: BLE001
-            log.warning("cannot watch %s", subjects.PERF_RECORD)
+            from nats.js.api import DeliverPolicy
+
+            self._perf_sub = await nc.jetstream().subscribe(
+                subjects.PERF_RECORD, cb=on, stream=subjects.STREAM_PERF, ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW)
+        except Exception as exc:  # noqa: BLE001
+            self._perf_retry_at = time.monotonic() + 30
+            log.info("not watching %s yet (%s)", subjects.PERF_RECORD, type(exc).__name__)
 
     # -- engine facts -----------------------------------------------------------------------
     async def engine_info(self, broker: Any) -> EngineInfo | None:
