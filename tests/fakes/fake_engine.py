@@ -326,11 +326,25 @@ class FakeEngine:
 
     def stop(self) -> None:
         """Stop serving and join the thread."""
-        if self._loop and self._server:
-            self._loop.call_soon_threadsafe(self._server.close)
+        if self._loop and self._server and self._loop.is_running():
+            fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+            try:
+                fut.result(5)
+            except Exception:  # noqa: BLE001 - the loop is stopped below anyway
+                pass
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread:
             self._thread.join(5)
+
+    async def _shutdown(self) -> None:
+        """Close the listening socket and cancel the connection handlers."""
+        assert self._server is not None
+        self._server.close()
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def __enter__(self) -> FakeEngine:
         return self.start()
