@@ -435,11 +435,13 @@ async def test_stop_closes_upstream_and_keeps_partial(chat, client, fake_engine)
 
 
 async def test_queue_fifo_and_concurrent_sends(chat, client, fake_engine):
-    fake_engine.push(text_reply("r1", delay_s=0.05), text_reply("r2"), text_reply("r3"))
+    fake_engine.push(text_reply("r1", delay_s=0.2), text_reply("r2"), text_reply("r3"))
     first = await client.send("m1")
     cid = first.conversation
     a, b = await asyncio.gather(client.send("m2", cid), client.send("m3", cid))
     assert not first.queued and a.queued and b.queued
+    state = await client.state(cid)
+    assert state.generating and state.queued == 2
     await client.tap.wait_turn_ends(cid, 3)
     users = [m.content for m in (await client.state(cid)).messages if m.role == "user"]
     assert users[0] == "m1" and sorted(users[1:]) == ["m2", "m3"]

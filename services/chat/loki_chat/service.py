@@ -575,7 +575,7 @@ class ChatService:
             ctx_used=conv.meter.used(self.settings.system_prompt, conv.messages),
             n_ctx=conv.meter.n_ctx,
             generating=bool(actor and actor.busy),
-            queued=len(conv.pending) - int(bool(actor and actor.busy and conv.pending)),
+            queued=len(conv.pending),  # the running turn's message already left the queue
             last_seq=conv.seq,
         )
 

@@ -30,7 +30,7 @@ class Settings(LokiSettings):
     - ``LOKI_CHAT_TEMPLATE_KWARGS`` — JSON object sent as ``chat_template_kwargs`` to a local
       llama-server only (never to an external API).
     - ``LOKI_RETRY_DELAYS`` — pauses (s) before the retries of a request that got no byte
-      back (connection failure, 429, 502, 503, 504): 0.8, 1.6, 3.2.
+      back (connection failure, 429, 502, 503, 504), a JSON list: ``[0.8, 1.6, 3.2]``.
     - ``LOKI_LOCK_TTL_S`` — expiry of a conversation's ownership lock (renewed every third).
     - ``LOKI_RECALL_TIMEOUT_S`` — bound of a recall tool call (s).
     - ``LOKI_LEASE_TIMEOUT_S`` — bound of a lease request to the supervisor (s).

@@ -236,8 +236,12 @@ class CompactionPolicy:
             from nats.js.api import DeliverPolicy
 
             self._perf_sub = await nc.jetstream().subscribe(
-                subjects.PERF_RECORD, cb=on, stream=subjects.STREAM_PERF, ordered_consumer=True,
-                deliver_policy=DeliverPolicy.NEW)
+                subjects.PERF_RECORD,
+                cb=on,
+                stream=subjects.STREAM_PERF,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW,
+            )
         except Exception as exc:  # noqa: BLE001
             self._perf_retry_at = time.monotonic() + 30
             log.info("not watching %s yet (%s)", subjects.PERF_RECORD, type(exc).__name__)
