@@ -520,3 +520,22 @@ async def test_tolerant_final_chunk_and_ctx_used(chat, client, fake_engine):
     state = await client.state(cid)
     assert state.ctx_used == 50 + 9 - 3  # reasoning pieces not sent back are not counted
     assert end.loki["ctx_used"] == state.ctx_used
+
+
+async def test_external_api_gets_its_key_and_no_llama_fields(
+    chat_runner, supervisor, client, fake_engine
+):
+    supervisor.external, supervisor.api_key, supervisor.id_slot = True, "ext-key", 0
+    await chat_runner.start(
+        chat_template_kwargs={"enable_thinking": False}, top_k=20, reasoning_echo=True
+    )
+    fake_engine.push(text_reply("A", reasoning="r"), HTTPError(500))
+    cid, _ = await client.turn("q")
+    req = fake_engine.requests[0]
+    assert req.headers["authorization"] == "Bearer ext-key"
+    for key in ("id_slot", "chat_template_kwargs", "top_k"):
+        assert key not in req.json
+    _, end = await client.turn("q2", cid)
+    # a 500 from an external API is not replayed with tool_choice none
+    assert end.finish_reason == "error" and len(fake_engine.requests) == 2
+    assert "reasoning_content" not in fake_engine.requests[1].body.decode()
