@@ -161,6 +161,13 @@ async def test_crash_is_restarted_with_backoff_and_leases_wait_for_it(
     assert names[names.index("failed") :][:3] == ["failed", "starting", "ready"]
     await asyncio.to_thread(chat, granted.base_url, "Hi")
     await release(nc, granted.lease_id)
+    # A supervisor killed outright takes its engine with it (parent-death signal).
+    sup.proc.kill()
+    sup.proc.wait()
+    deadline = time.monotonic() + 15
+    while process_alive(new_pids[0]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not process_alive(new_pids[0]), "orphan llama-server left running"
 
 
 async def test_engine_that_cannot_start_is_failed_with_its_output(

@@ -46,14 +46,17 @@ class Props:
     model_path: str | None = None
 
 
+try:  # loaded in the parent: the child between fork and exec only calls prctl
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not glibc Linux: no parent-death signal
+    _LIBC = None
+
+
 def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
     """Child side: get SIGTERM when the supervisor dies (Linux ``prctl(PR_SET_PDEATHSIG)``),
     so a killed supervisor never leaves an orphan engine holding the model in memory."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
