@@ -539,3 +539,23 @@ async def test_external_api_gets_its_key_and_no_llama_fields(
     # a 500 from an external API is not replayed with tool_choice none
     assert end.finish_reason == "error" and len(fake_engine.requests) == 2
     assert "reasoning_content" not in fake_engine.requests[1].body.decode()
+
+
+async def test_stop_during_a_tool_keeps_calls_paired_with_results(chat, client, fake_engine):
+    started = asyncio.Event()
+
+    async def slow(_):
+        started.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    chat.toolbox.specs["ping"].run = slow
+    fake_engine.push(tool_reply([("c0", "ping", ""), ("c1", "echo", '{"text": "x"}')]))
+    reply = await client.send("go")
+    await asyncio.wait_for(started.wait(), 10)
+    await client.control(reply.conversation, "stop")
+    ends = await client.tap.wait_turn_ends(reply.conversation, 1, timeout=5)
+    assert ends[0].finish_reason == "stopped"
+    msgs = (await client.state(reply.conversation)).messages
+    assert [m.role for m in msgs] == ["system", "user", "assistant", "tool", "tool"]
+    assert all("stopped" in m.content for m in msgs[3:]) and len(fake_engine.requests) == 1

@@ -146,7 +146,6 @@ class TurnRunner:
     model: str = ""
     external: bool = False
     pending_calls: list[ToolCall] = field(default_factory=list)
-    pending_invalid: set[str] = field(default_factory=set)
     pending_raw: dict[str, str] = field(default_factory=dict)
     estimate_at_send: int = 0
 
@@ -350,12 +349,9 @@ class TurnRunner:
 
     async def accept_calls(self, content: str, calls: list[tuple[str, str, str]]) -> State:
         stored: list[ToolCall] = []
-        self.pending_invalid = set()
         for n, (call_id, name, args) in enumerate(calls):
             call_id = call_id or f"call_{len(self.conv.messages)}_{n}"
             parsed, _ = parse_arguments(args)
-            if parsed is None:
-                self.pending_invalid.add(call_id)
             stored.append(
                 ToolCall(
                     id=call_id,
@@ -374,19 +370,18 @@ class TurnRunner:
 
     async def tools(self) -> State:
         host = self.host
+        stopped_text = "Not executed: the user stopped the turn."
         for call in self.pending_calls:
-            if host.stop.is_set():
-                text, model_text = "Not executed: the user stopped the turn.", None
-                self.outcome.stopped = True
-            else:
+            # every call gets a result, even when stopped: a call without its result would
+            # break the next request
+            text = stopped_text
+            if not host.stop.is_set():
                 raw = self.pending_raw.get(call.id, call.function.arguments)
                 outcome = await self.wait_or_stop(host.toolbox.execute(call.function.name, raw))
-                if outcome is None:
-                    text = "Not executed: the user stopped the turn."
-                    self.outcome.stopped = True
-                else:
+                if outcome is not None:
                     text = outcome.text
-                model_text = None
+            if text is stopped_text:
+                self.outcome.stopped = True
             model_text = cut_for_model(text, self.settings.tool_result_max)
             self.conv.messages.append(
                 ChatMessage(
