@@ -39,3 +39,6 @@ def test_sigterm_stops_cleanly_with_an_open_stream(gateway_factory, peers):
     assert code in (0, -signal.SIGTERM), gw.logs()
     assert not t.is_alive()
     assert "Application shutdown complete" in gw.logs()
+    assert "returned without completing response" not in gw.logs()
+    reconnect = [f for f in frames if f.event == "reconnect"]
+    assert reconnect and reconnect[0].json()["reason"] == "server shutting down", errors

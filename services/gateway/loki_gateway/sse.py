@@ -116,7 +116,13 @@ class ClientFeed:
     limit: int
     items: deque[LiveItem] = field(default_factory=deque)
     overflowed: bool = False
+    closing: str | None = None  # why the stream must end now (server shutting down)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def close(self, reason: str) -> None:
+        """End the stream at the next :meth:`take` (the client is told to reconnect)."""
+        self.closing = reason
+        self.wakeup.set()
 
     def push(self, item: LiveItem) -> None:
         if self.overflowed:
@@ -132,10 +138,10 @@ class ClientFeed:
         """Wait until something is buffered, then return up to ``max_events`` items whose
         frames total at most ``max_bytes`` (always at least one item). Returns [] once the
         feed has overflowed."""
-        while not self.items and not self.overflowed:
+        while not self.items and not self.overflowed and not self.closing:
             self.wakeup.clear()
             await self.wakeup.wait()
-        if self.overflowed:
+        if self.overflowed or self.closing:
             return []
         out: list[LiveItem] = []
         size = 0
@@ -293,13 +299,15 @@ async def conversation_stream(
             yield chunk
         while True:
             items = await feed.take(BATCH_MAX_EVENTS, BATCH_MAX_BYTES)
-            if not items:  # overflowed: the client is too far behind
+            if not items:  # overflowed (too far behind) or the server is stopping
+                reason = feed.closing or "too far behind"
                 log.info(
-                    "SSE client of %s too far behind at seq %d: told to reconnect",
+                    "SSE client of %s at seq %d told to reconnect: %s",
                     feed.conversation,
                     state.last_seq,
+                    reason,
                 )
-                data = json.dumps({"last_seq": state.last_seq, "reason": "too far behind"})
+                data = json.dumps({"last_seq": state.last_seq, "reason": reason})
                 yield f"event: reconnect\ndata: {data}\n\n".encode()
                 return
             batch: list[bytes] = []

@@ -8,8 +8,12 @@ built by :mod:`loki_gateway.sse`. Conversation ids are 1 to 64 characters of ``A
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
+
+import anyio
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
@@ -135,12 +139,29 @@ async def chat_stream(
         await hub.detach(feed)
         raise
     stream = conversation_stream(bus, hub, feed, first, after, settings.sse_replay_page)
+    shutdown = anyio.Event()
+
+    async def on_shutdown() -> AsyncIterator[bytes]:
+        # The server is stopping: end the stream cleanly with `event: reconnect`.
+        async def watch() -> None:
+            await shutdown.wait()
+            feed.close("server shutting down")
+
+        watcher = asyncio.create_task(watch())
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            watcher.cancel()
+
     return EventSourceResponse(
-        stream,
+        on_shutdown(),
         ping=settings.sse_ping_s,
         sep="\n",
         ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
         headers={"Cache-Control": "no-cache"},
+        shutdown_event=shutdown,
+        shutdown_grace_period=2.0,
     )
 
 
