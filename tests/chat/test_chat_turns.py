@@ -127,6 +127,21 @@ async def test_long_tool_result_cut_for_model_whole_in_log(chat, client, fake_en
     assert shown.delta["content"] == big
     replayed = [e for e in (await client.replay(cid)).events if e.delta.get("role") == "tool"]
     assert replayed[0].delta["content"] == big
+    # replay pages stay under NATS's message size: many big results come back in pages
+    for n in range(25):
+        fake_engine.push(tool_reply([(f"d{n}", "ping", "{}")]), text_reply("ok"))
+    for n in range(25):
+        await client.turn(f"big {n}", cid)
+    page = await client.replay(cid)
+    assert page.more and page.events[-1].seq < page.last_seq
+    got, after = [], 0
+    while True:
+        page = await client.replay(cid, after_seq=after)
+        got += page.events
+        if not page.more:
+            break
+        after = page.events[-1].seq
+    assert [e.seq for e in got] == list(range(1, page.last_seq + 1))
 
 
 async def test_recall_unreachable_then_reachable(chat, client, fake_engine, nc):

@@ -72,6 +72,8 @@ R = TypeVar("R", bound=BaseModel)
 
 #: Display seqs reserved in Redis at a time (one small write per block of events).
 SEQ_BLOCK = 64
+#: Bound of one replay reply's events, in bytes of JSON (below NATS's 1 MiB default).
+REPLAY_MAX_BYTES = 700_000
 
 
 class Actor:
@@ -604,8 +606,20 @@ class ChatService:
         return await self._replay_of(conv, req)
 
     async def _replay_of(self, conv: Conversation, req: ReplayRequest) -> ReplayReply:
+        """Events after ``after_seq``, at most ``limit``, and at most about
+        :data:`REPLAY_MAX_BYTES` of JSON (NATS caps a message at 1 MiB by default): ``more``
+        tells the caller to ask again from the last seq it got."""
         events, more = conv.events_after(req.after_seq, req.limit)
-        return ReplayReply(events=list(events), last_seq=conv.seq, more=more)
+        page: list[Any] = []
+        size = 0
+        for event in events:
+            n = len(event.model_dump_json())
+            if page and size + n > REPLAY_MAX_BYTES:
+                more = True
+                break
+            page.append(event)
+            size += n
+        return ReplayReply(events=page, last_seq=conv.seq, more=more)
 
     async def conversations(
         self, req: ConversationsRequest, forwarded: bool = False
