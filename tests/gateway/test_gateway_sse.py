@@ -55,17 +55,23 @@ def test_send_returns_202_and_stream_replays_then_goes_live(gateway, peers):
 
 
 def test_replay_is_coalesced_and_resume_gives_exactly_the_missing_events(gateway, peers):
-    peers.reply_pieces = [f"w{i} " for i in range(40)]
+    peers.reply_pieces = [f"w{i} " for i in range(300)]
+    peers.delay_s = 0
     try:
         with gateway.client() as c:
             cid = c.post("/api/chat/send", json={"content": "count"}).json()["conversation"]
             _wait(_turn_done(peers, cid))
             log = _log(peers, cid)
             full = read_events(c, cid, until=lambda fs: int(fs[-1].id) == len(log))
-            # coalesced: 40 content deltas become one event, nothing lost
-            assert len(full) < len(log) - 30
+            # a long replay is coalesced: 300 content deltas become one event, nothing lost
+            assert len(full) < len(log) - 290
             assert render([f.json() for f in full]) == render(log)
             assert int(full[-1].id) == log[-1]["seq"]
+            # a short replay is sent exactly as logged, every seq in order
+            tail = read_events(c, cid, last_id=len(log) - 20,
+                               until=lambda fs: int(fs[-1].id) == len(log))
+            assert [int(f.id) for f in tail] == list(range(len(log) - 19, len(log) + 1))
+            assert [f.json() for f in tail] == log[-20:]
             # resume in the middle: exactly the events after k, nothing twice
             k = 10
             rest = read_events(c, cid, last_id=k, until=lambda fs: int(fs[-1].id) == len(log))
@@ -80,6 +86,7 @@ def test_replay_is_coalesced_and_resume_gives_exactly_the_missing_events(gateway
                 assert first.data == "" and first.id is None
     finally:
         peers.reply_pieces = ["Hello", ", ", "wörld", " 🌍", "!"]
+        peers.delay_s = 0.01
 
 
 def test_reconnect_during_a_turn_has_no_gap_and_no_double(gateway, peers):

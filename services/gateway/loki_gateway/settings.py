@@ -24,6 +24,8 @@ class Settings(LokiSettings):
     - ``LOKI_SSE_CLIENT_BUFFER`` (4096): live events one SSE client may have waiting; past it
       the client is told to reconnect (and resumes by replay).
     - ``LOKI_SSE_REPLAY_PAGE`` (200): events asked per ``loki.chat.replay`` request.
+    - ``LOKI_SSE_COALESCE_MIN`` (256): a replay of more events than this is coalesced
+      (consecutive text deltas merged); a shorter one is sent event by event.
     - ``LOKI_LEASE_WAIT_S`` (60): how long a ``/v1`` request may wait for an engine lease.
     - ``LOKI_UPSTREAM_TIMEOUT_S`` (600): read timeout towards the engine.
     """
@@ -36,6 +38,7 @@ class Settings(LokiSettings):
     sse_ping_s: float = Field(default=4.0, gt=0)
     sse_client_buffer: int = Field(default=4096, ge=16)
     sse_replay_page: int = Field(default=200, ge=1)
+    sse_coalesce_min: int = Field(default=256, ge=0)
     lease_wait_s: float = Field(default=60.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0)
 

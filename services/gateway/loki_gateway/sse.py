@@ -6,8 +6,9 @@ How one client's stream is built (see :func:`conversation_stream`):
    (``loki.chat.events.<id>``) and the SUB is flushed to the NATS server **before** anything
    else, so no event published from then on can be missed;
 2. the display log is replayed from ``after_seq`` (the ``Last-Event-ID``, or 0) through
-   ``loki.chat.replay``, page by page (``limit`` events per request), each page coalesced
-   (consecutive text deltas of the same key merged into one event carrying the last seq);
+   ``loki.chat.replay``, page by page (``limit`` events per request); a long replay (more
+   than ``LOKI_SSE_COALESCE_MIN`` events) is coalesced (consecutive text deltas of the same
+   key merged into one event carrying the last seq), a short one is sent as logged;
 3. live events follow; an event whose seq is not above the last one sent is dropped (it came
    with the replay); an event that would leave a hole (seq > last + 1, e.g. NATS dropped one)
    triggers a replay from the last seq sent first.
@@ -263,15 +264,22 @@ class StreamState:
 
 
 async def _replay_from(
-    bus: Bus, conversation: str, state: StreamState, page: int, first: ReplayReply | None = None
+    bus: Bus, conversation: str, state: StreamState, page: int,
+    first: ReplayReply | None = None, coalesce_min: int = 0,
 ) -> AsyncIterator[bytes]:
+    """Replay the log after ``state.last_seq`` page by page. A long replay (more than
+    ``coalesce_min`` events to send, from the first page's ``last_seq``) is coalesced; a
+    short one is sent event by event, exactly as logged."""
     reply = first
+    merge: bool | None = None
     while True:
         if reply is None:
             reply = await replay_page(bus, conversation, state.last_seq, page)
+        if merge is None:
+            merge = reply.last_seq - state.last_seq > coalesce_min
         events = [e for e in reply.events if e.seq > state.last_seq]
         if events:
-            for chunk in frames_in_batches(coalesce(events)):
+            for chunk in frames_in_batches(coalesce(events) if merge else events):
                 yield chunk
             state.last_seq = events[-1].seq
         if not reply.more or not events:
@@ -286,6 +294,7 @@ async def conversation_stream(
     first_page: ReplayReply,
     after_seq: int,
     page: int,
+    coalesce_min: int = 0,
 ) -> AsyncIterator[bytes]:
     """The byte chunks of one client's SSE stream (see the module docstring).
 
@@ -295,7 +304,8 @@ async def conversation_stream(
     state = StreamState(after_seq)
     try:
         yield b"retry: 2000\n\n"
-        async for chunk in _replay_from(bus, feed.conversation, state, page, first_page):
+        async for chunk in _replay_from(bus, feed.conversation, state, page, first_page,
+                                        coalesce_min):
             yield chunk
         while True:
             items = await feed.take(BATCH_MAX_EVENTS, BATCH_MAX_BYTES)
@@ -319,7 +329,8 @@ async def conversation_stream(
                     if batch:
                         yield b"".join(batch)
                         batch = []
-                    async for chunk in _replay_from(bus, feed.conversation, state, page):
+                    async for chunk in _replay_from(bus, feed.conversation, state, page,
+                                                    coalesce_min=coalesce_min):
                         yield chunk
                     if item.seq <= state.last_seq:
                         continue

@@ -138,7 +138,8 @@ async def chat_stream(
     except BaseException:
         await hub.detach(feed)
         raise
-    stream = conversation_stream(bus, hub, feed, first, after, settings.sse_replay_page)
+    stream = conversation_stream(bus, hub, feed, first, after, settings.sse_replay_page,
+                                 settings.sse_coalesce_min)
     shutdown = anyio.Event()
 
     async def on_shutdown() -> AsyncIterator[bytes]:
