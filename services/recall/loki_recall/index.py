@@ -31,7 +31,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from .text import words
+from .text import index_words
 
 SEGMENT_WORDS = 8192
 FREEZE_AT = 2048
@@ -190,9 +190,9 @@ class Index:
     """
 
     def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
-        self._words: list[str] = []
-        self._texts: list[tuple[str, np.ndarray] | None] = []  # joined segment, word starts
+        self._ids: dict[bytes, int] = {}
+        self._words: list[bytes] = []  # Latin-1 bytes (every word code point is Latin-1)
+        self._texts: list[tuple[bytes, np.ndarray] | None] = []  # joined segment, word starts
         self._content = _Postings()
         self._label = _Postings()
         self._seqs = array("Q")
@@ -209,12 +209,13 @@ class Index:
         """Number of distinct words."""
         return len(self._words)
 
-    def _tids(self, found: set[str]) -> list[int]:
+    def _tids(self, found: set[bytes]) -> list[int]:
         ids = self._ids
-        out = []
-        for word in found:
-            tid = ids.get(word)
-            if tid is None:
+        out = list(map(ids.get, found))
+        if None in out:
+            for i, word in enumerate(found):
+                if out[i] is not None:
+                    continue
                 tid = ids[word] = len(self._words)
                 self._words.append(word)
                 self.vocab_chars += len(word)
@@ -223,7 +224,7 @@ class Index:
                     self._texts[seg] = None
                 else:
                     self._texts.append(None)
-            out.append(tid)
+                out[i] = tid
         return out
 
     def add(self, seq: int, lowered_label: str, lowered_content: str) -> None:
@@ -234,9 +235,9 @@ class Index:
         except BufferError:
             self._seqs = array("Q", self._seqs)
             self._seqs.append(seq)
-        self._content.extend(self._tids(set(words(lowered_content))), pos)
+        self._content.extend(self._tids(index_words(lowered_content)), pos)
         if lowered_label:
-            self._label.extend(self._tids(set(words(lowered_label))), pos)
+            self._label.extend(self._tids(index_words(lowered_label)), pos)
         self._tail_blocks += 1
         if self._tail_blocks >= self.freeze_at:
             self.freeze()
@@ -252,7 +253,7 @@ class Index:
         the snapshot the archive stores so a restart need not read every block again."""
         self.freeze()
         out = {
-            "words": np.frombuffer("\n".join(self._words).encode("utf-8"), dtype=np.uint8),
+            "words": np.frombuffer(b"\n".join(self._words), dtype=np.uint8),
             "seqs": np.array(self._seqs, dtype=np.uint64),
         }
         for name, postings in (("c", self._content), ("l", self._label)):
@@ -269,8 +270,8 @@ class Index:
             KeyError, ValueError: the arrays are not a snapshot of this layout.
         """
         index = cls()
-        text = arrays["words"].tobytes().decode("utf-8")
-        index._words = text.split("\n") if text else []
+        text = arrays["words"].tobytes()
+        index._words = text.split(b"\n") if text else []
         index._ids = {w: i for i, w in enumerate(index._words)}
         if len(index._ids) != len(index._words):
             raise ValueError("snapshot vocabulary has duplicates")
@@ -293,20 +294,20 @@ class Index:
         """The seq of every indexed block (a copy)."""
         return np.array(self._seqs, dtype=np.uint64)
 
-    def _segment(self, seg: int) -> tuple[str, np.ndarray]:
+    def _segment(self, seg: int) -> tuple[bytes, np.ndarray]:
         cached = self._texts[seg]
         if cached is None:
             chunk = self._words[seg * SEGMENT_WORDS : (seg + 1) * SEGMENT_WORDS]
             # "\n" is not a word code point, so a match never spans two words.
             starts = np.fromiter(accumulate((len(w) + 1 for w in chunk), initial=0),
                                  dtype=np.int64, count=len(chunk) + 1)
-            cached = ("\n".join(chunk) + "\n", starts)
+            cached = (b"\n".join(chunk) + b"\n", starts)
             self._texts[seg] = cached
         return cached
 
     def _scan(self, kw: str, first: int) -> np.ndarray:
         """Ids >= ``first`` of the words containing ``kw`` (sorted, unique)."""
-        pattern = re.compile(re.escape(kw))
+        pattern = re.compile(re.escape(kw.encode("latin-1")))
         found = []
         for seg in range(first // SEGMENT_WORDS, len(self._texts)):
             text, starts = self._segment(seg)

@@ -23,6 +23,7 @@ __all__ = [
     "excerpt",
     "go_lower",
     "go_trim",
+    "index_words",
     "keywords",
     "parse_id",
     "parse_limit",
@@ -64,6 +65,20 @@ def words(lowered: str) -> list[str]:
     """The words (with repeats) of an already lower-cased text: split on every code point
     that is not ``a``–``z``, ``0``–``9`` or U+00E0–U+00FF, keep those of 2+ code points."""
     return _WORD.findall(lowered)
+
+
+#: Byte table: word bytes (a-z, 0-9, 0xE0-0xFF) kept, every other byte becomes a space.
+_WORD_BYTES = bytes(
+    b if (0x61 <= b <= 0x7A or 0x30 <= b <= 0x39 or b >= 0xE0) else 0x20 for b in range(256)
+)
+
+
+def index_words(lowered: str) -> set[bytes]:
+    """The distinct words of an already lower-cased text, as Latin-1 bytes (fast path of
+    :func:`words` for indexing: every word code point is in Latin-1, and any other code point
+    is a separator, so it is encoded as ``?`` and then turned into a space with the rest)."""
+    raw = lowered.encode("latin-1", "replace").translate(_WORD_BYTES)
+    return {w for w in raw.split() if len(w) > 1}
 
 
 def keywords(query: str) -> set[str]:
