@@ -359,10 +359,13 @@ class Archive:
             return
         self._memory = Sealer(key)
         self._private = Index()
-        self._loader = asyncio.create_task(self._load_private(self._private))
+        # The seqs to load are fixed now: a memory block archived from here on is indexed by
+        # the archive path itself, never twice.
+        self._loader = asyncio.create_task(
+            self._load_private(self._private, sorted(self._private_seqs))
+        )
 
-    async def _load_private(self, index: Index) -> None:
-        seqs = sorted(self._private_seqs)
+    async def _load_private(self, index: Index, seqs: list[int]) -> None:
         for i in range(0, len(seqs), FETCH_CHUNK):
             chunk = seqs[i : i + FETCH_CHUNK]
             try:
