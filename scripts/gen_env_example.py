@@ -10,7 +10,8 @@ someone uncomments one); compose variables that must be set are active lines.
 Usage (from the repository root, with the project's virtual environment)::
 
     .venv/bin/python scripts/gen_env_example.py           # rewrite .env.example
-    .venv/bin/python scripts/gen_env_example.py --check   # exit 1 when it is out of date
+    .venv/bin/python scripts/gen_env_example.py --check   # exit 1 when a variable or a
+                                                          # default differs (--strict: any text)
 
 Exit status: 0 written / up to date, 1 out of date (``--check``), 2 a Settings class is missing.
 """
@@ -274,9 +275,22 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width=width, break_long_words=False, break_on_hyphens=False) or [""]
 
 
+def assignments(text: str) -> list[str]:
+    """The ``NAME=value`` lines of a .env text, commented or not, in order: what ``--check``
+    compares (a reworded docstring alone does not make the file stale)."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^(?:# )?([A-Z][A-Z0-9_]*=.*)$", line)
+        if m:
+            out.append(m.group(1))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if .env.example is stale")
+    parser.add_argument("--strict", action="store_true",
+                        help="with --check: compare the whole text, comments included")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args(argv)
     try:
@@ -286,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
+        differs = current != text if args.strict else assignments(current) != assignments(text)
+        if differs:
             sys.stdout.writelines(difflib.unified_diff(
                 current.splitlines(True), text.splitlines(True),
                 str(args.output), "generated"))
