@@ -317,3 +317,35 @@ def test_batches_hold_at_most_256_events_or_128_kib():
     chunks = frames_in_batches(big)
     assert all(len(c) <= BATCH_MAX_BYTES for c in chunks)
     assert sum(c.count(b"data: ") for c in chunks) == 10
+
+
+async def test_hub_unsubscribes_when_the_last_client_of_a_cancelled_stream_goes(gw_nats):
+    """A client task cancelled mid-stream (a disconnect) still detaches its feed and drops
+    the conversation's subscription."""
+    import asyncio
+
+    import nats
+
+    from loki_gateway.sse import EventHub
+
+    nc = await nats.connect(gw_nats)
+    try:
+        hub = EventHub(nc, buffer=16)
+        feeds = [await hub.attach("hubconv") for _ in range(3)]
+        assert hub.clients("hubconv") == 3
+
+        async def client(feed):
+            try:
+                await feed.take(10, 10_000)
+            finally:
+                await hub.detach(feed)
+
+        tasks = [asyncio.create_task(client(f)) for f in feeds]
+        await asyncio.sleep(0.1)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert hub.clients("hubconv") == 0
+        assert hub._subs == {}
+    finally:
+        await nc.close()

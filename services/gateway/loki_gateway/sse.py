@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import anyio
 from nats.aio.client import Client
 from nats.aio.msg import Msg as NatsMsg
 from nats.aio.subscription import Subscription
@@ -192,13 +193,19 @@ class EventHub:
         return feed
 
     async def detach(self, feed: ClientFeed) -> None:
-        """Forget ``feed``; unsubscribe when it was the conversation's last client."""
-        async with self._lock:
-            feeds = self._feeds.get(feed.conversation)
-            if feeds is None:
-                return
-            feeds.discard(feed)
-            if not feeds:
+        """Forget ``feed``; unsubscribe when it was the conversation's last client.
+
+        Shielded: it runs in the cleanup of a disconnected client's cancelled task, and a
+        half-done detach would leave the subscription behind.
+        """
+        with anyio.CancelScope(shield=True):
+            async with self._lock:
+                feeds = self._feeds.get(feed.conversation)
+                if feeds is None:
+                    return
+                feeds.discard(feed)
+                if feeds:
+                    return
                 del self._feeds[feed.conversation]
                 sub = self._subs.pop(feed.conversation, None)
                 if sub is not None:

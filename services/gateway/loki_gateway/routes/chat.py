@@ -154,6 +154,8 @@ async def chat_stream(
                 yield chunk
         finally:
             watcher.cancel()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await stream.aclose()  # runs its cleanup now (detach from the hub)
 
     return EventSourceResponse(
         on_shutdown(),
