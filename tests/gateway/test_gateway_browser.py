@@ -120,14 +120,23 @@ def test_chat_page_streams_survives_reload_and_switches(browser, gateway, peers)
 def test_key_prompt_when_the_gateway_needs_one(browser, gateway_factory, peers):
     gw = gateway_factory(key="ui-key-123")
     page = browser.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(m.text))
+    page.on("pageerror", lambda e: console.append(str(e)))
     try:
         page.goto(gw.url + "/")
         page.wait_for_selector("#key-dialog[open]")
         page.fill("#key-input", "ui-key-123")
         page.click("#key-dialog button")
+        page.wait_for_function("!document.getElementById('key-dialog').open")
+        assert page.evaluate("localStorage.getItem('lokiKey')") == "ui-key-123"
         page.fill("#input", "with a key")
         page.press("#input", "Enter")
-        page.wait_for_selector(".badge", timeout=30000)
-        assert page.evaluate("localStorage.getItem('lokiKey')") == "ui-key-123"
+        try:
+            page.wait_for_selector(".badge", timeout=60000)
+        except Exception as exc:
+            raise AssertionError(f"no reply: {console} {page.inner_html('#messages')[:500]}"
+                                 f" conv={page.evaluate('window.lokiDebug.conversation')}"
+                                 f"\n{gw.logs()[-2000:]}") from exc
     finally:
         page.close()

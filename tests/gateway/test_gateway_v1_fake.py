@@ -197,3 +197,25 @@ def test_completions_and_embeddings_pass_through_or_relay_the_refusal(gateway, e
     assert r.status_code == 404 and r.json()["error"]["message"] == "not found"
     r = httpx.post(gateway.url + "/v1/completions", json={"prompt": 5}, timeout=30)
     assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
+
+
+def test_non_streamed_answer_is_assembled_from_an_upstream_stream(oai, engine):
+    """A non-streamed chat completion is asked streamed upstream (so a client that leaves
+    frees the slot) and assembled: text, reasoning, tool calls merged by index, usage."""
+    engine.push(tool_reply([("call_a", "recall", '{"id": "r12"}'),
+                            ("call_b", "search", '{"q": "naïve"}')], content="Let me look.",
+                           split=3, interleave=True))
+    r = oai.chat.completions.create(model="m", messages=ASK)
+    req = engine.requests[-1].json
+    assert req["stream"] is True and req["stream_options"] == {"include_usage": True}
+    msg = r.choices[0].message
+    assert r.object == "chat.completion" and r.choices[0].finish_reason == "tool_calls"
+    assert msg.content == "Let me look."
+    assert [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls] == [
+        ("call_a", "recall", '{"id": "r12"}'), ("call_b", "search", '{"q": "naïve"}')]
+    assert r.usage.total_tokens == 25
+    engine.push(text_reply("plain answer", reasoning="hmm"))
+    r = oai.chat.completions.create(model="m", messages=ASK)
+    assert r.choices[0].message.content == "plain answer"
+    assert r.choices[0].message.model_extra["reasoning_content"] == "hmm"
+    assert r.choices[0].message.tool_calls is None

@@ -258,12 +258,20 @@ async def _read_body(request: Request) -> dict[str, Any]:
 
 
 async def _proxy(
-    request: Request, path: str, body: dict[str, Any], perf: bool
+    request: Request, path: str, body: dict[str, Any], perf: bool, aggregate: bool = False
 ) -> Response:
-    """Send ``body`` to the leased engine at ``path`` and relay the answer."""
+    """Send ``body`` to the leased engine at ``path`` and relay the answer.
+
+    ``aggregate``: a non-streamed chat completion is asked STREAMED upstream and assembled
+    here (:func:`_assemble`), because llama-server only notices a client that went away on a
+    streamed request; so a client that gives up on a non-streamed one frees the slot at once.
+    """
     state = _state(request)
     settings = state.settings
     client: httpx.AsyncClient = state.http
+    assemble = aggregate and not body.get("stream")
+    if assemble:
+        body["stream"] = True
     stream = bool(body.get("stream"))
     wants_usage = False
     if stream:
@@ -301,6 +309,25 @@ async def _proxy(
         await holder.release()
         raise
 
+    if assemble and resp.status_code == 200:
+        try:
+            status, payload = await race_disconnect(request, _assemble(resp))
+        except ClientGone:
+            if perf:
+                _publish_perf_later(request, _record(body, lease, started, None, {}, cut=True))
+            return Response(status_code=499)
+        finally:
+            await resp.aclose()
+            await holder.release()
+        if status != 200:
+            return JSONResponse(payload, status_code=status)
+        if perf:
+            final = {"usage": payload.get("usage"), "timings": payload.get("timings"),
+                     "model": payload.get("model"),
+                     "finish_reason": payload["choices"][0].get("finish_reason")}
+            _publish_perf_later(request, _record(body, lease, started, None, final, cut=False))
+        return JSONResponse(payload)
+
     if not stream or resp.status_code != 200:
         try:
             raw = await race_disconnect(request, resp.aread())
@@ -334,6 +361,77 @@ async def _proxy(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+async def _assemble(resp: httpx.Response) -> tuple[int, dict[str, Any]]:
+    """Read a streamed chat completion to its end and build the non-streamed answer
+    (``object: "chat.completion"``): content and reasoning concatenated, tool calls merged
+    by ``index`` (id and name from their first fragment, arguments appended), the last
+    ``finish_reason``, ``usage`` and llama.cpp's ``timings``. A mid-stream error becomes
+    (status, OpenAI error body)."""
+    meta: dict[str, Any] = {}
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish: str | None = None
+    usage = timings = None
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(chunk, dict):
+            continue
+        if isinstance(chunk.get("error"), dict):
+            code = chunk["error"].get("code")
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+            return engine_error(status, json.dumps(chunk).encode())
+        for key in ("id", "created", "model", "system_fingerprint"):
+            if key in chunk and key not in meta:
+                meta[key] = chunk[key]
+        usage = chunk.get("usage") or usage
+        timings = chunk.get("timings") or timings
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                content.append(delta["content"])
+            if isinstance(delta.get("reasoning_content"), str):
+                reasoning.append(delta["reasoning_content"])
+            for frag in delta.get("tool_calls") or []:
+                call = calls.setdefault(int(frag.get("index") or 0), {
+                    "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                if frag.get("id"):
+                    call["id"] = frag["id"]
+                fn = frag.get("function") or {}
+                if fn.get("name"):
+                    call["function"]["name"] = fn["name"]
+                if isinstance(fn.get("arguments"), str):
+                    call["function"]["arguments"] += fn["arguments"]
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": "".join(content) if content or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    out: dict[str, Any] = {
+        "id": meta.get("id", ""), "object": "chat.completion",
+        "created": meta.get("created", int(time.time())), "model": meta.get("model", ""),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+    if "system_fingerprint" in meta:
+        out["system_fingerprint"] = meta["system_fingerprint"]
+    if usage is not None:
+        out["usage"] = usage
+    if timings is not None:
+        out["timings"] = timings
+    return 200, out
 
 
 def _inspect(data: str, final: dict[str, Any]) -> dict[str, Any] | None:
@@ -500,7 +598,7 @@ async def models(request: Request, bus: Bus = Depends(get_bus)) -> Any:
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions, streamed or not (see the module docstring)."""
     body = normalise_chat(await _read_body(request))
-    return await _proxy(request, "/v1/chat/completions", body, perf=True)
+    return await _proxy(request, "/v1/chat/completions", body, perf=True, aggregate=True)
 
 
 @router.post(

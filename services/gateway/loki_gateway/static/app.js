@@ -43,13 +43,18 @@
   }
 
   async function api(path, opts = {}, retried = false) {
+    const usedKey = localStorage.getItem("lokiKey");
     const headers = Object.assign({}, opts.headers || {}, authHeaders());
     if (opts.json !== undefined) {
       headers["Content-Type"] = "application/json";
       opts = Object.assign({}, opts, { body: JSON.stringify(opts.json) });
     }
     const resp = await fetch(path, Object.assign({}, opts, { headers }));
-    if (resp.status === 401 && !retried && (await askKey())) return api(path, opts, true);
+    if (resp.status === 401) {
+      // sent before a key was typed in: retry with it rather than asking again
+      if (localStorage.getItem("lokiKey") !== usedKey) return api(path, opts, retried);
+      if (!retried && (await askKey())) return api(path, opts, true);
+    }
     return resp;
   }
 
@@ -124,10 +129,11 @@
     while (!ctrl.signal.aborted && state.conversation === id) {
       let reconnectNow = false;
       try {
+        const usedKey = localStorage.getItem("lokiKey");
         const headers = Object.assign({ Accept: "text/event-stream" }, authHeaders());
         if (state.lastSeq) headers["Last-Event-ID"] = String(state.lastSeq);
         const resp = await fetch("/api/chat?conversation=" + encodeURIComponent(id), { headers, signal: ctrl.signal });
-        if (resp.status === 401) { await askKey(); continue; }
+        if (resp.status === 401) { if (localStorage.getItem("lokiKey") === usedKey) await askKey(); continue; }
         if (resp.status === 404) { openConversation(null); loadConversations(); return; }
         if (!resp.ok || !resp.body) throw new Error("stream " + resp.status);
         delay = 500;
