@@ -136,7 +136,6 @@ def run_child(name: str, quick: bool, results_dir: Path, timeout: float,
               python: str = sys.executable) -> dict[str, Any]:
     """Run bench ``name`` in a child process (its own process group, killed whole on
     timeout) and return its result document (read back, or a ``failed``/``timeout`` one)."""
-    out = results_dir / f"{name}.json"
     scratch = results_dir / f".{name}.run.json"
     scratch.unlink(missing_ok=True)
     argv = [python, "-m", "bench", "--run-one", name, "--out", str(scratch)]

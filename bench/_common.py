@@ -203,7 +203,8 @@ def git_commit(root: Path = REPO_ROOT) -> dict[str, Any]:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=root, capture_output=True, text=True, timeout=10).stdout
+                                cwd=root, capture_output=True, text=True, timeout=10,
+                                check=False).stdout
         return {"commit": sha, "dirty": bool(status.strip())}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
@@ -351,7 +352,6 @@ def start_llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
         loki_shared.servers.ServerStartError: it exited or was not healthy in ``timeout`` s.
     """
     import httpx
-
     from loki_shared import servers
 
     port = servers.free_port()
@@ -404,7 +404,8 @@ def stack(home: Path, env: dict[str, str] | None = None,
     from loki_shared import servers
 
     config = StackConfig(home=home, web_port=servers.free_port(), env=dict(env or {}),
-                         echo=os.environ.get("LOKI_BENCH_ECHO", "").lower() in ("1", "true", "on", "yes"))
+                         echo=os.environ.get("LOKI_BENCH_ECHO", "").lower()
+                         in ("1", "true", "on", "yes"))
     running = Stack(config, log=lambda line: None)
     running.start()
     try:
@@ -534,12 +535,11 @@ class RecordingProxy:
         methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
         return Starlette(routes=[Route("/{path:path}", handle, methods=methods)])
 
-    def start(self) -> "RecordingProxy":
+    def start(self) -> RecordingProxy:
         """Start serving; returns once the port accepts connections."""
         import threading
 
         import uvicorn
-
         from loki_shared import servers
 
         config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port,

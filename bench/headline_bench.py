@@ -155,9 +155,7 @@ _TOPICS = ["the cache layer", "the parser", "the retry loop", "the config loader
            "the scheduler", "the HTTP client", "the test fixtures", "the CLI"]
 _SHORT = ["ok, and then?", "Why?", "Can you make it shorter?", "Thanks. Next step?",
           "Is that safe?", "What about errors?", "Fine.", "Explain in one line."]
-_WORDS = ("request response buffer token window slot cache prefix stream chunk retry "
-          "timeout lock queue worker record summary archive block label index query "
-          "latency budget context engine prompt reply model error commit branch test").split()
+_WORDS = ["request", "response", "buffer", "token", "window", "slot", "cache", "prefix", "stream", "chunk", "retry", "timeout", "lock", "queue", "worker", "record", "summary", "archive", "block", "label", "index", "query", "latency", "budget", "context", "engine", "prompt", "reply", "model", "error", "commit", "branch", "test"]
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -496,7 +494,6 @@ class LokiClient:
         ``bench`` from the supervisor, the request on the slot it names, the release."""
         import httpx
         import nats
-
         from loki_shared import subjects
         from loki_shared.messages.engine import Lease, LeaseRequest, ReleaseRequest
 

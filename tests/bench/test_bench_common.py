@@ -95,8 +95,8 @@ def test_tree_rss_counts_children() -> None:
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(30_000_000);"
-                              " time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", ("import time; b = bytearray(30_000_000);"
+                              " time.sleep(60)")])
     try:
         import time
 
