@@ -9,8 +9,10 @@ engine supervisor (one slot, ``id_slot`` 0). Every request the engine serves goe
 
 Figures: compactions per run and turns that ended in an error (must be 0); an archived block
 brought back with ``recall(id)`` and compared byte for byte with what was pasted; the summary
-requests' ``prompt_n`` (tokens the engine prefilled): the continuation path's median against
-the transcript path's median, target ≤ 10%.
+requests' ``prompt_n`` (tokens the engine prefilled) of each run. In the conversation runs the
+continuation's fit rule rarely holds (each turn adds ~300 tokens past the 75% threshold of a
+small window), so the ratio is measured by a probe (:func:`_ratio_probe`) in the same run:
+one ~2,600-token conversation compacted by both paths on a 4096 window, target ≤ 10%.
 
 The window is 2560 tokens: at the 75% threshold a continuation needs the demand and the
 summary budget to fit in what is left (``(ctx_used + demand + budget) × 1.05 ≤ n_ctx``),
@@ -75,7 +77,7 @@ def script(turns: int) -> list[str]:
     return out
 
 
-async def _lease_responder(nc: Any, base_url: str) -> list[Any]:
+async def _lease_responder(nc: Any, base_url: str, n_ctx: int = N_CTX) -> list[Any]:
     from loki_shared import subjects
     from loki_shared.messages.engine import EngineInfo, Lease, LeaseRequest, ReleaseReply
 
@@ -86,14 +88,14 @@ async def _lease_responder(nc: Any, base_url: str) -> list[Any]:
         count += 1
         req = LeaseRequest.model_validate_json(msg.data)
         reply = Lease(lease_id=f"b{count}", kind=req.kind, base_url=base_url, id_slot=0,
-                      n_ctx=N_CTX, model=MODEL)
+                      n_ctx=n_ctx, model=MODEL)
         await msg.respond(reply.model_dump_json().encode())
 
     async def release(msg: Any) -> None:
         await msg.respond(ReleaseReply(ok=True).model_dump_json().encode())
 
     async def info(msg: Any) -> None:
-        await msg.respond(EngineInfo(state="ready", base_url=base_url, n_ctx=N_CTX,
+        await msg.respond(EngineInfo(state="ready", base_url=base_url, n_ctx=n_ctx,
                                      total_slots=1, model=MODEL).model_dump_json().encode())
 
     subs = [await nc.subscribe(subjects.ENGINE_LEASE, cb=lease),
@@ -201,6 +203,94 @@ async def _conversation(nats_url: str, redis_url: str, home: Path, proxy: Any,
     }
 
 
+PROBE_CTX = 4096
+
+
+async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
+    """The summary request's ``prompt_n`` on both paths, same engine, same conversation.
+
+    A conversation of requirement notes (under 800 characters each, so nothing is archived
+    and the transcript carries them whole) of about 2,600 tokens is sent once as a real turn
+    step (the slot then holds it); it is compacted with ``COMPACT_CONTINUATION`` on, then a
+    copy of it with the key off. The threshold is lowered to 50% for the probe only, so the
+    continuation's fit rule (``(ctx_used + demand + budget) × 1.05 ≤ n_ctx``) holds.
+    """
+    import httpx
+    import nats
+
+    from loki_chat.compaction import CompactionPolicy
+    from loki_chat.context import ContextView
+    from loki_chat.conversation import Conversation
+    from loki_chat.request import build_payload, encode, wire_messages
+    from loki_chat.settings import Settings
+    from loki_shared.messages.chat import ChatMessage
+    from loki_shared.messages.engine import Lease
+    from loki_shared.nats import make_broker
+
+    with _common.llama(ctx=PROBE_CTX) as engine:
+        proxy = _common.RecordingProxy(engine.url).start()
+        nc = await nats.connect(nats_url)
+        subs = await _lease_responder(nc, proxy.url, PROBE_CTX)
+        broker = make_broker(nats_url, "probe")
+        await broker.start()
+        http = httpx.AsyncClient()
+        try:
+            conv = Conversation(id="probe")
+            for i in range(16):
+                conv.messages += [ChatMessage(role="user", content=note(i)),
+                                  ChatMessage(role="assistant", content=f"Noted set {i}.")]
+            conv.messages.append(ChatMessage(role="user", content="Which set limits the CLI most?"))
+            out: dict[str, Any] = {}
+            for continuation in (True, False):
+                settings = Settings(home=home, nats_url=nats_url, secret_key=SECRET,
+                                    max_tokens=8, compact_continuation=continuation,
+                                    compact_threshold=0.5)
+                policy = CompactionPolicy(settings)
+                work = Conversation(id=f"probe-{int(continuation)}",
+                                    messages=[m.model_copy() for m in conv.messages])
+                lease = Lease(model=MODEL, n_ctx=PROBE_CTX, base_url=proxy.url, id_slot=0)
+                body = encode(build_payload(settings, lease, wire_messages(
+                    settings.system_prompt, work.messages), None))
+                resp = await http.post(proxy.url + "/v1/chat/completions", content=body.replace(
+                    b'"stream":true', b'"stream":false'),
+                    headers={"Content-Type": "application/json"}, timeout=900)
+                data = resp.json()
+                usage = data["usage"]
+                # the turn's request as sent (streamed in the chat; the prompt is the same)
+                policy.note_step(work.id, lease, body, usage, len(work.messages))
+                work.messages.append(ChatMessage(
+                    role="assistant", content=data["choices"][0]["message"]["content"] or "…"))
+                used = usage["prompt_tokens"] + usage["completion_tokens"]
+                marks: list[dict[str, Any]] = []
+
+                async def emit(delta: dict[str, Any], loki: dict[str, Any] | None) -> None:
+                    marks.append(loki or {})
+
+                view = ContextView(conversation=work, trigger="end", n_ctx=PROBE_CTX,
+                                   ctx_used=used, emit=emit,
+                                   extra={"broker": broker, "http": http, "settings": settings})
+                changed = await policy.maybe_compact(view)
+                out["continuation" if continuation else "transcript"] = {
+                    "conversation_prompt_tokens": usage["prompt_tokens"], "changed": changed,
+                    "path": marks[-1].get("path") if marks else None,
+                    "failure": marks[-1].get("failure") if marks else None,
+                    "prompt_n": (policy.continuation_prompt_n[0] if continuation
+                                 and policy.continuation_prompt_n else policy.last_prompt_n),
+                }
+            cont = out["continuation"]["prompt_n"]
+            trans = out["transcript"]["prompt_n"]
+            out["ratio"] = cont / trans if cont and trans else None
+            out["engine"] = _common.engine_build(engine.url)
+            return out
+        finally:
+            await http.aclose()
+            await broker.stop()
+            for sub in subs:
+                await sub.unsubscribe()
+            await nc.close()
+            proxy.stop()
+
+
 async def _run(quick: bool) -> dict[str, Any]:
     from loki_recall.service import RecallService
     from loki_recall.settings import Settings as RecallSettings
@@ -233,11 +323,12 @@ async def _run(quick: bool) -> dict[str, Any]:
                 build = _common.engine_build(engine.url)
             finally:
                 proxy.stop()
+        probe = await _ratio_probe(nats_url, root / "probe")
     finally:
         await recall.stop()
         nats_proc.stop()
         redis_proc.stop()
-    return {"runs": runs, "engine": build}
+    return {"runs": runs, "probe": probe, "engine": build}
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -248,8 +339,9 @@ def run(quick: bool) -> dict[str, Any]:
                     if not s["continuation"] and isinstance(s["prompt_n"], int)]
     cont_n = [s["prompt_n"] for s in on["summary_requests"]
               if s["continuation"] and s["status"] == 200 and isinstance(s["prompt_n"], int)]
-    ratio = (statistics.median(cont_n) / statistics.median(transcript_n)
-             if cont_n and transcript_n else None)
+    median_ratio = (statistics.median(cont_n) / statistics.median(transcript_n)
+                    if cont_n and transcript_n else None)
+    ratio = out["probe"].get("ratio")
     rows = []
     for r in runs:
         ns = [s["prompt_n"] for s in r["summary_requests"] if isinstance(s["prompt_n"], int)]
@@ -265,7 +357,7 @@ def run(quick: bool) -> dict[str, Any]:
                        if not on["errors"] else 0, ">=", 2, issue="5"),
         _common.target("archived block recalled verbatim (both runs)", 1 if recalled_ok else 0,
                        ">=", 1, issue="5"),
-        _common.target("summary prompt_n, continuation / transcript (medians)", ratio, "<=",
+        _common.target("summary prompt_n, continuation / transcript (probe)", ratio, "<=",
                        0.10, issue="5"),
     ]
     return _common.result(
@@ -276,7 +368,7 @@ def run(quick: bool) -> dict[str, Any]:
              "median summary prompt_n", "recall verbatim", "s"], rows,
             notes=("prompt_n: tokens the engine prefilled for each summary request "
                    f"(transcript {transcript_n}, continuation {cont_n})."))],
-        targets=targets, data={**out, "ratio": ratio},
+        targets=targets, data={**out, "ratio": ratio, "median_ratio": median_ratio},
         notes=__doc__.split("\n\n")[1].replace("\n", " "),
         engine=out["engine"])
 
