@@ -111,7 +111,6 @@ async def _conversation(nats_url: str, redis_url: str, home: Path, proxy: Any,
     import httpx
     import nats
     import redis.asyncio as aioredis
-
     from loki_chat.service import ChatService, instance_id
     from loki_chat.settings import Settings
     from loki_chat.store import Store
@@ -217,7 +216,6 @@ async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
     """
     import httpx
     import nats
-
     from loki_chat.compaction import CompactionPolicy
     from loki_chat.context import ContextView
     from loki_chat.conversation import Conversation

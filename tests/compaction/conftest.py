@@ -12,16 +12,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the ``fakes`` package
 
-import httpx  # noqa: E402
-import nats  # noqa: E402
-import pytest  # noqa: E402
+import httpx
+import nats
+import pytest
+from fakes.fake_engine import FakeEngine, Stream, default_timings, default_usage
+from loki_chat.compaction import CompactionPolicy
+from loki_chat.context import ContextView
+from loki_chat.conversation import Conversation
+from loki_shared import subjects
+from loki_shared.nats import make_broker
 
-from fakes.fake_engine import FakeEngine, Stream, default_timings, default_usage  # noqa: E402
-from loki_chat.compaction import CompactionPolicy  # noqa: E402
-from loki_chat.context import ContextView  # noqa: E402
-from loki_chat.conversation import Conversation  # noqa: E402
-from loki_shared.nats import make_broker  # noqa: E402
-from tests.chat.conftest import (  # noqa: E402
+from tests.chat.conftest import (
     SECRET,
     ChatClient,
     ChatRunner,
@@ -29,7 +30,6 @@ from tests.chat.conftest import (  # noqa: E402
     FakeSupervisor,
     chat_settings,
 )
-from loki_shared import subjects  # noqa: E402
 
 
 class SummaryEngine(FakeEngine):
@@ -100,9 +100,9 @@ async def supervisor(nc: Any, fake_engine: SummaryEngine) -> AsyncIterator[FakeS
 @pytest.fixture
 async def recall(nats_url: str, redis_db: str, tmp_path: Path):
     """The real recall service, in-process, on an empty Redis."""
-    from tests.recall.recall_helpers import recall_settings
-
     from loki_recall.service import RecallService
+
+    from tests.recall.recall_helpers import recall_settings
 
     service = RecallService(recall_settings(nats_url, redis_db, tmp_path / "recall-home"))
     await service.start()
@@ -177,4 +177,4 @@ def summary_requests(engine: FakeEngine) -> list[dict[str, Any]]:
     return [r.json for r in engine.requests if r.json.get("stream") is False]
 
 
-__all__ = ["SECRET", "summary_requests", "json"]
+__all__ = ["SECRET", "json", "summary_requests"]

@@ -8,9 +8,9 @@ import json
 from typing import Any
 
 import pytest
-
 from fakes.fake_engine import HTTPError, text_reply, tool_reply
 from loki_chat.compaction.policy import REQUEST_HEADER, SUMMARY_HEADER
+from loki_chat.compaction.rules import tail_start
 from loki_chat.context import OverflowInfo
 from loki_chat.conversation import Conversation
 from loki_chat.request import build_payload, encode, wire_messages
@@ -19,8 +19,6 @@ from loki_shared.messages.chat import ChatMessage, LokiMeta, ToolCall, ToolCallF
 from loki_shared.messages.engine import Lease
 from loki_shared.messages.events import CompactionEvent
 from loki_shared.messages.perf import PerfRecord
-
-from loki_chat.compaction.rules import tail_start
 from loki_shared.perf_publish import ensure_perf_stream
 
 from .conftest import summary_requests

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import httpx
-
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_shared.messages.engine import Lease
+
 from tests.chat.conftest import FakeSupervisor
 
 from .test_compaction_policy import A, block, long_conv, recall_text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from loki_chat.compaction import summariser as S
 from loki_chat.compaction.policy import strip_torso
 from loki_chat.compaction.rules import (
