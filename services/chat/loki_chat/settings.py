@@ -32,6 +32,8 @@ class Settings(LokiSettings):
     - ``LOKI_RETRY_DELAYS`` — pauses (s) before the retries of a request that got no byte
       back (connection failure, 429, 502, 503, 504), a JSON list: ``[0.8, 1.6, 3.2]``.
     - ``LOKI_LOCK_TTL_S`` — expiry of a conversation's ownership lock (renewed every third).
+    - ``LOKI_IDLE_RELEASE_S`` — an idle conversation's lock is released after this many
+      seconds without a request (300), so another instance may take it over.
     - ``LOKI_RECALL_TIMEOUT_S`` — bound of a recall tool call (s).
     - ``LOKI_LEASE_TIMEOUT_S`` — bound of a lease request to the supervisor (s).
     - ``LOKI_ENGINE_TIMEOUT_S`` — read timeout of the engine stream (s; no byte for that long
