@@ -157,3 +157,16 @@ def test_every_variable_a_service_reads_is_set_or_defaulted(
         for path in sources:
             for key in DIRECT.findall(path.read_text()):
                 assert key in env, f"{name}: {path.name} reads {key} with no default"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_setting_is_documented(package: str) -> None:
+    """Each variable has a sentence in .env.example: its Settings docstring bullet
+    (``- ``LOKI_NAME`` ...``) or its Field description."""
+    cls = settings_class(package)
+    docs = gen_env_example.docstring_docs(cls)
+    missing = [
+        f"LOKI_{name.upper()}" for name, info in cls.model_fields.items()
+        if not (docs.get(f"LOKI_{name.upper()}") or info.description)
+    ]
+    assert not missing, f"{package}: undocumented settings {missing}"
