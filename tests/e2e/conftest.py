@@ -45,8 +45,8 @@ class StackClient:
                              headers=headers) as source:
                 try:
                     for sse in source.iter_sse():
-                        if not sse.data:
-                            continue
+                        if not sse.data or sse.event != "message":
+                            continue  # pings carry no data; `reconnect` frames carry no seq
                         data = json.loads(sse.data)
                         assert sse.id == str(data["seq"]), (sse.id, data)
                         out.append(data)
