@@ -109,6 +109,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         LOKI_ENGINE_PORT=str(servers.free_port()),
         LOKI_PERF_METRICS_PORT="0",
         LOKI_CTX="4096",
+        # Bounded replies: after the kill the interrupted "count to 300" is sent again with the
+        # next message, and the tiny model must not count through the whole window.
+        LOKI_MAX_TOKENS="96",
         PYTHONUNBUFFERED="1",
     )
     c = Cluster(f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{mport}", redis_server.url,
