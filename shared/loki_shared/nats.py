@@ -8,11 +8,19 @@ from . import subjects
 
 
 def make_broker(url: str, name: str) -> NatsBroker:
-    """A FastStream NATS broker for service ``name`` that reconnects forever.
+    """A FastStream NATS broker for service ``name`` that reconnects forever and answers the
+    health subjects ``loki.health.<name>`` (see :mod:`loki_shared.health`; the compose
+    healthchecks ask them).
 
     The connection is opened by ``broker.start()`` / ``FastStream(broker).run()``.
     """
-    return NatsBroker(url, name=f"loki-{name}", max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    from . import health
+
+    broker = NatsBroker(
+        url, name=f"loki-{name}", max_reconnect_attempts=-1, reconnect_time_wait=0.5
+    )
+    health.attach(broker, name)
+    return broker
 
 
 def perf_stream() -> JStream:
