@@ -27,7 +27,7 @@ after it; a compaction's summary is new, its verbatim tail is not (the engine re
 anyway); a transcript summary request is compared with the conversation it summarises.
 Conversations: the main one, each kind of side job (tagged), summaries (compared with the
 main one). ``max(1, ·)``: llama.cpp always evaluates at least one token (a full hit reads
-``cache_n = N−1, prompt_n = 1``). The physical limit is 1.0. See ``docs/behaviour/bench.md``.
+``cache_n = N−1, prompt_n = 1``). The physical limit is 1.0. See ``docs/behaviour.md (bench)``.
 """
 
 from __future__ import annotations
@@ -670,7 +670,7 @@ def run(quick: bool) -> dict[str, Any]:
              f"(CTX {ctx}) forces; every reply capped at {MAX_TOKENS} tokens. "
              "ratio = Σ prompt_n the engine prefilled / Σ tokens new to it (1.0 is the "
              "physical limit); every request the engine served is counted, side work and "
-             "summaries included. Method: `docs/behaviour/bench.md`.")
+             "summaries included. Method: `docs/behaviour.md (bench)`.")
     return _common.result(
         "Headline: prompt recomputation ratio",
         tables=[

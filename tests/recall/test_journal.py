@@ -2,7 +2,7 @@
 long first lines, twenty-five near-identical blocks) archived through ``loki.recall.archive``,
 then 48 recorded ``recall`` / ``recall_search`` calls replayed through ``loki.recall.tool``,
 each compared with its exact recorded text (data/journal.json, reviewed by hand against the
-rules in docs/behaviour/recall.md)."""
+rules in docs/behaviour.md (recall))."""
 
 from __future__ import annotations
 

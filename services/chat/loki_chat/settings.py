@@ -40,7 +40,7 @@ class Settings(LokiSettings):
       is an error).
     - ``LOKI_INSTANCE_ID`` — this instance's name (default: random).
     - ``LOKI_COMPACT_CONTINUATION`` — summarise by continuing the turn's cached request
-      (off by default; see docs/behaviour/compaction.md).
+      (off by default; see docs/behaviour.md (compaction)).
     - ``LOKI_COMPACT_THRESHOLD`` — share of the window past which the context is compacted
       (0.75).
     """

@@ -9,7 +9,7 @@ States (each a method returning the next one)::
                                |                     |--overflow: echo off, then compaction, replay
                                +---------------------+
 
-Rules implemented here (tests named in docs/behaviour/chat.md):
+Rules implemented here (tests named in docs/behaviour.md (chat)):
 
 - Step budget per turn (``LOKI_STEP_BUDGET``); a reminder goes with the last step. A step
   that ends with reasoning only (no text, no call) gets at most two reminders to act.

@@ -1,7 +1,7 @@
 """Checks and normalisation of OpenAI request bodies before they reach the engine, and the
 translation of the engine's errors into OpenAI's.
 
-Rules (each shown by a test named in ``docs/behaviour/gateway.md``):
+Rules (each shown by a test named in ``docs/behaviour.md (gateway)``):
 
 - the body must be a JSON object; ``messages`` a non-empty list of objects whose ``role`` is
   ``system``, ``developer``, ``user``, ``assistant`` or ``tool``;

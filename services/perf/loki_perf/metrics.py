@@ -12,7 +12,7 @@ after ``seq`` in the stream. A perf service restarted loads the checkpoint, rebu
 from the whole stream and adds to the totals only the records after the checkpoint, so the
 counters come back to exactly the values they had — nothing rebuilt is counted twice and
 Prometheus sees no reset. (Records published while the service was down and already evicted
-from the 5000-message stream before it came back cannot be counted; see docs/behaviour/perf.md.)
+from the 5000-message stream before it came back cannot be counted; see docs/behaviour.md (perf).)
 
 The registry is scraped from a thread (prometheus-client's HTTP server), so :class:`Totals`
 guards its state with a lock.

@@ -329,7 +329,7 @@ class Ring:
 
     # --- reading -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Aggregates over the ring (shape documented in docs/behaviour/perf.md).
+        """Aggregates over the ring (shape documented in docs/behaviour.md (perf)).
 
         Top level: ``completions``, ``prompt_n`` and ``cache_n`` (sums over the records whose
         cache figures are known) and ``detail`` (hit rate, per kind, speeds by depth, draft

@@ -53,7 +53,7 @@ class PerfSummary(Reply):
     """Aggregates over the ring: at least the count of completions and the sums of
     ``prompt_n`` and ``cache_n`` (unknown values are not counted as 0); ``detail`` holds the
     rest (hit rate, per-kind figures, speeds by depth, losses by cause, ``cache_ram`` advice);
-    its keys are listed in docs/behaviour/perf.md."""
+    its keys are listed in docs/behaviour.md (perf)."""
 
     completions: int = 0
     prompt_n: int = 0

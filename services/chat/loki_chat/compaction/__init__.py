@@ -4,7 +4,7 @@
 - :mod:`.summariser` — the summariser prompt and the transcript / continuation requests;
 - :mod:`.policy` — when to compact, archive-then-summarise, fallbacks, shrink, events.
 
-See docs/behaviour/compaction.md for every rule and the test that shows it.
+See docs/behaviour.md (compaction) for every rule and the test that shows it.
 """
 
 from .policy import CompactionPolicy

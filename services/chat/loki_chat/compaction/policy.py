@@ -1,7 +1,7 @@
 """The compaction policy: when to compact, and compaction itself (archive, then summarise).
 
 Implements :class:`loki_chat.context.ContextPolicy`. Rules (tests named in
-docs/behaviour/compaction.md):
+docs/behaviour.md (compaction)):
 
 When (:meth:`CompactionPolicy.decide`):
 - at turn start, mid-turn (between steps) and turn end, compact when ``ctx_used`` passes

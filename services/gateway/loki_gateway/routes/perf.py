@@ -3,7 +3,7 @@
 - ``GET /api/perf/summary`` → ``loki.perf.summary``: ``{"completions", "prompt_n", "cache_n",
   "detail": {...}}`` (hit rate, tokens recomputed per turn and per kind, median speeds by
   context depth, draft acceptance, losses by cause, CACHE_RAM advice; keys in
-  docs/behaviour/perf.md).
+  docs/behaviour.md (perf)).
 - ``GET /api/perf/losses?limit=N`` → ``loki.perf.losses``: ``{"losses": [...]}``, the N
   (1..5000, default 100) most recent prompt-cache losses and divergences, newest first, each
   naming what ran on the engine in between and, for a divergence, the index and role of the
