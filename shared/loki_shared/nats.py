@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from faststream.nats import JStream, NatsBroker
 
-from . import subjects
+from . import health, subjects
 
 
-def make_broker(url: str, name: str) -> NatsBroker:
+def make_broker(url: str, name: str, health_check: "health.Check | None" = None) -> NatsBroker:
     """A FastStream NATS broker for service ``name`` that reconnects forever and answers the
     health subjects ``loki.health.<name>`` (see :mod:`loki_shared.health`; the compose
-    healthchecks ask them).
+    healthchecks ask them). ``health_check``, when given, runs on each health request: a
+    non-empty dict it returns (or an exception) makes the answer unhealthy.
 
     The connection is opened by ``broker.start()`` / ``FastStream(broker).run()``.
     """
-    from . import health
-
     broker = NatsBroker(
         url, name=f"loki-{name}", max_reconnect_attempts=-1, reconnect_time_wait=0.5
     )
-    health.attach(broker, name)
+    health.attach(broker, name, check=health_check)
     return broker
 
 

@@ -39,8 +39,7 @@ def test_subject_and_instance_token() -> None:
 
 
 async def test_attached_service_is_healthy(nats_url: str) -> None:
-    broker = make_broker(nats_url, "chat")
-    health.attach(broker, "chat")
+    broker = make_broker(nats_url, "chat")  # every service's broker answers its health subject
     await broker.start()
     try:
         ok = await run_health_async("chat", nats_url=nats_url)
@@ -61,10 +60,8 @@ async def test_failing_check_is_unhealthy(nats_url: str) -> None:
     async def crashes() -> dict[str, str]:
         raise OSError("disk gone")
 
-    a = make_broker(nats_url, "recall")
-    health.attach(a, "recall", check=redis_down)
-    b = make_broker(nats_url, "perf")
-    health.attach(b, "perf", check=crashes)
+    a = make_broker(nats_url, "recall", health_check=redis_down)
+    b = make_broker(nats_url, "perf", health_check=crashes)
     await a.start()
     await b.start()
     try:
