@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -49,7 +50,8 @@ def up(
             if info and info.get("state") == "failed":
                 console.print(f"[red]engine failed:[/] {info.get('detail', '')}")
             elif info:
-                console.print(f"engine ready: {info.get('model')} (n_ctx {info.get('n_ctx')})")
+                model = Path(info.get("model") or "?").name
+                console.print(f"engine ready: {model} (n_ctx {info.get('n_ctx')})")
         host = "127.0.0.1" if config.web_host in ("0.0.0.0", "::") else config.web_host
         console.print(f"\n[bold green]Loki is up:[/] http://{host}:{config.web_port}/   "
                       "(Ctrl-C to stop)\n")
