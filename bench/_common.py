@@ -351,32 +351,19 @@ def start_llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
         loki_shared.servers.ServerNotFound: no llama-server or no bundled model.
         loki_shared.servers.ServerStartError: it exited or was not healthy in ``timeout`` s.
     """
-    import httpx
     from loki_shared import servers
 
     port = servers.free_port()
-    argv = [
-        str(servers.find_llama_server()),
-        "-m", str(servers.find_bundled_model()),
-        "--host", "127.0.0.1", "--port", str(port),
-        "-c", str(ctx), "-np", str(parallel),
-        "-ngl", "0", "--metrics", "-t", str(threads),
-        *extra,
-    ]
+    argv = servers.llama_command(port, ctx=ctx, parallel=parallel, threads=threads,
+                                 extra=list(extra))
     proc = servers.ManagedProcess("llama-server", argv).start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise servers.ServerStartError("llama-server exited: " + " | ".join(proc.tail))
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return Engine(url, proc, argv)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.stop()
-    raise servers.ServerStartError("llama-server not healthy: " + " | ".join(proc.tail))
+    try:
+        proc.wait_http_ok(f"{url}/health", timeout=timeout)
+    except servers.ServerStartError:
+        proc.stop()
+        raise
+    return Engine(url, proc, argv)
 
 
 @contextmanager

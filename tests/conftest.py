@@ -63,33 +63,16 @@ def start_llama(
     data_dir: Path, ctx: int = 4096, parallel: int = 1, extra: list[str] | None = None
 ) -> RunningServer:
     """Start the real llama-server with the bundled model; wait until ``/health`` is ok."""
-    import httpx
-
     port = servers.free_port()
-    argv = [
-        str(servers.find_llama_server()),
-        "-m", str(servers.find_bundled_model()),
-        "--host", "127.0.0.1", "--port", str(port),
-        "-c", str(ctx), "-np", str(parallel),
-        "-ngl", "0", "--metrics", "-t", "2",
-        *(extra or []),
-    ]
+    argv = servers.llama_command(port, ctx=ctx, parallel=parallel, extra=extra or [])
     proc = servers.ManagedProcess("llama-server", argv).start()
     url = f"http://127.0.0.1:{port}"
-    import time
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise servers.ServerStartError("llama-server exited: " + " | ".join(proc.tail))
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return RunningServer(url, port, proc, data_dir)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.stop()
-    raise servers.ServerStartError("llama-server not healthy in 120 s: " + " | ".join(proc.tail))
+    try:
+        proc.wait_http_ok(f"{url}/health", timeout=120)
+    except servers.ServerStartError:
+        proc.stop()
+        raise
+    return RunningServer(url, port, proc, data_dir)
 
 
 @pytest.fixture(scope="session")

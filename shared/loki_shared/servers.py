@@ -149,6 +149,27 @@ def redis_command(port: int, data_dir: Path, host: str = "127.0.0.1") -> list[st
     ]
 
 
+def llama_command(
+    port: int, ctx: int = 4096, parallel: int = 1, threads: int = 2,
+    extra: list[str] | tuple[str, ...] = (), host: str = "127.0.0.1", model: Path | None = None,
+) -> list[str]:
+    """argv of llama-server on CPU (``-ngl 0``) with ``/metrics``, serving ``model`` (default:
+    the bundled SmolLM2) with a window of ``ctx`` tokens over ``parallel`` slots — the command
+    the tests and benchmarks run. The supervisor builds production command lines itself.
+
+    Raises:
+        ServerNotFound: no llama-server or no bundled model.
+    """
+    return [
+        str(find_llama_server()),
+        "-m", str(model or find_bundled_model()),
+        "--host", host, "--port", str(port),
+        "-c", str(ctx), "-np", str(parallel),
+        "-ngl", "0", "--metrics", "-t", str(threads),
+        *extra,
+    ]
+
+
 @dataclass
 class ManagedProcess:
     """A server child process with its last output lines kept for error messages.
@@ -202,6 +223,30 @@ class ManagedProcess:
                 return
             time.sleep(0.05)
         raise ServerStartError(f"{self.name} not listening on {port}: " + " | ".join(self.tail))
+
+    def wait_http_ok(self, url: str, timeout: float = 120.0) -> None:
+        """Wait until ``GET url`` answers 200 (llama-server's ``/health`` once the model is
+        loaded).
+
+        Raises:
+            ServerStartError: the process exited or ``timeout`` seconds passed.
+        """
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServerStartError(f"{self.name} exited: " + " | ".join(self.tail))
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise ServerStartError(f"{self.name} not healthy in {timeout:.0f} s: "
+                               + " | ".join(self.tail))
 
     def stop(self, grace: float = 10.0) -> None:
         if not self.proc or self.proc.poll() is not None:
