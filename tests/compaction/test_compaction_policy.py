@@ -341,6 +341,53 @@ async def test_continuation_is_the_sent_request_plus_one_demand(harness, fake_en
     assert conv.messages[0].content == SUMMARY_HEADER + SUMMARY
 
 
+async def test_continuation_leaves_out_trailing_user_messages(harness, fake_engine,
+                                                               supervisor, recall):
+    """A turn-start compaction: the new user message is not in the slot's cache, so the
+    continuation request stops at the accepted reply; the fit counts the slot's prompt as the
+    engine did (usage), not the whole view with the new message."""
+    h = harness(compact_continuation=True)
+    supervisor.id_slot = 0
+    conv = long_conv("c15")
+    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url, id_slot=0)
+    conv.messages.pop()
+    body = sent_request(h, conv, lease)
+    h.policy.note_step(conv.id, lease, body, {"prompt_tokens": 2600, "completion_tokens": 9},
+                       len(conv.messages))
+    conv.messages.append(A("A lexer and a parser."))
+    pasted = "Next file, please review:\n" + "z" * 2400
+    conv.messages.append(U(pasted))
+    fake_engine.push(text_reply(SUMMARY))
+    # 3,500 of 4,096 with the new message: whole view + demand + budget would not fit
+    assert await h.policy.maybe_compact(h.view(conv, "start", ctx_used=3500))
+    [req] = summary_requests(fake_engine)
+    sent = json.loads(body)
+    n = len(sent["messages"])
+    assert req["messages"][:n] == sent["messages"]
+    assert req["messages"][n] == {"role": "assistant", "content": "A lexer and a parser."}
+    assert len(req["messages"]) == n + 2 and req["messages"][n + 1]["role"] == "user"
+    assert pasted not in json.dumps(req)
+    assert h.markers[-1]["path"] == "continuation"
+    # the new message stays, verbatim, at the end of the compacted conversation
+    assert conv.messages[0].content == SUMMARY_HEADER + SUMMARY
+    assert conv.messages[-1].content == pasted
+
+
+async def test_continuation_fit_uses_the_engine_count(harness, fake_engine, supervisor, recall):
+    """The slot holds more than the estimate says (usage.prompt_tokens near the window): the
+    continuation would not fit, so the transcript path is taken without a failed try."""
+    h = harness(compact_continuation=True)
+    conv = long_conv("c16")
+    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
+    h.policy.note_step(conv.id, lease, sent_request(h, conv, lease),
+                       {"prompt_tokens": 3700, "completion_tokens": 9}, len(conv.messages))
+    fake_engine.push(text_reply(SUMMARY))
+    assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
+    [req] = summary_requests(fake_engine)
+    assert "tools" not in req and h.markers[-1]["path"] == "summary"
+    assert not h.policy.suspended
+
+
 async def test_continuation_falls_back_and_suspends_on_tool_call(harness, fake_engine,
                                                                  supervisor, recall):
     h = harness(compact_continuation=True)

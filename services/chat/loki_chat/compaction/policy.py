@@ -21,9 +21,12 @@ How (:meth:`CompactionPolicy.compact`):
 - torso parts of at least 800 characters are archived verbatim (``loki.recall.archive``,
   label by :func:`loki_shared.recall_label.recall_label`) and given to the summariser as
   their first 400 characters plus their id; recall unreachable: summarised without ids;
-- summary by the continuation path when allowed (see :mod:`.continuation`), else by the
-  transcript path; a failed or unusable summary falls back to the torso stripped of its big
-  blocks (ids kept) — raw reasoning is never installed as memory;
+- summary by the continuation path (``COMPACT_CONTINUATION``) when the slot still holds
+  the conversation's last request and that request (its size as the engine counted it), the
+  messages accepted since less the trailing user messages (:func:`continued`), the demand
+  (estimates × 1.05) and the summary budget fit in the window; else by the transcript
+  path; a failed or unusable summary falls back to the torso stripped of its big blocks
+  (ids kept) — raw reasoning is never installed as memory;
 - after: system, the summary message (a user message marked ``loki.injected="summary"``,
   holding the torso's last request re-injected only when the tail has no user request and
   the summary succeeded), then the tail;
@@ -96,10 +99,23 @@ NOT_SENT = ("view_changed", "sent_view_mismatch", "no_lease", "engine_changed")
 MAX_PER_STEP = 2
 
 
+def continued(after: list[ChatMessage]) -> list[ChatMessage]:
+    """The messages accepted since the slot's last request that a continuation request
+    carries: all but the trailing user messages — those are not in the slot's cache (they
+    would be prefilled for nothing), the demand must not be read as their answer, and a
+    strict template never sees two user messages in a row. They stay in the verbatim tail."""
+    end = len(after)
+    while end and after[end - 1].role == "user":
+        end -= 1
+    return after[:end]
+
+
 @dataclass
 class Stamp:
     """The slot holds this conversation's prompt: the request ``body`` as sent (decoded),
-    ``count`` model-view messages it carried, and the engine it went to."""
+    ``count`` model-view messages it carried, the engine it went to, and ``tokens``: what
+    the slot held after it (``usage.prompt_tokens + completion_tokens``; None when the
+    engine did not say)."""
 
     body: dict[str, Any]
     count: int
@@ -107,6 +123,7 @@ class Stamp:
     n_ctx: int
     id_slot: int | None
     epoch: int
+    tokens: int | None = None
 
 
 @dataclass
@@ -195,10 +212,17 @@ class CompactionPolicy:
             decoded = json.loads(body)
         except ValueError:
             decoded = None
+        prompt = (usage or {}).get("prompt_tokens")
+        held = (
+            prompt + completion
+            if isinstance(prompt, int) and isinstance(completion, int)
+            else None
+        )
         st.stamp = (
             None
             if lease.external or not isinstance(decoded, dict)
-            else Stamp(decoded, count, lease.model, lease.n_ctx, lease.id_slot, self.epoch)
+            else Stamp(decoded, count, lease.model, lease.n_ctx, lease.id_slot, self.epoch,
+                       held)
         )
 
     def _on_perf(self, record: PerfRecord) -> None:
@@ -446,8 +470,21 @@ class CompactionPolicy:
             return False
         if n_ctx and stamp.n_ctx and stamp.n_ctx != n_ctx:
             return False
-        demand = estimate_tokens(S.CONTINUATION_DEMAND) + 40
-        return (view.ctx_used + demand + budget) * 1.05 <= n_ctx
+        messages = view.conversation.messages
+        if stamp.count > len(messages):
+            return False
+        # what the continuation request holds: the slot's prompt (exact when the engine
+        # said), the messages accepted since (estimated), the demand; plus its budget
+        after = continued(messages[stamp.count :])
+        estimated = sum(estimate_tokens(m) for m in after)
+        estimated += estimate_tokens(S.CONTINUATION_DEMAND) + 40
+        if stamp.tokens is not None:
+            held = stamp.tokens
+        else:  # the whole view, less the trailing user messages left out of the request
+            left_out = messages[stamp.count + len(after) :]
+            held = view.ctx_used - sum(estimate_tokens(m) for m in left_out) - estimated
+            held = max(held, 0)
+        return held + estimated * 1.05 + budget <= n_ctx
 
     async def _continuation(
         self, view: ContextView, st: ConvState, b: int, budget: int, archived: list[str]
@@ -468,7 +505,7 @@ class CompactionPolicy:
             for a, s in zip(rebuilt, sent_msgs)
         ):
             return SummaryOutcome(failure="sent_view_mismatch")
-        after = wire_messages(system, messages[stamp.count :])[1:]
+        after = wire_messages(system, continued(messages[stamp.count :]))[1:]
         first = messages[b]
         demand = S.CONTINUATION_DEMAND.format(
             boundary=b + 1,
