@@ -7,6 +7,7 @@ import pytest
 from bench import _common
 from bench.headline_bench import (
     Request,
+    after_compaction,
     classify,
     held_tokens,
     new_tokens,
@@ -123,7 +124,15 @@ def test_scripted_session_has_the_required_mix() -> None:
     kinds = {t.kind for t in turns}
     assert kinds == {"short", "long", "paste", "tool"}
     assert any("v1" in t.side for t in turns) and any("bench" in t.side for t in turns)
-    assert sum(t.compact for t in turns) == 1
+    # no compaction request by default: the window forces them; the button on demand
+    assert sum(t.compact for t in turns) == 0
+    assert sum(t.compact for t in script_session(30, explicit_compaction=True)) == 1
     assert script_session(30) == turns  # deterministic
     with pytest.raises(ValueError):
         script_session(3)
+
+
+def test_the_first_main_request_after_a_summary_is_labelled() -> None:
+    kinds = ["main", "compact", "v1", "main", "main", "compact", "main"]
+    assert after_compaction(kinds) == ["main", "compact", "v1", "main-after-compact", "main",
+                                       "compact", "main-after-compact"]
