@@ -110,6 +110,29 @@ def test_multibyte_characters_split_across_writes_arrive_intact(oai, engine):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "héllo 🌍 wörld"
 
 
+def test_crlf_events_split_across_writes_are_relayed_whole(gateway, engine):
+    """An OpenAI-compatible upstream may end lines with CRLF, write ``data:`` without the
+    space and cut an event anywhere: each event reaches the client whole, in order."""
+    engine.clear()
+    first = json.dumps(chunk({"role": "assistant", "content": "ab"}))
+    second = json.dumps(chunk({"content": "cd"}))
+    cut = len(second) // 2
+    engine.push(Stream(frames=[
+        f"data:{first}\r\n\r\ndata: {second[:cut]}".encode(),
+        f"{second[cut:]}\r".encode(), b"\n\r\n",
+        f"data: {json.dumps(chunk({}, 'stop'))}\r\n\r\n".encode(),
+    ]))
+    raw = _raw_stream(gateway, {"messages": ASK, "stream": True})
+    # SSE: "data:" then one optional space (relayed as the engine wrote it)
+    datas = [line[5:].removeprefix(" ") for line in raw.decode().split("\n")
+             if line.startswith("data:")]
+    assert datas[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in datas[:-1]]
+    assert [c["choices"][0]["delta"].get("content") for c in chunks[:2]] == ["ab", "cd"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert "\r" not in raw.decode()
+
+
 def test_usage_chunk_only_when_asked_and_timings_move_to_the_finish_chunk(gateway, engine):
     engine.clear()
     engine.push(text_reply("abc"))

@@ -107,10 +107,12 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
         app.state.hub = EventHub(app.state.bus.client, settings.sse_client_buffer)
         app.state.http = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0, pool=60.0),
-            # llama-server closes idle keep-alive connections after 5 s: drop ours sooner so
-            # a request never goes out on a connection the engine is closing.
+            # llama-server closes idle keep-alive connections after 5 s (its
+            # --timeout-keep-alive default... of cpp-httplib): drop ours a second sooner so a
+            # request never goes out on a connection the engine is closing, but keep them long
+            # enough that a client pausing between requests does not pay a reconnect.
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=32,
-                                keepalive_expiry=2.0),
+                                keepalive_expiry=4.0),
             trust_env=False,
         )
         memory_task = asyncio.create_task(_start_memory(app, settings))
@@ -119,6 +121,8 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
             yield
         finally:
             memory_task.cancel()
+            if app.state.background:  # perf records still on their way: let them land
+                await asyncio.wait(set(app.state.background), timeout=5)
             memory = getattr(app.state, "memory", None)
             if memory is not None:
                 with suppress(Exception):

@@ -61,6 +61,9 @@ router = APIRouter(tags=["openai"])
 T = TypeVar("T")
 
 _FINISH = re.compile(r'"finish_reason"\s*:\s*"')
+#: An upstream event that must be decoded (perf record, usage opt-in): the rest is relayed
+#: byte for byte without decoding.
+_MATTERS = re.compile(rb'"usage"|"timings"|"finish_reason"\s*:\s*"')
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _CHAT_SCHEMA = {
     "type": "object",
@@ -492,32 +495,47 @@ class Relay:
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             await self.resp.aclose()
             await self.holder.release()
-            if self.perf:
-                await _publish_perf(self.request, _record(
-                    self.body, self.holder.lease, self.started, self.ttft, self.final,
-                    cut=self.cut))
+        if self.perf:
+            # In the background: the end of the client's response must not wait for the
+            # JetStream ack (it would hold the client's connection, and ours to the engine).
+            _publish_perf_later(self.request, _record(
+                self.body, self.holder.lease, self.started, self.ttft, self.final,
+                cut=self.cut))
 
-    async def _upstream_events(self) -> AsyncIterator[tuple[list[str], dict[str, Any] | None]]:
-        lines: list[str] = []
-        parsed: dict[str, Any] | None = None
-        async for line in self.resp.aiter_lines():
-            if line:
-                if line.startswith("data:"):
-                    data = line[5:].lstrip(" ")
-                    if self.ttft is None:
-                        self.ttft = time.monotonic()
-                    parsed = _inspect(data, self.final)
-                    line = "data: " + data
-                lines.append(line)
-                continue
-            if lines:
-                yield lines, parsed
-            lines, parsed = [], None
-        if lines:
-            yield lines, parsed
+    async def _upstream_blocks(self) -> AsyncIterator[list[bytes]]:
+        """The engine's SSE events as they arrive: the complete events of each read (the
+        blank line that ends them removed, CRLF line ends made LF), one list per read —
+        events that arrived together leave together, nothing waits for more."""
+        buf = b""
+        async for raw in self.resp.aiter_bytes():
+            buf += raw
+            if b"\r\n" in buf:
+                buf = buf.replace(b"\r\n", b"\n")
+            *blocks, buf = buf.split(b"\n\n")
+            blocks = [b for b in blocks if b.strip()]
+            if blocks:
+                if self.ttft is None and any(b"data:" in b for b in blocks):
+                    self.ttft = time.monotonic()
+                yield blocks
+        if buf.strip():
+            yield [buf]
+
+    def _decoded(self, block: bytes) -> tuple[list[str], dict[str, Any] | None]:
+        """One event that may carry ``usage``, ``timings`` or a ``finish_reason``: its lines
+        and its decoded chunk (noted in ``final``; None when not JSON)."""
+        lines = block.decode("utf-8", "replace").split("\n")
+        chunk = None
+        for i, line in enumerate(lines):
+            if line.startswith("data:"):
+                data = line[5:].lstrip(" ")
+                chunk = _inspect(data, self.final)
+                lines[i] = "data: " + data
+        return lines, chunk
 
     async def events(self) -> AsyncIterator[bytes]:
-        """Relay the engine's SSE events, one write per event, as they come.
+        """Relay the engine's SSE events as they come: one write per upstream read, the
+        events byte for byte except those carrying ``usage``, ``timings`` or a
+        ``finish_reason``, which are decoded for the perf record.
 
         When the client did not ask for ``include_usage`` the stream it gets is the one
         llama-server sends without it: the usage-only chunk (``choices: []``) is dropped,
@@ -526,30 +544,41 @@ class Relay:
         """
         held: dict[str, Any] | None = None  # finish_reason chunk waiting for the timings
         try:
-            async for ev_lines, chunk in self._upstream_events():
-                if self.wants_usage or chunk is None:
+            async for blocks in self._upstream_blocks():
+                out: list[bytes] = []
+                for block in blocks:
+                    if not _MATTERS.search(block):
+                        if held is not None:
+                            out.append(_frame(["data: " + _dump(held)]))
+                            held = None
+                        out.append(block + b"\n\n")
+                        continue
+                    lines, chunk = self._decoded(block)
+                    if self.wants_usage or chunk is None:
+                        if held is not None:
+                            out.append(_frame(["data: " + _dump(held)]))
+                            held = None
+                        out.append(_frame(lines))
+                        continue
+                    if "usage" in chunk and not chunk.get("choices"):
+                        # the usage-only chunk the client did not ask for
+                        if held is not None:
+                            if chunk.get("timings") and "timings" not in held:
+                                held["timings"] = chunk["timings"]
+                            out.append(_frame(["data: " + _dump(held)]))
+                            held = None
+                        continue
+                    chunk.pop("usage", None)
                     if held is not None:
-                        yield _frame(["data: " + _dump(held)])
+                        out.append(_frame(["data: " + _dump(held)]))
                         held = None
-                    yield _frame(ev_lines)
-                    continue
-                if "usage" in chunk and not chunk.get("choices"):
-                    # the usage-only chunk the client did not ask for
-                    if held is not None:
-                        if chunk.get("timings") and "timings" not in held:
-                            held["timings"] = chunk["timings"]
-                        yield _frame(["data: " + _dump(held)])
-                        held = None
-                    continue
-                chunk.pop("usage", None)
-                if held is not None:
-                    yield _frame(["data: " + _dump(held)])
-                    held = None
-                if any(isinstance(c, dict) and c.get("finish_reason")
-                       for c in chunk.get("choices") or []):
-                    held = chunk
-                    continue
-                yield _frame(["data: " + _dump(chunk)])
+                    if any(isinstance(c, dict) and c.get("finish_reason")
+                           for c in chunk.get("choices") or []):
+                        held = chunk
+                        continue
+                    out.append(_frame(["data: " + _dump(chunk)]))
+                if out:
+                    yield b"".join(out)
             if held is not None:
                 yield _frame(["data: " + _dump(held)])
             self.cut = False
