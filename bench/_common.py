@@ -366,6 +366,35 @@ def start_llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
     return Engine(url, proc, argv)
 
 
+def split_cores() -> tuple[set[int], set[int]] | None:
+    """``(engine cores, other cores)``: every core this process may use but the last for a
+    model server, the last for everything else (the service under test, its client, NATS);
+    None when there are fewer than two or affinity is not available (not Linux)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    if len(cores) < 2:
+        return None
+    return set(cores[:-1]), {cores[-1]}
+
+
+@contextmanager
+def pinned(cores: set[int] | None) -> Iterator[None]:
+    """Run the block with the calling thread bound to ``cores`` (Linux affinity), so the
+    processes it starts and the threads it creates inherit them; restored on exit. None:
+    nothing changes."""
+    if not cores:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 @contextmanager
 def llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
           threads: int = 2) -> Iterator[Engine]:

@@ -3,11 +3,16 @@
 Measured in the same run:
 
 - **/v1 overhead** — the same streamed chat completions (same prompts, ``temperature 0``,
-  ``ignore_eos``, fixed ``max_tokens``, ``cache_prompt: false`` so neither side profits from
-  the other's prompt cache) sent to llama-server directly and through the gateway's ``/v1``
+  ``ignore_eos``, fixed ``max_tokens``; each pair's prompt put in the engine's prompt cache
+  first, so both requests of a pair find it there and the time to first token is one
+  decoding step, not a noisy prefill) sent to llama-server directly and through ``/v1``
   (lease of kind ``foreign`` over NATS included), in alternating pairs. Figures: added time to
   first token (median of the per-pair differences; target ≤ 5 ms) and throughput ratio
-  (median of per-pair tokens/s ratios over the decode phase; target ≥ 0.98).
+  (median of per-pair tokens/s ratios over the decode phase; target ≥ 0.98). The engine
+  is pinned to every core but one and the gateway, NATS and the client to that one, the way
+  an engine on a GPU leaves the CPU to the gateway: with everything sharing every core, the
+  comparison is one of CPU contention. The same comparison against the scripted fake engine
+  (pinned with the engine) gives the gateway's cost without the model's noise.
 - **SSE fan-out** — 100 concurrent ``GET /api/chat`` clients on one conversation while a turn
   of N events is published: every client must receive every event exactly once, in order;
   delivery latency (publish → client) percentiles alongside.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -75,11 +81,21 @@ def _start_gateway(nats_url: str, home: Path) -> tuple[servers.ManagedProcess, s
     raise _common.BenchError("gateway did not start: " + " | ".join(proc.tail))
 
 
+def _body(prompt: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
+    return {"model": "bench", "messages": [{"role": "user", "content": prompt}],
+            "stream": stream, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+
+
+def _warm(client: httpx.Client, url: str, prompt: str) -> None:
+    """Put ``prompt`` in the engine's prompt cache (one token generated, not measured)."""
+    r = client.post(url + "/v1/chat/completions", json=_body(prompt, 1, stream=False))
+    if r.status_code != 200:
+        raise _common.BenchError(f"{url}: status {r.status_code}: {r.text[:200]}")
+
+
 def _one_stream(client: httpx.Client, url: str, prompt: str, max_tokens: int) -> dict[str, float]:
     """One streamed completion; returns ttft_s (first content delta), decode tokens/s."""
-    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}],
-            "stream": True, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "cache_prompt": False}
+    body = _body(prompt, max_tokens)
     start = time.perf_counter()
     first = last = None
     n = 0
@@ -102,17 +118,31 @@ def _one_stream(client: httpx.Client, url: str, prompt: str, max_tokens: int) ->
     return {"ttft_s": first - start, "tps": (n - 1) / (last - first), "tokens": n}
 
 
+def bench_v1_apart(engine_url: str, gateway_url: str, pairs: int,
+                   max_tokens: int) -> dict[str, Any]:
+    """:func:`bench_v1` in a process of its own: the client must not share an interpreter
+    lock with the fake peers and the fake engine this process runs in threads (a thread
+    switch costs up to ``sys.getswitchinterval()``, 5 ms, of noise on either side)."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(bench_v1, engine_url, gateway_url, pairs, max_tokens).result()
+
+
 def bench_v1(engine_url: str, gateway_url: str, pairs: int, max_tokens: int) -> dict[str, Any]:
     direct: list[dict[str, float]] = []
     via: list[dict[str, float]] = []
     retries: list[str] = []
-    limits = httpx.Limits(keepalive_expiry=2.0)  # llama-server drops idle ones after 5 s
+    limits = httpx.Limits(keepalive_expiry=4.0)  # llama-server drops idle ones after 5 s
     with httpx.Client(timeout=300, limits=limits) as client:
         # warm both paths (model pages, connection pools)
         _one_stream(client, engine_url, PROMPTS[0], 8)
         _one_stream(client, gateway_url, PROMPTS[0], 8)
         for i in range(pairs):
             prompt = PROMPTS[i % len(PROMPTS)]
+            _warm(client, engine_url, prompt)  # both requests of the pair find it cached
             order = [(engine_url, direct), (gateway_url, via)]
             if i % 2:
                 order.reverse()  # alternate who goes first
@@ -191,39 +221,47 @@ async def _fanout(url: str, peers: FakePeers, clients: int, n_events: int) -> di
 
 def run(quick: bool) -> dict:
     """Run both measurements; return the result document (see :mod:`bench._common`)."""
-    pairs = 4 if quick else 30
+    pairs = 30 if quick else 100
     max_tokens = 32 if quick else 128
     n_events = 200 if quick else 1000
-    with tempfile.TemporaryDirectory(prefix="loki-gw-bench-") as tmp:
+    # The engine (and the fake peers standing for the supervisor) on every core but one,
+    # the gateway, NATS and the client on that one: as beside an engine computing on a GPU,
+    # the gateway's work must not delay the engine's threads (llama.cpp's compute threads
+    # spin; a core taken from one stalls them all), or the comparison measures CPU
+    # contention, not what /v1 adds.
+    cores = _common.split_cores()
+    engine_cores, other_cores = cores if cores else (None, None)
+    threads = len(engine_cores) if engine_cores else (os.cpu_count() or 2)
+    with tempfile.TemporaryDirectory(prefix="loki-gw-bench-") as tmp, \
+            contextlib.ExitStack() as stack, _common.pinned(other_cores):
         home = Path(tmp)
         nats_port = servers.free_port()
         nats_proc = servers.ManagedProcess(
             "nats", servers.nats_command(nats_port, home / "nats")).start()
+        stack.callback(nats_proc.stop)
         nats_proc.wait_port(nats_port)
         nats_url = f"nats://127.0.0.1:{nats_port}"
-        engine = _common.start_llama(ctx=4096, parallel=1)
-        peers = FakePeers(nats_url, engine.url, id_slot=0).start()
-        gw_proc, gw_url = _start_gateway(nats_url, home / "gw")
-        try:
-            build = _common.engine_build(engine.url)
-            v1 = bench_v1(engine.url, gw_url, pairs, max_tokens)
+        with _common.pinned(engine_cores):
+            engine = _common.start_llama(ctx=4096, parallel=1, threads=threads)
+            stack.callback(engine.stop)
+            peers = FakePeers(nats_url, engine.url, id_slot=0).start()
+            stack.callback(peers.stop)
             # The same comparison against the scripted fake engine: no model time, so the
-            # gateway's own cost is not buried in the noise of a shared machine.
-            with FakeEngine() as fake:
-                fake.default = Stream(
-                    frames=[chunk({"role": "assistant", "content": None})]
-                    + [chunk({"content": f" t{i}"}) for i in range(100)]
-                    + [chunk({}, "length")],
-                    delay_s=0.002)
-                peers.engine_url = fake.url
-                v1_fake = bench_v1(fake.url, gw_url, 15 if quick else 60, 100)
-                peers.engine_url = engine.url
-            fan = asyncio.run(_fanout(gw_url, peers, 100, n_events))
-        finally:
-            gw_proc.stop()
-            peers.stop()
-            engine.stop()
-            nats_proc.stop()
+            # gateway's own cost is not buried in the model's noise.
+            fake = stack.enter_context(FakeEngine())
+        fake.default = Stream(
+            frames=[chunk({"role": "assistant", "content": None})]
+            + [chunk({"content": f" t{i}"}) for i in range(100)]
+            + [chunk({}, "length")],
+            delay_s=0.002)
+        gw_proc, gw_url = _start_gateway(nats_url, home / "gw")
+        stack.callback(gw_proc.stop)
+        build = _common.engine_build(engine.url)
+        v1 = bench_v1_apart(engine.url, gw_url, pairs, max_tokens)
+        peers.engine_url = fake.url
+        v1_fake = bench_v1_apart(fake.url, gw_url, 40 if quick else 100, 100)
+        peers.engine_url = engine.url
+        fan = asyncio.run(_fanout(gw_url, peers, 100, n_events))
     added = v1["added_ttft_ms"]["median"]
     ratio = v1["throughput"]["ratio"]["median"]
     rows = [
@@ -253,7 +291,9 @@ def run(quick: bool) -> dict:
         tables=[
             _common.table("/v1 vs llama-server directly (same prompts, alternating pairs)",
                           ["measure", "through /v1", "direct", "median difference", "IQR"],
-                          rows, notes=f"real engine: {pairs} pairs, {max_tokens} tokens each; "
+                          rows, notes=f"real engine: {pairs} pairs, {max_tokens} tokens each, "
+                          f"engine on {threads} core(s), gateway, NATS and client on "
+                          f"{len(other_cores) if other_cores else 'the same'} (pinned); "
                           "fake engine: 100 chunks 2 ms apart, no model time"),
             _common.table("SSE fan-out on one conversation",
                           ["clients", "events", "clients with every event", "latency p50",

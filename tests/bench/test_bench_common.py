@@ -113,3 +113,24 @@ def test_tree_rss_counts_children() -> None:
         child.kill()
         child.wait()
     assert _common.rss_bytes(child.pid) == 0
+
+
+def test_pinned_binds_the_processes_started_inside_and_restores() -> None:
+    import os
+    import subprocess
+    import sys
+
+    before = os.sched_getaffinity(0)
+    first = {min(before)}
+    with _common.pinned(first):
+        out = subprocess.run([sys.executable, "-c",
+                              "import os; print(sorted(os.sched_getaffinity(0)))"],
+                             capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(sorted(first))
+    assert os.sched_getaffinity(0) == before
+    split = _common.split_cores()
+    if len(before) >= 2:
+        engine, other = split
+        assert engine | other == before and not engine & other and len(other) == 1
+    else:
+        assert split is None
