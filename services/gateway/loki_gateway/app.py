@@ -107,10 +107,10 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
         app.state.hub = EventHub(app.state.bus.client, settings.sse_client_buffer)
         app.state.http = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0, pool=60.0),
-            # llama-server closes idle keep-alive connections after 5 s (its
-            # --timeout-keep-alive default... of cpp-httplib): drop ours a second sooner so a
-            # request never goes out on a connection the engine is closing, but keep them long
-            # enough that a client pausing between requests does not pay a reconnect.
+            # llama-server closes idle keep-alive connections after 5 s (cpp-httplib's
+            # keep-alive timeout): drop ours a second sooner so a request never goes out on a
+            # connection the engine is closing, but keep them long enough that a client
+            # pausing between requests does not pay a reconnect.
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=32,
                                 keepalive_expiry=4.0),
             trust_env=False,
