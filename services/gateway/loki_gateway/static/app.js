@@ -472,7 +472,9 @@
     $("preset-picker").onchange = (ev) => switchPreset(ev.target.value);
     const fromHash = (location.hash.match(/c=([A-Za-z0-9_-]+)/) || [])[1];
     const start = fromHash || localStorage.getItem("lokiConv");
-    loadConversations().then(() => openConversation(start || null));
+    // a message sent while the list was loading (after the key prompt, say) opened its
+    // conversation already: do not switch away from it
+    loadConversations().then(() => { if (!state.conversation) openConversation(start || null); });
     refreshEngine();
     setInterval(refreshEngine, 10000);
   }
