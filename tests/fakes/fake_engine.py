@@ -1,7 +1,8 @@
 """A scripted fake of llama-server's OpenAI streaming endpoint, for exact edge cases.
 
 It is a real HTTP/1.1 server on 127.0.0.1 (asyncio, in a background thread, usable from sync
-and async tests). ``POST /v1/chat/completions`` records the exact request bytes and plays the
+and async tests). ``POST /v1/chat/completions`` (and ``/v1/completions``, whose frames the
+script gives as text-completion chunks) records the exact request bytes and plays the
 next scripted response; ``GET /health``, ``GET /props`` and ``GET /slots`` answer like
 llama-server does (``/slots`` reports ``is_processing`` while a stream is being sent).
 
@@ -517,7 +518,8 @@ class FakeEngine:
                 ],
             )
             return True
-        if method == "POST" and path_only in ("/v1/chat/completions", "/chat/completions"):
+        if method == "POST" and path_only in ("/v1/chat/completions", "/chat/completions",
+                                              "/v1/completions", "/completions"):
             record = RecordedRequest(method, path, headers, body, time.time())
             with self._cond:
                 self.requests.append(record)

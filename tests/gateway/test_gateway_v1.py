@@ -97,6 +97,20 @@ def test_stream_with_usage_when_asked(oai):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_legacy_completions_streamed_and_not(oai, peers):
+    """/v1/completions on the real engine: the non-streamed answer is assembled from the
+    upstream stream (same text as the engine's own non-streamed answer at temperature 0)."""
+    before = len(peers.perf_records)
+    r = oai.completions.create(model="any", prompt="The capital of France is", max_tokens=6,
+                               temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text.strip()
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
+    chunks = list(oai.completions.create(model="any", prompt="The capital of France is",
+                                         max_tokens=6, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
+    assert _wait(lambda: len(peers.perf_records) >= before + 2 and peers.held() == 0)
+
+
 def test_tool_messages_are_normalised_and_accepted(oai):
     messages = [
         {"role": "system", "content": "You are terse."},

@@ -222,6 +222,41 @@ def test_completions_and_embeddings_pass_through_or_relay_the_refusal(gateway, e
     assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
 
 
+def _text_chunk(text: str | None, finish: str | None = None, index: int = 0) -> dict:
+    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "fake",
+            "choices": [{"index": index, "text": text or "", "logprobs": None,
+                         "finish_reason": finish}]}
+
+
+def test_non_streamed_completion_is_assembled_from_an_upstream_stream(oai, engine, peers):
+    """A non-streamed legacy completion is asked streamed upstream (so a client that leaves
+    frees the slot) and assembled per choice index, with usage and the perf record."""
+    engine.push(Stream(frames=[_text_chunk("Once"), _text_chunk(" upon"), _text_chunk(" a"),
+                               _text_chunk(" time", "length")]))
+    r = oai.completions.create(model="m", prompt="Tell me", max_tokens=4)
+    req = engine.requests[-1].json
+    assert req["stream"] is True and req["stream_options"] == {"include_usage": True}
+    assert r.object == "text_completion" and r.choices[0].text == "Once upon a time"
+    assert r.choices[0].finish_reason == "length" and r.usage.total_tokens == 25
+    assert _wait(lambda: peers.perf_records and peers.perf_records[-1].finish_reason
+                 == "length" and not peers.perf_records[-1].cut)
+    engine.push(Stream(frames=[_text_chunk("a", index=0), _text_chunk("b", index=1),
+                               _text_chunk("c", "stop", 0), _text_chunk("d", "stop", 1)]))
+    r = oai.completions.create(model="m", prompt=["x", "y"], max_tokens=4)
+    assert [(c.index, c.text, c.finish_reason) for c in r.choices] == [
+        (0, "ac", "stop"), (1, "bd", "stop")]
+
+
+def test_client_gone_from_a_non_streamed_completion_closes_upstream(gateway, engine, peers):
+    engine.clear()
+    engine.push(Stream(frames=[_text_chunk("x")] * 100, delay_s=0.05))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gateway.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 100},
+                   timeout=httpx.Timeout(30, read=0.5))
+    assert _wait(lambda: engine.disconnects >= 1, 10)
+    assert _wait(lambda: peers.held() == 0)
+
+
 def test_non_streamed_answer_is_assembled_from_an_upstream_stream(oai, engine):
     """A non-streamed chat completion is asked streamed upstream (so a client that leaves
     frees the slot) and assembled: text, reasoning, tool calls merged by index, usage."""

@@ -265,7 +265,7 @@ async def _proxy(
 ) -> Response:
     """Send ``body`` to the leased engine at ``path`` and relay the answer.
 
-    ``aggregate``: a non-streamed chat completion is asked STREAMED upstream and assembled
+    ``aggregate``: a non-streamed (chat) completion is asked STREAMED upstream and assembled
     here (:func:`_assemble`), because llama-server only notices a client that went away on a
     streamed request; so a client that gives up on a non-streamed one frees the slot at once.
     """
@@ -314,7 +314,8 @@ async def _proxy(
 
     if assemble and resp.status_code == 200:
         try:
-            status, payload = await race_disconnect(request, _assemble(resp))
+            status, payload = await race_disconnect(
+                request, _assemble(resp, text=path == "/v1/completions"))
         except ClientGone:
             if perf:
                 _publish_perf_later(request, _record(body, lease, started, None, {}, cut=True))
@@ -366,16 +367,20 @@ async def _proxy(
     )
 
 
-async def _assemble(resp: httpx.Response) -> tuple[int, dict[str, Any]]:
+async def _assemble(resp: httpx.Response, text: bool = False) -> tuple[int, dict[str, Any]]:
     """Read a streamed chat completion to its end and build the non-streamed answer
     (``object: "chat.completion"``): content and reasoning concatenated, tool calls merged
     by ``index`` (id and name from their first fragment, arguments appended), the last
-    ``finish_reason``, ``usage`` and llama.cpp's ``timings``. A mid-stream error becomes
-    (status, OpenAI error body)."""
+    ``finish_reason``, ``usage`` and llama.cpp's ``timings``. ``text``: a (legacy)
+    completion instead, ``object: "text_completion"``, the ``text`` fragments concatenated
+    per choice ``index`` (a prompt array is several completions). A mid-stream error
+    becomes (status, OpenAI error body)."""
     meta: dict[str, Any] = {}
     content: list[str] = []
     reasoning: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
+    texts: dict[int, list[str]] = {}
+    finishes: dict[int, str] = {}
     finish: str | None = None
     usage = timings = None
     async for line in resp.aiter_lines():
@@ -400,6 +405,14 @@ async def _assemble(resp: httpx.Response) -> tuple[int, dict[str, Any]]:
         usage = chunk.get("usage") or usage
         timings = chunk.get("timings") or timings
         for choice in chunk.get("choices") or []:
+            if text:  # one text per choice index (a prompt array is several completions)
+                index = choice.get("index") if isinstance(choice.get("index"), int) else 0
+                texts.setdefault(index, [])
+                if isinstance(choice.get("text"), str):
+                    texts[index].append(choice["text"])
+                if choice.get("finish_reason"):
+                    finishes[index] = choice["finish_reason"]
+                continue
             delta = choice.get("delta") or {}
             if isinstance(delta.get("content"), str):
                 content.append(delta["content"])
@@ -417,6 +430,19 @@ async def _assemble(resp: httpx.Response) -> tuple[int, dict[str, Any]]:
                     call["function"]["arguments"] += fn["arguments"]
             if choice.get("finish_reason"):
                 finish = choice["finish_reason"]
+    if text:
+        texts = texts or {0: []}
+        done: dict[str, Any] = {
+            "id": meta.get("id", ""), "object": "text_completion",
+            "created": meta.get("created", int(time.time())), "model": meta.get("model", ""),
+            "choices": [{"index": i, "text": "".join(texts[i]), "logprobs": None,
+                         "finish_reason": finishes.get(i)} for i in sorted(texts)],
+        }
+        for key, value in (("system_fingerprint", meta.get("system_fingerprint")),
+                           ("usage", usage), ("timings", timings)):
+            if value is not None:
+                done[key] = value
+        return 200, done
     message: dict[str, Any] = {"role": "assistant",
                                "content": "".join(content) if content or not calls else None}
     if reasoning:
@@ -636,9 +662,10 @@ async def chat_completions(request: Request) -> Response:
         "application/json": {"schema": _COMPLETION_SCHEMA}}}},
 )
 async def completions(request: Request) -> Response:
-    """OpenAI (legacy) completions, passed through."""
+    """OpenAI (legacy) completions, streamed or not (a non-streamed one is asked streamed
+    upstream and assembled, as for chat completions)."""
     body = normalise_completion(await _read_body(request))
-    return await _proxy(request, "/v1/completions", body, perf=True)
+    return await _proxy(request, "/v1/completions", body, perf=True, aggregate=True)
 
 
 @router.post(
