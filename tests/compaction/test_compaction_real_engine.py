@@ -19,7 +19,9 @@ async def test_real_engine_continuation_prefills_only_the_demand(harness, nc, re
     sup = await FakeSupervisor(nc, engine_url, n_ctx=4096, model="smollm2", id_slot=0).start()
     try:
         h = harness(compact_continuation=True, max_tokens=8)
-        conv = long_conv("real1")
+        # about 2,500 tokens: the continuation (prompt + demand + summary budget) must fit
+        # the 4,096-token window, or the policy rightly takes the transcript path
+        conv = long_conv("real1", blocks=2)
         conv.messages.pop()
         lease = Lease(model="smollm2", n_ctx=4096, base_url=engine_url, id_slot=0)
         # a turn step as the loop sends it (streamed), accepted
