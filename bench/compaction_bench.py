@@ -210,9 +210,12 @@ async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
 
     A conversation of requirement notes (under 800 characters each, so nothing is archived
     and the transcript carries them whole) of about 2,600 tokens is sent once as a real turn
-    step (the slot then holds it); it is compacted with ``COMPACT_CONTINUATION`` on, then a
-    copy of it with the key off. The threshold is lowered to 50% for the probe only, so the
-    continuation's fit rule (``(ctx_used + demand + budget) × 1.05 ≤ n_ctx``) holds.
+    step (the slot then holds it); a copy is compacted with the key off (the transcript path,
+    first: the engine has not seen its prompt), then another with ``COMPACT_CONTINUATION`` on
+    (after its own turn step). Transcript first, because a continuation summary the model
+    loops in falls back to the transcript request, which would then be cached for the key-off
+    run (``prompt_n`` 1). The threshold is lowered to 50% for the probe only, so the
+    continuation fits the window with its demand and budget.
     """
     import httpx
     import nats
@@ -239,7 +242,7 @@ async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
                                   ChatMessage(role="assistant", content=f"Noted set {i}.")]
             conv.messages.append(ChatMessage(role="user", content="Which set limits the CLI most?"))
             out: dict[str, Any] = {}
-            for continuation in (True, False):
+            for continuation in (False, True):
                 settings = Settings(home=home, nats_url=nats_url, secret_key=SECRET,
                                     max_tokens=8, compact_continuation=continuation,
                                     compact_threshold=0.5)
