@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from threading import Thread
@@ -209,20 +210,30 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def _wait_until(self, ready: Callable[[], bool], timeout: float, every: float,
+                    what: str) -> None:
+        """Poll ``ready()`` every ``every`` s until it is true.
+
+        Raises:
+            ServerStartError: the process exited, or ``timeout`` s passed (``what`` says why).
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServerStartError(f"{self.name} exited: " + " | ".join(self.tail))
+            if ready():
+                return
+            time.sleep(every)
+        raise ServerStartError(f"{self.name} {what}: " + " | ".join(self.tail))
+
     def wait_port(self, port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> None:
         """Wait until ``host:port`` accepts connections.
 
         Raises:
             ServerStartError: the process exited or ``timeout`` seconds passed.
         """
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise ServerStartError(f"{self.name} exited: " + " | ".join(self.tail))
-            if port_open(host, port):
-                return
-            time.sleep(0.05)
-        raise ServerStartError(f"{self.name} not listening on {port}: " + " | ".join(self.tail))
+        self._wait_until(lambda: port_open(host, port), timeout, 0.05,
+                         f"not listening on {port}")
 
     def wait_http_ok(self, url: str, timeout: float = 120.0) -> None:
         """Wait until ``GET url`` answers 200 (llama-server's ``/health`` once the model is
@@ -234,19 +245,14 @@ class ManagedProcess:
         import urllib.error
         import urllib.request
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise ServerStartError(f"{self.name} exited: " + " | ".join(self.tail))
+        def ok() -> bool:
             try:
                 with urllib.request.urlopen(url, timeout=1) as resp:
-                    if resp.status == 200:
-                        return
+                    return resp.status == 200
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise ServerStartError(f"{self.name} not healthy in {timeout:.0f} s: "
-                               + " | ".join(self.tail))
+                return False
+
+        self._wait_until(ok, timeout, 0.2, f"not healthy in {timeout:.0f} s")
 
     def stop(self, grace: float = 10.0) -> None:
         if not self.proc or self.proc.poll() is not None:

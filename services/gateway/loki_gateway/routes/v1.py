@@ -60,7 +60,6 @@ log = logging.getLogger("loki.gateway.v1")
 router = APIRouter(tags=["openai"])
 T = TypeVar("T")
 
-_FINISH = re.compile(r'"finish_reason"\s*:\s*"')
 #: An upstream event that must be decoded (perf record, usage opt-in): the rest is relayed
 #: byte for byte without decoding.
 _MATTERS = re.compile(rb'"usage"|"timings"|"finish_reason"\s*:\s*"')
@@ -464,12 +463,10 @@ async def _assemble(resp: httpx.Response, text: bool = False) -> tuple[int, dict
 
 
 def _inspect(data: str, final: dict[str, Any]) -> dict[str, Any] | None:
-    """Decode one upstream ``data:`` payload when it may hold ``usage``, ``timings`` or a
-    ``finish_reason`` (others are relayed byte for byte, undecoded), note those in ``final``
-    and return the decoded chunk (None when not decoded)."""
-    if data == "[DONE]" or (
-        '"usage"' not in data and '"timings"' not in data and not _FINISH.search(data)
-    ):
+    """Decode one upstream ``data:`` payload of an event :data:`_MATTERS` picked out, note
+    its ``usage``, ``timings``, ``model`` and ``finish_reason`` in ``final`` and return the
+    decoded chunk (None for ``[DONE]`` or what is not a JSON object)."""
+    if data == "[DONE]":
         return None
     try:
         chunk = json.loads(data)
