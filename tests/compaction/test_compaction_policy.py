@@ -388,6 +388,21 @@ async def test_continuation_fit_uses_the_engine_count(harness, fake_engine, supe
     assert not h.policy.suspended
 
 
+async def test_continuation_fit_without_usage_counts_the_demand(harness, fake_engine,
+                                                               supervisor, recall):
+    """No usage from the engine: the view's count stands for the slot's prompt, and the
+    demand and the summary budget still have to fit beside it."""
+    h = harness(compact_continuation=True)
+    conv = long_conv("c17")
+    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
+    h.policy.note_step(conv.id, lease, sent_request(h, conv, lease), None, len(conv.messages))
+    fake_engine.push(text_reply(SUMMARY))
+    # 3,780 + 256 (budget) fits 4,096, but not with the demand on top
+    assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3780))
+    [req] = summary_requests(fake_engine)
+    assert "tools" not in req and h.markers[-1]["path"] == "summary"
+
+
 async def test_continuation_falls_back_and_suspends_on_tool_call(harness, fake_engine,
                                                                  supervisor, recall):
     h = harness(compact_continuation=True)

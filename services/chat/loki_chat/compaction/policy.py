@@ -476,15 +476,14 @@ class CompactionPolicy:
         # what the continuation request holds: the slot's prompt (exact when the engine
         # said), the messages accepted since (estimated), the demand; plus its budget
         after = continued(messages[stamp.count :])
-        estimated = sum(estimate_tokens(m) for m in after)
-        estimated += estimate_tokens(S.CONTINUATION_DEMAND) + 40
+        accepted = sum(estimate_tokens(m) for m in after)
+        demand = estimate_tokens(S.CONTINUATION_DEMAND) + 40
         if stamp.tokens is not None:
             held = stamp.tokens
-        else:  # the whole view, less the trailing user messages left out of the request
+        else:  # the whole view, less what was accepted since and the trailing user messages
             left_out = messages[stamp.count + len(after) :]
-            held = view.ctx_used - sum(estimate_tokens(m) for m in left_out) - estimated
-            held = max(held, 0)
-        return held + estimated * 1.05 + budget <= n_ctx
+            held = max(view.ctx_used - sum(estimate_tokens(m) for m in left_out) - accepted, 0)
+        return held + (accepted + demand) * 1.05 + budget <= n_ctx
 
     async def _continuation(
         self, view: ContextView, st: ConvState, b: int, budget: int, archived: list[str]
