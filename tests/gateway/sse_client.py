@@ -20,6 +20,15 @@ class Frame:
     def json(self) -> Any:
         return json.loads(self.data)
 
+    def ends_turn(self) -> bool:
+        """A chat event with ``finish_reason`` set (decoded once: :func:`ended` asks every
+        frame again each time a frame arrives)."""
+        if self.__dict__.get("_ends") is None:
+            self.__dict__["_ends"] = bool(
+                self.data and self.event is None
+                and self.json()["choices"][0].get("finish_reason"))
+        return self.__dict__["_ends"]
+
 
 def parse_frames(lines) -> Any:
     """Yield :class:`Frame` objects from an iterator of text lines (comments-only frames too)."""
@@ -74,13 +83,7 @@ def read_events(client: httpx.Client, conversation: str, *, last_id: int | None 
 
 def ended(frames: list[Frame], turns: int = 1) -> bool:
     """True once ``turns`` end-of-turn events (finish_reason set) have been received."""
-    n = 0
-    for f in frames:
-        if f.data and f.event is None:
-            data = f.json()
-            if data["choices"][0].get("finish_reason"):
-                n += 1
-    return n >= turns
+    return sum(1 for f in frames if f.ends_turn()) >= turns
 
 
 def render(events: list[dict[str, Any]]) -> list[Any]:
