@@ -49,8 +49,9 @@ def bench_dirs() -> list[Path]:
 
 def discover(dirs: list[Path] | None = None) -> list[str]:
     """Names of the bench modules present (``<name>_bench.py`` → ``name``), headline first."""
-    names = sorted({p.name[: -len("_bench.py")] for d in (dirs or bench_dirs())
-                    for p in d.glob("*_bench.py")})
+    names = sorted(
+        {p.name[: -len("_bench.py")] for d in (dirs or bench_dirs()) for p in d.glob("*_bench.py")}
+    )
     return [n for n in FIRST if n in names] + [n for n in names if n not in FIRST]
 
 
@@ -66,13 +67,22 @@ def base_document(name: str, quick: bool) -> dict[str, Any]:
     }
 
 
-def status_document(name: str, quick: bool, status: str, error: str,
-                    duration_s: float | None = None) -> dict[str, Any]:
+def status_document(
+    name: str, quick: bool, status: str, error: str, duration_s: float | None = None
+) -> dict[str, Any]:
     """A result recording that bench ``name`` gave no figures (``missing``, ``failed``,
     ``timeout``) and why."""
     doc = base_document(name, quick)
-    doc.update(status=status, error=error, duration_s=duration_s, title=name, tables=[],
-               targets=[], data={}, notes="")
+    doc.update(
+        status=status,
+        error=error,
+        duration_s=duration_s,
+        title=name,
+        tables=[],
+        targets=[],
+        data={},
+        notes="",
+    )
     return doc
 
 
@@ -85,18 +95,25 @@ def run_one(name: str, quick: bool, out: Path) -> int:
         module = importlib.import_module(f"bench.{name}_bench")
         document = module.run(quick=quick)
         if not isinstance(document, dict) or not isinstance(document.get("tables"), list):
-            raise TypeError("run() must return a dict with a 'tables' list "
-                            "(build it with bench._common.result)")
+            raise TypeError(
+                "run() must return a dict with a 'tables' list (build it with bench._common.result)"
+            )
     except BaseException as exc:  # noqa: BLE001 - recorded, never lost
         tail = traceback.format_exc().strip().splitlines()[-12:]
-        doc = status_document(name, quick, "failed", f"{type(exc).__name__}: {exc}\n"
-                              + "\n".join(tail), time.monotonic() - start)
+        doc = status_document(
+            name,
+            quick,
+            "failed",
+            f"{type(exc).__name__}: {exc}\n" + "\n".join(tail),
+            time.monotonic() - start,
+        )
         _write(out, doc)
         return 1
     doc = base_document(name, quick)
     for key in ("title", "tables", "targets", "data", "notes"):
-        doc[key] = document.get(key, [] if key in ("tables", "targets") else
-                                ({} if key == "data" else ""))
+        doc[key] = document.get(
+            key, [] if key in ("tables", "targets") else ({} if key == "data" else "")
+        )
     if document.get("engine"):
         doc["machine"]["engine"] = document["engine"]
     doc.update(status="ok", error=None, duration_s=round(time.monotonic() - start, 1))
@@ -107,8 +124,9 @@ def run_one(name: str, quick: bool, out: Path) -> int:
 def _write(out: Path, doc: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-                   + "\n")
+    tmp.write_text(
+        json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+    )
     tmp.replace(out)
 
 
@@ -119,12 +137,14 @@ def timeout_for(name: str, quick: bool) -> float:
     import ast
 
     try:
-        path = next(d / f"{name}_bench.py" for d in bench_dirs()
-                    if (d / f"{name}_bench.py").exists())
+        path = next(
+            d / f"{name}_bench.py" for d in bench_dirs() if (d / f"{name}_bench.py").exists()
+        )
         tree = ast.parse(path.read_text())
         for node in tree.body:
-            if (isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "TIMEOUT_S" for t in node.targets)):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "TIMEOUT_S" for t in node.targets
+            ):
                 value = ast.literal_eval(node.value)
                 return float(value[mode])
     except (OSError, StopIteration, SyntaxError, ValueError, KeyError, TypeError):
@@ -132,8 +152,9 @@ def timeout_for(name: str, quick: bool) -> float:
     return float(DEFAULT_TIMEOUT_S[mode])
 
 
-def run_child(name: str, quick: bool, results_dir: Path, timeout: float,
-              python: str = sys.executable) -> dict[str, Any]:
+def run_child(
+    name: str, quick: bool, results_dir: Path, timeout: float, python: str = sys.executable
+) -> dict[str, Any]:
     """Run bench ``name`` in a child process (its own process group, killed whole on
     timeout) and return its result document (read back, or a ``failed``/``timeout`` one)."""
     scratch = results_dir / f".{name}.run.json"
@@ -142,8 +163,12 @@ def run_child(name: str, quick: bool, results_dir: Path, timeout: float,
     if quick:
         argv.append("--quick")
     start = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=_common.REPO_ROOT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        argv,
+        cwd=_common.REPO_ROOT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         code = proc.wait(timeout=timeout)
         status = None
@@ -158,8 +183,9 @@ def run_child(name: str, quick: bool, results_dir: Path, timeout: float,
         doc = json.loads(scratch.read_text())
         scratch.unlink()
     else:
-        doc = status_document(name, quick, "failed",
-                              f"exited with status {code} without a result", elapsed)
+        doc = status_document(
+            name, quick, "failed", f"exited with status {code} without a result", elapsed
+        )
     _common.write_result(name, doc, results_dir)
     return doc
 
@@ -182,8 +208,13 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="quick mode (a few minutes)")
-    parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                        help="run only this bench (repeatable)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this bench (repeatable)",
+    )
     parser.add_argument("--list", action="store_true", help="list the benches and exit")
     parser.add_argument("--results", type=Path, default=_common.RESULTS_DIR)
     parser.add_argument("--report", type=Path, default=_common.REPO_ROOT / "BENCHMARKS.md")
@@ -199,24 +230,33 @@ def main(argv: list[str] | None = None) -> int:
         for name in present:
             print(name)
         return 0
-    wanted = args.only or sorted(set(EXPECTED) | set(present),
-                                 key=lambda n: (n not in FIRST, n))
+    wanted = args.only or sorted(set(EXPECTED) | set(present), key=lambda n: (n not in FIRST, n))
     failures = 0
     for name in wanted:
         if name not in present:
             print(f"[bench] {name}: missing (no bench/{name}_bench.py)", file=sys.stderr)
-            _common.write_result(name, status_document(
-                name, args.quick, "missing", f"bench/{name}_bench.py does not exist"),
-                args.results)
+            _common.write_result(
+                name,
+                status_document(
+                    name, args.quick, "missing", f"bench/{name}_bench.py does not exist"
+                ),
+                args.results,
+            )
             failures += 1
             continue
         limit = timeout_for(name, args.quick)
-        print(f"[bench] {name}: running ({'quick' if args.quick else 'full'}, "
-              f"limit {limit:.0f} s)", file=sys.stderr, flush=True)
+        print(
+            f"[bench] {name}: running ({'quick' if args.quick else 'full'}, limit {limit:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         doc = run_child(name, args.quick, args.results, limit)
-        print(f"[bench] {name}: {doc['status']} in {doc.get('duration_s')} s"
-              + (f" — {doc['error'].splitlines()[0]}" if doc.get("error") else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench] {name}: {doc['status']} in {doc.get('duration_s')} s"
+            + (f" — {doc['error'].splitlines()[0]}" if doc.get("error") else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         failures += doc["status"] != "ok"
     report_mod.write_report(args.results, args.report)
     print(f"[bench] wrote {args.report}", file=sys.stderr)

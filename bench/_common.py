@@ -122,8 +122,9 @@ def repeat(fn: Callable[[], Any], times: int, warmup: int = 1) -> list[float]:
     return out
 
 
-def interleaved(candidate: Callable[[], Any], baseline: Callable[[], Any], times: int,
-                warmup: int = 1) -> dict[str, Any]:
+def interleaved(
+    candidate: Callable[[], Any], baseline: Callable[[], Any], times: int, warmup: int = 1
+) -> dict[str, Any]:
     """Time ``baseline`` then ``candidate`` alternately ``times`` times (after ``warmup``
     unmeasured pairs) and return :func:`paired_ratios` of candidate over baseline seconds."""
     for _ in range(warmup):
@@ -151,8 +152,14 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 _OP_TEXT = {"<=": "≤", "<": "<", ">=": "≥", ">": ">"}
 
 
-def target(name: str, value: float | None, op: str, threshold: float, unit: str = "",
-           issue: str | None = None) -> dict[str, Any]:
+def target(
+    name: str,
+    value: float | None,
+    op: str,
+    threshold: float,
+    unit: str = "",
+    issue: str | None = None,
+) -> dict[str, Any]:
     """A target check: ``{"name", "value", "target": "≤ 1.05 unit", "met", "issue"}``.
 
     ``value`` None (not measured) gives ``met: None``.
@@ -167,8 +174,9 @@ def target(name: str, value: float | None, op: str, threshold: float, unit: str 
     return {"name": name, "value": value, "target": text, "met": met, "issue": issue}
 
 
-def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
-          notes: str = "") -> dict[str, Any]:
+def table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], notes: str = ""
+) -> dict[str, Any]:
     """A table of the report: ``{"title", "columns", "rows", "notes"}``.
 
     Raises:
@@ -177,20 +185,35 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
     for row in rows:
         if len(row) != len(columns):
             raise ValueError(f"row {list(row)!r} has {len(row)} cells for {len(columns)} columns")
-    return {"title": title, "columns": list(columns), "rows": [list(r) for r in rows],
-            "notes": notes}
+    return {
+        "title": title,
+        "columns": list(columns),
+        "rows": [list(r) for r in rows],
+        "notes": notes,
+    }
 
 
-def result(title: str, *, tables: Sequence[dict[str, Any]] = (),
-           targets: Sequence[dict[str, Any]] = (), data: dict[str, Any] | None = None,
-           notes: str = "", engine: dict[str, Any] | None = None) -> dict[str, Any]:
+def result(
+    title: str,
+    *,
+    tables: Sequence[dict[str, Any]] = (),
+    targets: Sequence[dict[str, Any]] = (),
+    data: dict[str, Any] | None = None,
+    notes: str = "",
+    engine: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The document a bench's ``run()`` returns (the harness adds the rest).
 
     ``engine``: :func:`engine_build` of the llama-server the bench used, read while it ran
     (the harness puts it in the machine facts).
     """
-    doc: dict[str, Any] = {"title": title, "tables": list(tables), "targets": list(targets),
-                           "data": data or {}, "notes": notes}
+    doc: dict[str, Any] = {
+        "title": title,
+        "tables": list(tables),
+        "targets": list(targets),
+        "data": data or {},
+        "notes": notes,
+    }
     if engine:
         doc["engine"] = engine
     return doc
@@ -200,11 +223,22 @@ def result(title: str, *, tables: Sequence[dict[str, Any]] = (),
 def git_commit(root: Path = REPO_ROOT) -> dict[str, Any]:
     """``{"commit": sha or None, "dirty": bool or None}`` of the working tree."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=root, capture_output=True, text=True, timeout=10,
-                                check=False).stdout
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
         return {"commit": sha, "dirty": bool(status.strip())}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
@@ -269,8 +303,9 @@ def write_result(name: str, document: dict[str, Any], results_dir: Path = RESULT
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False,
-                              default=str) + "\n")
+    tmp.write_text(
+        json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+    )
     tmp.replace(path)
     return path
 
@@ -286,7 +321,7 @@ def _children_map() -> dict[int, list[int]]:
         except OSError:
             continue
         # the command name (field 2) is in parentheses and may hold spaces
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(entry))
     return children
 
@@ -342,8 +377,13 @@ class Engine:
         self.process.stop()
 
 
-def start_llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
-                threads: int = 2, timeout: float = 180.0) -> Engine:
+def start_llama(
+    ctx: int = 4096,
+    parallel: int = 1,
+    extra: Sequence[str] = (),
+    threads: int = 2,
+    timeout: float = 180.0,
+) -> Engine:
     """Start the real llama-server with the bundled model on a free loopback port (the same
     command line as the tests' ``start_llama``) and wait until ``/health`` answers 200.
 
@@ -354,8 +394,9 @@ def start_llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
     from loki_shared import servers
 
     port = servers.free_port()
-    argv = servers.llama_command(port, ctx=ctx, parallel=parallel, threads=threads,
-                                 extra=list(extra))
+    argv = servers.llama_command(
+        port, ctx=ctx, parallel=parallel, threads=threads, extra=list(extra)
+    )
     proc = servers.ManagedProcess("llama-server", argv).start()
     url = f"http://127.0.0.1:{port}"
     try:
@@ -396,8 +437,9 @@ def pinned(cores: set[int] | None) -> Iterator[None]:
 
 
 @contextmanager
-def llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
-          threads: int = 2) -> Iterator[Engine]:
+def llama(
+    ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (), threads: int = 2
+) -> Iterator[Engine]:
     """:func:`start_llama` as a context manager (stopped on exit)."""
     engine = start_llama(ctx, parallel, extra, threads)
     try:
@@ -407,8 +449,9 @@ def llama(ctx: int = 4096, parallel: int = 1, extra: Sequence[str] = (),
 
 
 @contextmanager
-def stack(home: Path, env: dict[str, str] | None = None,
-          engine_timeout: float = 240.0) -> Iterator[Any]:
+def stack(
+    home: Path, env: dict[str, str] | None = None, engine_timeout: float = 240.0
+) -> Iterator[Any]:
     """The whole Loki stack (:class:`loki_cli.stack.Stack`: NATS, Redis, the five services)
     on a free port with data under ``home``; yields the stack once the gateway listens and
     the supervisor reports the engine ready. ``stack.config.web_port`` is the gateway's port.
@@ -419,9 +462,12 @@ def stack(home: Path, env: dict[str, str] | None = None,
     from loki_cli.stack import Stack, StackConfig
     from loki_shared import servers
 
-    config = StackConfig(home=home, web_port=servers.free_port(), env=dict(env or {}),
-                         echo=os.environ.get("LOKI_BENCH_ECHO", "").lower()
-                         in ("1", "true", "on", "yes"))
+    config = StackConfig(
+        home=home,
+        web_port=servers.free_port(),
+        env=dict(env or {}),
+        echo=os.environ.get("LOKI_BENCH_ECHO", "").lower() in ("1", "true", "on", "yes"),
+    )
     running = Stack(config, log=lambda line: None)
     running.start()
     try:
@@ -470,8 +516,13 @@ class RecordingProxy:
     after start (requests get 502 while it is None).
     """
 
-    COMPLETION_PATHS = ("/v1/chat/completions", "/chat/completions", "/completion",
-                        "/completions", "/v1/completions")
+    COMPLETION_PATHS = (
+        "/v1/chat/completions",
+        "/chat/completions",
+        "/completion",
+        "/completions",
+        "/v1/completions",
+    )
 
     def __init__(self, upstream: str | None = None, port: int | None = None) -> None:
         from loki_shared import servers
@@ -493,8 +544,10 @@ class RecordingProxy:
 
         # no keep-alive: llama-server closes idle connections after a few seconds, and a
         # request sent on one it just closed would fail (the client cannot retry a POST)
-        client = httpx.AsyncClient(timeout=httpx.Timeout(900.0, connect=30.0),
-                                   limits=httpx.Limits(max_keepalive_connections=0))
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(900.0, connect=30.0),
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
         hop = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
         async def handle(request: Request) -> Response:
@@ -512,17 +565,22 @@ class RecordingProxy:
                     record = None
             try:
                 upstream = await client.send(
-                    client.build_request(request.method, self.upstream + path + query,
-                                         content=raw, headers=headers), stream=True)
+                    client.build_request(
+                        request.method, self.upstream + path + query, content=raw, headers=headers
+                    ),
+                    stream=True,
+                )
             except httpx.HTTPError as exc:
                 return Response(f"upstream unreachable: {exc}", status_code=502)
-            out_headers = {k: v for k, v in upstream.headers.items()
-                           if k.lower() not in hop and k.lower() != "content-encoding"}
+            out_headers = {
+                k: v
+                for k, v in upstream.headers.items()
+                if k.lower() not in hop and k.lower() != "content-encoding"
+            }
             if record is None:
                 body = await upstream.aread()
                 await upstream.aclose()
-                self.other.append((time.time(), request.method, path + query,
-                                   upstream.status_code))
+                self.other.append((time.time(), request.method, path + query, upstream.status_code))
                 return Response(body, status_code=upstream.status_code, headers=out_headers)
             record.status = upstream.status_code
             self.exchanges.append(record)
@@ -545,8 +603,7 @@ class RecordingProxy:
                 finally:
                     await upstream.aclose()
 
-            return StreamingResponse(relay(), status_code=upstream.status_code,
-                                     headers=out_headers)
+            return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
 
         methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
         return Starlette(routes=[Route("/{path:path}", handle, methods=methods)])
@@ -556,10 +613,17 @@ class RecordingProxy:
         import threading
 
         import uvicorn
+
         from loki_shared import servers
 
-        config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port,
-                                log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(
+            self._app(),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()

@@ -23,8 +23,10 @@ import httpx
 
 from bench import _common
 
-_WORDS = ("request response buffer token window slot cache prefix stream chunk retry timeout "
-          "lock queue worker record").split()
+_WORDS = (
+    "request response buffer token window slot cache prefix stream chunk retry timeout "
+    "lock queue worker record"
+).split()
 
 
 def _conversation(seed: int = 3) -> tuple[list[dict[str, str]], dict[str, str], str]:
@@ -35,16 +37,23 @@ def _conversation(seed: int = 3) -> tuple[list[dict[str, str]], dict[str, str], 
 
     conv: list[dict[str, str]] = []
     for i in range(8):
-        conv += [{"role": "user", "content": f"Question {i}: " + para(120)},
-                 {"role": "assistant", "content": f"Answer {i}: " + para(60)}]
-    return conv, {"role": "user", "content": "Next question: " + para(20)}, \
-        "Summary of the conversation so far: " + para(80)
+        conv += [
+            {"role": "user", "content": f"Question {i}: " + para(120)},
+            {"role": "assistant", "content": f"Answer {i}: " + para(60)},
+        ]
+    return (
+        conv,
+        {"role": "user", "content": "Next question: " + para(20)},
+        "Summary of the conversation so far: " + para(80),
+    )
 
 
 def _send(url: str, messages: list[dict[str, str]]) -> tuple[int, int]:
-    r = httpx.post(url + "/v1/chat/completions", json={
-        "messages": messages, "max_tokens": 1, "temperature": 0, "cache_prompt": True},
-        timeout=600)
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        json={"messages": messages, "max_tokens": 1, "temperature": 0, "cache_prompt": True},
+        timeout=600,
+    )
     r.raise_for_status()
     timings = r.json()["timings"]
     return int(timings.get("cache_n") or 0), int(timings["prompt_n"])
@@ -59,12 +68,19 @@ def probe(cache_reuse: int) -> dict[str, Any]:
     extra = ["--cache-reuse", str(cache_reuse)] if cache_reuse else []
     with _common.llama(ctx=4096, parallel=1, extra=extra) as engine:
         out = {"full": _send(engine.url, full)}
-        out["loki_layout"] = _send(engine.url, [system, {"role": "user", "content": summary},
-                                                *tail, new])
+        out["loki_layout"] = _send(
+            engine.url, [system, {"role": "user", "content": summary}, *tail, new]
+        )
         _send(engine.url, full)  # the same cache before the other layout
-        out["tail_first"] = _send(engine.url, [
-            system, conv[10], *tail,
-            {"role": "user", "content": summary + "\n\n" + new["content"]}])
+        out["tail_first"] = _send(
+            engine.url,
+            [
+                system,
+                conv[10],
+                *tail,
+                {"role": "user", "content": summary + "\n\n" + new["content"]},
+            ],
+        )
     return out
 
 

@@ -45,14 +45,17 @@ def pasted(i: int) -> str:
     kind = i % 3
     if kind == 0:
         lines = [f"# file module_{i}.py"] + [
-            f"def step_{i}_{k}(x):\n    return x * {k + i} + {k * 3 % 7}" for k in range(24)]
+            f"def step_{i}_{k}(x):\n    return x * {k + i} + {k * 3 % 7}" for k in range(24)
+        ]
     elif kind == 1:
         lines = [f"== build log run {i} =="] + [
             f"[{10 + k:02d}:{(k * 7) % 60:02d}] unit_{i}_{k}.c ok ({k * 13 % 97} ms)"
-            for k in range(32)]
+            for k in range(32)
+        ]
     else:
         lines = [f"Meeting notes {i}"] + [
-            f"- item {k}: team {chr(65 + k % 26)} owns task {i * 100 + k}" for k in range(36)]
+            f"- item {k}: team {chr(65 + k % 26)} owns task {i * 100 + k}" for k in range(36)
+        ]
     return "\n".join(lines)
 
 
@@ -60,9 +63,11 @@ def note(i: int) -> str:
     """A chatty message under 800 characters (kept whole in a transcript)."""
     parts = [f"Requirement set {i}:"]
     for k in range(6):
-        parts.append(f"the {['parser', 'cache', 'UI', 'CLI', 'API', 'tests'][k]} must handle "
-                     f"case {i * 10 + k} with a limit of {(i + 1) * (k + 2)} items and report "
-                     f"errors in plain words.")
+        parts.append(
+            f"the {['parser', 'cache', 'UI', 'CLI', 'API', 'tests'][k]} must handle "
+            f"case {i * 10 + k} with a limit of {(i + 1) * (k + 2)} items and report "
+            f"errors in plain words."
+        )
     return " ".join(parts)[:700] + " Reply in one short sentence."
 
 
@@ -87,30 +92,43 @@ async def _lease_responder(nc: Any, base_url: str, n_ctx: int = N_CTX) -> list[A
         nonlocal count
         count += 1
         req = LeaseRequest.model_validate_json(msg.data)
-        reply = Lease(lease_id=f"b{count}", kind=req.kind, base_url=base_url, id_slot=0,
-                      n_ctx=n_ctx, model=MODEL)
+        reply = Lease(
+            lease_id=f"b{count}",
+            kind=req.kind,
+            base_url=base_url,
+            id_slot=0,
+            n_ctx=n_ctx,
+            model=MODEL,
+        )
         await msg.respond(reply.model_dump_json().encode())
 
     async def release(msg: Any) -> None:
         await msg.respond(ReleaseReply(ok=True).model_dump_json().encode())
 
     async def info(msg: Any) -> None:
-        await msg.respond(EngineInfo(state="ready", base_url=base_url, n_ctx=n_ctx,
-                                     total_slots=1, model=MODEL).model_dump_json().encode())
+        await msg.respond(
+            EngineInfo(state="ready", base_url=base_url, n_ctx=n_ctx, total_slots=1, model=MODEL)
+            .model_dump_json()
+            .encode()
+        )
 
-    subs = [await nc.subscribe(subjects.ENGINE_LEASE, cb=lease),
-            await nc.subscribe(subjects.ENGINE_RELEASE, cb=release),
-            await nc.subscribe(subjects.ENGINE_INFO, cb=info)]
+    subs = [
+        await nc.subscribe(subjects.ENGINE_LEASE, cb=lease),
+        await nc.subscribe(subjects.ENGINE_RELEASE, cb=release),
+        await nc.subscribe(subjects.ENGINE_INFO, cb=info),
+    ]
     await nc.flush()
     return subs
 
 
-async def _conversation(nats_url: str, redis_url: str, home: Path, proxy: Any,
-                        continuation: bool, turns: int) -> dict[str, Any]:
+async def _conversation(
+    nats_url: str, redis_url: str, home: Path, proxy: Any, continuation: bool, turns: int
+) -> dict[str, Any]:
     """One run of the scripted conversation; returns its figures."""
     import httpx
     import nats
     import redis.asyncio as aioredis
+
     from loki_chat.service import ChatService, instance_id
     from loki_chat.settings import Settings
     from loki_chat.store import Store
@@ -121,9 +139,17 @@ async def _conversation(nats_url: str, redis_url: str, home: Path, proxy: Any,
     from loki_shared.nats import make_broker
     from loki_shared.sealing import service_sealer
 
-    settings = Settings(home=home, nats_url=nats_url, redis_url=redis_url, secret_key=SECRET,
-                        max_tokens=16, temperature=0.7, step_budget=1,
-                        compact_continuation=continuation, lease_timeout_s=120.0)
+    settings = Settings(
+        home=home,
+        nats_url=nats_url,
+        redis_url=redis_url,
+        secret_key=SECRET,
+        max_tokens=16,
+        temperature=0.7,
+        step_budget=1,
+        compact_continuation=continuation,
+        lease_timeout_s=120.0,
+    )
     nc = await nats.connect(nats_url)
     from loki_shared.perf_publish import ensure_perf_stream
 
@@ -158,8 +184,11 @@ async def _conversation(nats_url: str, redis_url: str, home: Path, proxy: Any,
             if text.startswith("Please keep"):
                 pasted_text[t] = text
             ended.clear()
-            raw = await nc.request(subjects.CHAT_SEND, SendRequest(
-                conversation=cid, content=text).model_dump_json().encode(), timeout=30)
+            raw = await nc.request(
+                subjects.CHAT_SEND,
+                SendRequest(conversation=cid, content=text).model_dump_json().encode(),
+                timeout=30,
+            )
             cid = SendReply.model_validate_json(raw.data).conversation
             await asyncio.wait_for(ended.wait(), 900)
             end = [e for e in events if (e.loki or {}).get("event") == "turn_end"][-1]
@@ -170,12 +199,18 @@ async def _conversation(nats_url: str, redis_url: str, home: Path, proxy: Any,
         recalled = None
         archived = [i for m in marks for i in m.get("archived", [])]
         if archived:
-            msg = await broker.request(ToolRequest(name="recall", arguments={"id": archived[0]}),
-                                       subjects.RECALL_TOOL, timeout=10)
+            msg = await broker.request(
+                ToolRequest(name="recall", arguments={"id": archived[0]}),
+                subjects.RECALL_TOOL,
+                timeout=10,
+            )
             text = ToolReply.model_validate_json(msg.body).text
             body = text.split("\n", 1)[1] if "\n" in text else ""
-            recalled = {"id": archived[0], "verbatim": body in pasted_text.values(),
-                        "chars": len(body)}
+            recalled = {
+                "id": archived[0],
+                "verbatim": body in pasted_text.values(),
+                "chars": len(body),
+            }
     finally:
         await service.close()
         await broker.stop()
@@ -194,11 +229,16 @@ async def _conversation(nats_url: str, redis_url: str, home: Path, proxy: Any,
         "triggers": [m.get("trigger") for m in marks],
         "errors": errors,
         "recalled": recalled,
-        "summary_requests": [{"continuation": DEMAND_MARK in json.dumps(x.body["messages"][-1],
-                                                                        ensure_ascii=False),
-                              "prompt_n": x.prompt_n,
-                              "cache_n": x.cache_n, "status": x.status}
-                             for x in summaries],
+        "summary_requests": [
+            {
+                "continuation": DEMAND_MARK
+                in json.dumps(x.body["messages"][-1], ensure_ascii=False),
+                "prompt_n": x.prompt_n,
+                "cache_n": x.cache_n,
+                "status": x.status,
+            }
+            for x in summaries
+        ],
     }
 
 
@@ -219,6 +259,7 @@ async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
     """
     import httpx
     import nats
+
     from loki_chat.compaction import CompactionPolicy
     from loki_chat.context import ContextView
     from loki_chat.conversation import Conversation
@@ -238,45 +279,72 @@ async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
         try:
             conv = Conversation(id="probe")
             for i in range(16):
-                conv.messages += [ChatMessage(role="user", content=note(i)),
-                                  ChatMessage(role="assistant", content=f"Noted set {i}.")]
+                conv.messages += [
+                    ChatMessage(role="user", content=note(i)),
+                    ChatMessage(role="assistant", content=f"Noted set {i}."),
+                ]
             conv.messages.append(ChatMessage(role="user", content="Which set limits the CLI most?"))
             out: dict[str, Any] = {}
             for continuation in (False, True):
-                settings = Settings(home=home, nats_url=nats_url, secret_key=SECRET,
-                                    max_tokens=8, compact_continuation=continuation,
-                                    compact_threshold=0.5)
+                settings = Settings(
+                    home=home,
+                    nats_url=nats_url,
+                    secret_key=SECRET,
+                    max_tokens=8,
+                    compact_continuation=continuation,
+                    compact_threshold=0.5,
+                )
                 policy = CompactionPolicy(settings)
-                work = Conversation(id=f"probe-{int(continuation)}",
-                                    messages=[m.model_copy() for m in conv.messages])
+                work = Conversation(
+                    id=f"probe-{int(continuation)}",
+                    messages=[m.model_copy() for m in conv.messages],
+                )
                 lease = Lease(model=MODEL, n_ctx=PROBE_CTX, base_url=proxy.url, id_slot=0)
-                body = encode(build_payload(settings, lease, wire_messages(
-                    settings.system_prompt, work.messages), None))
-                resp = await http.post(proxy.url + "/v1/chat/completions", content=body.replace(
-                    b'"stream":true', b'"stream":false'),
-                    headers={"Content-Type": "application/json"}, timeout=900)
+                body = encode(
+                    build_payload(
+                        settings, lease, wire_messages(settings.system_prompt, work.messages), None
+                    )
+                )
+                resp = await http.post(
+                    proxy.url + "/v1/chat/completions",
+                    content=body.replace(b'"stream":true', b'"stream":false'),
+                    headers={"Content-Type": "application/json"},
+                    timeout=900,
+                )
                 data = resp.json()
                 usage = data["usage"]
                 # the turn's request as sent (streamed in the chat; the prompt is the same)
                 policy.note_step(work.id, lease, body, usage, len(work.messages))
-                work.messages.append(ChatMessage(
-                    role="assistant", content=data["choices"][0]["message"]["content"] or "…"))
+                work.messages.append(
+                    ChatMessage(
+                        role="assistant", content=data["choices"][0]["message"]["content"] or "…"
+                    )
+                )
                 used = usage["prompt_tokens"] + usage["completion_tokens"]
                 marks: list[dict[str, Any]] = []
 
                 async def emit(delta: dict[str, Any], loki: dict[str, Any] | None) -> None:
                     marks.append(loki or {})
 
-                view = ContextView(conversation=work, trigger="end", n_ctx=PROBE_CTX,
-                                   ctx_used=used, emit=emit,
-                                   extra={"broker": broker, "http": http, "settings": settings})
+                view = ContextView(
+                    conversation=work,
+                    trigger="end",
+                    n_ctx=PROBE_CTX,
+                    ctx_used=used,
+                    emit=emit,
+                    extra={"broker": broker, "http": http, "settings": settings},
+                )
                 changed = await policy.maybe_compact(view)
                 out["continuation" if continuation else "transcript"] = {
-                    "conversation_prompt_tokens": usage["prompt_tokens"], "changed": changed,
+                    "conversation_prompt_tokens": usage["prompt_tokens"],
+                    "changed": changed,
                     "path": marks[-1].get("path") if marks else None,
                     "failure": marks[-1].get("failure") if marks else None,
-                    "prompt_n": (policy.continuation_prompt_n[0] if continuation
-                                 and policy.continuation_prompt_n else policy.last_prompt_n),
+                    "prompt_n": (
+                        policy.continuation_prompt_n[0]
+                        if continuation and policy.continuation_prompt_n
+                        else policy.last_prompt_n
+                    ),
                 }
             cont = out["continuation"]["prompt_n"]
             trans = out["transcript"]["prompt_n"]
@@ -309,8 +377,11 @@ async def _run(quick: bool) -> dict[str, Any]:
     nats_proc.wait_port(nats_port)
     redis_proc.wait_port(redis_port)
     nats_url, redis_url = f"nats://127.0.0.1:{nats_port}", f"redis://127.0.0.1:{redis_port}/0"
-    recall = RecallService(RecallSettings(nats_url=nats_url, redis_url=redis_url,
-                                          home=root / "recall", secret_key=SECRET))
+    recall = RecallService(
+        RecallSettings(
+            nats_url=nats_url, redis_url=redis_url, home=root / "recall", secret_key=SECRET
+        )
+    )
     await recall.start()
     try:
         with _common.llama(ctx=N_CTX) as engine:
@@ -318,9 +389,16 @@ async def _run(quick: bool) -> dict[str, Any]:
             try:
                 runs = []
                 for continuation in (False, True):
-                    runs.append(await _conversation(nats_url, redis_url,
-                                                    root / f"home-{int(continuation)}", proxy,
-                                                    continuation, turns))
+                    runs.append(
+                        await _conversation(
+                            nats_url,
+                            redis_url,
+                            root / f"home-{int(continuation)}",
+                            proxy,
+                            continuation,
+                            turns,
+                        )
+                    )
                 build = _common.engine_build(engine.url)
             finally:
                 proxy.stop()
@@ -336,42 +414,91 @@ def run(quick: bool) -> dict[str, Any]:
     out = asyncio.run(_run(quick))
     runs = out["runs"]
     off, on = runs
-    transcript_n = [s["prompt_n"] for s in off["summary_requests"]
-                    if not s["continuation"] and isinstance(s["prompt_n"], int)]
-    cont_n = [s["prompt_n"] for s in on["summary_requests"]
-              if s["continuation"] and s["status"] == 200 and isinstance(s["prompt_n"], int)]
-    median_ratio = (statistics.median(cont_n) / statistics.median(transcript_n)
-                    if cont_n and transcript_n else None)
+    transcript_n = [
+        s["prompt_n"]
+        for s in off["summary_requests"]
+        if not s["continuation"] and isinstance(s["prompt_n"], int)
+    ]
+    cont_n = [
+        s["prompt_n"]
+        for s in on["summary_requests"]
+        if s["continuation"] and s["status"] == 200 and isinstance(s["prompt_n"], int)
+    ]
+    median_ratio = (
+        statistics.median(cont_n) / statistics.median(transcript_n)
+        if cont_n and transcript_n
+        else None
+    )
     ratio = out["probe"].get("ratio")
     rows = []
     for r in runs:
         ns = [s["prompt_n"] for s in r["summary_requests"] if isinstance(s["prompt_n"], int)]
-        rows.append(["on" if r["continuation"] else "off", r["turns"], r["compactions"],
-                     ", ".join(f"{t}/{p}" for t, p in zip(r["triggers"], r["paths"])) or "-",
-                     len(r["errors"]), ns and statistics.median(ns),
-                     "yes" if (r["recalled"] or {}).get("verbatim") else "no", r["seconds"]])
+        rows.append(
+            [
+                "on" if r["continuation"] else "off",
+                r["turns"],
+                r["compactions"],
+                ", ".join(f"{t}/{p}" for t, p in zip(r["triggers"], r["paths"])) or "-",
+                len(r["errors"]),
+                ns and statistics.median(ns),
+                "yes" if (r["recalled"] or {}).get("verbatim") else "no",
+                r["seconds"],
+            ]
+        )
     recalled_ok = all((r["recalled"] or {}).get("verbatim") for r in runs)
     targets = [
-        _common.target("compactions without error (off run)", off["compactions"]
-                       if not off["errors"] else 0, ">=", 2, issue="5"),
-        _common.target("compactions without error (on run)", on["compactions"]
-                       if not on["errors"] else 0, ">=", 2, issue="5"),
-        _common.target("archived block recalled verbatim (both runs)", 1 if recalled_ok else 0,
-                       ">=", 1, issue="5"),
-        _common.target("summary prompt_n, continuation / transcript (probe)", ratio, "<=",
-                       0.10, issue="5"),
+        _common.target(
+            "compactions without error (off run)",
+            off["compactions"] if not off["errors"] else 0,
+            ">=",
+            2,
+            issue="5",
+        ),
+        _common.target(
+            "compactions without error (on run)",
+            on["compactions"] if not on["errors"] else 0,
+            ">=",
+            2,
+            issue="5",
+        ),
+        _common.target(
+            "archived block recalled verbatim (both runs)",
+            1 if recalled_ok else 0,
+            ">=",
+            1,
+            issue="5",
+        ),
+        _common.target(
+            "summary prompt_n, continuation / transcript (probe)", ratio, "<=", 0.10, issue="5"
+        ),
     ]
     return _common.result(
         f"Compaction on the real engine (window {N_CTX}, bundled model)",
-        tables=[_common.table(
-            "Scripted conversation, COMPACT_CONTINUATION off and on (same run)",
-            ["COMPACT_CONTINUATION", "turns", "compactions", "trigger/path", "errors",
-             "median summary prompt_n", "recall verbatim", "s"], rows,
-            notes=("prompt_n: tokens the engine prefilled for each summary request "
-                   f"(transcript {transcript_n}, continuation {cont_n})."))],
-        targets=targets, data={**out, "ratio": ratio, "median_ratio": median_ratio},
+        tables=[
+            _common.table(
+                "Scripted conversation, COMPACT_CONTINUATION off and on (same run)",
+                [
+                    "COMPACT_CONTINUATION",
+                    "turns",
+                    "compactions",
+                    "trigger/path",
+                    "errors",
+                    "median summary prompt_n",
+                    "recall verbatim",
+                    "s",
+                ],
+                rows,
+                notes=(
+                    "prompt_n: tokens the engine prefilled for each summary request "
+                    f"(transcript {transcript_n}, continuation {cont_n})."
+                ),
+            )
+        ],
+        targets=targets,
+        data={**out, "ratio": ratio, "median_ratio": median_ratio},
         notes=__doc__.split("\n\n")[1].replace("\n", " "),
-        engine=out["engine"])
+        engine=out["engine"],
+    )
 
 
 def main() -> None:

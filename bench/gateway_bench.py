@@ -42,12 +42,12 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT.parent) not in sys.path:
     sys.path.insert(0, str(ROOT.parent))
 
-import httpx  # noqa: E402
+import httpx
 
-from bench import _common  # noqa: E402
-from loki_shared import servers  # noqa: E402
-from tests.fakes.fake_engine import FakeEngine, Stream, chunk  # noqa: E402
-from tests.gateway.gw_fakes import FakePeers  # noqa: E402
+from bench import _common
+from loki_shared import servers
+from tests.fakes.fake_engine import FakeEngine, Stream, chunk
+from tests.gateway.gw_fakes import FakePeers
 
 TIMEOUT_S = {"quick": 600, "full": 1800}
 PROMPTS = [
@@ -63,11 +63,17 @@ PROMPTS = [
 def _start_gateway(nats_url: str, home: Path) -> tuple[servers.ManagedProcess, str]:
     port = servers.free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
-    env.update(LOKI_NATS_URL=nats_url, LOKI_WEB_PORT=str(port), LOKI_HOME=str(home),
-               LOKI_SECRET_KEY="bench-secret", LOKI_LOG_LEVEL="WARNING",
-               LOKI_REDIS_URL="redis://127.0.0.1:1/0")  # no Redis: memory routes idle
-    proc = servers.ManagedProcess("gateway", [sys.executable, "-m", "loki_gateway"],
-                                  env=env).start()
+    env.update(
+        LOKI_NATS_URL=nats_url,
+        LOKI_WEB_PORT=str(port),
+        LOKI_HOME=str(home),
+        LOKI_SECRET_KEY="bench-secret",
+        LOKI_LOG_LEVEL="WARNING",
+        LOKI_REDIS_URL="redis://127.0.0.1:1/0",
+    )  # no Redis: memory routes idle
+    proc = servers.ManagedProcess(
+        "gateway", [sys.executable, "-m", "loki_gateway"], env=env
+    ).start()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -82,8 +88,14 @@ def _start_gateway(nats_url: str, home: Path) -> tuple[servers.ManagedProcess, s
 
 
 def _body(prompt: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
-    return {"model": "bench", "messages": [{"role": "user", "content": prompt}],
-            "stream": stream, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    return {
+        "model": "bench",
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
 
 
 def _warm(client: httpx.Client, url: str, prompt: str) -> None:
@@ -118,8 +130,9 @@ def _one_stream(client: httpx.Client, url: str, prompt: str, max_tokens: int) ->
     return {"ttft_s": first - start, "tps": (n - 1) / (last - first), "tokens": n}
 
 
-def bench_v1_apart(engine_url: str, gateway_url: str, pairs: int,
-                   max_tokens: int) -> dict[str, Any]:
+def bench_v1_apart(
+    engine_url: str, gateway_url: str, pairs: int, max_tokens: int
+) -> dict[str, Any]:
     """:func:`bench_v1` in a process of its own: the client must not share an interpreter
     lock with the fake peers and the fake engine this process runs in threads (a thread
     switch costs up to ``sys.getswitchinterval()``, 5 ms, of noise on either side)."""
@@ -127,7 +140,8 @@ def bench_v1_apart(engine_url: str, gateway_url: str, pairs: int,
     import multiprocessing
 
     with concurrent.futures.ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        1, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
         return pool.submit(bench_v1, engine_url, gateway_url, pairs, max_tokens).result()
 
 
@@ -165,8 +179,14 @@ def bench_v1(engine_url: str, gateway_url: str, pairs: int, max_tokens: int) -> 
     }
 
 
-async def _sse_client(url: str, cid: str, n_events: int, ready: asyncio.Event,
-                      counter: list[int], out: list[tuple[int, float]]) -> None:
+async def _sse_client(
+    url: str,
+    cid: str,
+    n_events: int,
+    ready: asyncio.Event,
+    counter: list[int],
+    out: list[tuple[int, float]],
+) -> None:
     async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30)) as client:
         async with client.stream("GET", url + "/api/chat", params={"conversation": cid}) as r:
             if r.status_code != 200:
@@ -188,8 +208,10 @@ async def _fanout(url: str, peers: FakePeers, clients: int, n_events: int) -> di
     ready = asyncio.Event()
     counter = [0, clients]
     outs: list[list[tuple[int, float]]] = [[] for _ in range(clients)]
-    tasks = [asyncio.create_task(_sse_client(url, cid, n_events, ready, counter, outs[i]))
-             for i in range(clients)]
+    tasks = [
+        asyncio.create_task(_sse_client(url, cid, n_events, ready, counter, outs[i]))
+        for i in range(clients)
+    ]
     await asyncio.wait_for(ready.wait(), 120)
     await asyncio.sleep(1.0)
     started = time.perf_counter()
@@ -203,9 +225,7 @@ async def _fanout(url: str, peers: FakePeers, clients: int, n_events: int) -> di
     await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(publish(), peers.loop))
     await asyncio.wait_for(asyncio.gather(*tasks), 300)
     elapsed = time.perf_counter() - started
-    complete = [
-        [seq for seq, _ in out] == list(range(1, n_events + 1)) for out in outs
-    ]
+    complete = [[seq for seq, _ in out] == list(range(1, n_events + 1)) for out in outs]
     latencies = [lat * 1000 for out in outs for _, lat in out]
     return {
         "clients": clients,
@@ -213,9 +233,11 @@ async def _fanout(url: str, peers: FakePeers, clients: int, n_events: int) -> di
         "all_received_every_event": all(complete),
         "clients_complete": sum(complete),
         "elapsed_s": elapsed,
-        "latency_ms": {"p50": _common.percentile(latencies, 50),
-                       "p99": _common.percentile(latencies, 99),
-                       "max": max(latencies)},
+        "latency_ms": {
+            "p50": _common.percentile(latencies, 50),
+            "p99": _common.percentile(latencies, 99),
+            "max": max(latencies),
+        },
     }
 
 
@@ -232,12 +254,16 @@ def run(quick: bool) -> dict:
     cores = _common.split_cores()
     engine_cores, other_cores = cores if cores else (None, None)
     threads = len(engine_cores) if engine_cores else (os.cpu_count() or 2)
-    with tempfile.TemporaryDirectory(prefix="loki-gw-bench-") as tmp, \
-            contextlib.ExitStack() as stack, _common.pinned(other_cores):
+    with (
+        tempfile.TemporaryDirectory(prefix="loki-gw-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+        _common.pinned(other_cores),
+    ):
         home = Path(tmp)
         nats_port = servers.free_port()
         nats_proc = servers.ManagedProcess(
-            "nats", servers.nats_command(nats_port, home / "nats")).start()
+            "nats", servers.nats_command(nats_port, home / "nats")
+        ).start()
         stack.callback(nats_proc.stop)
         nats_proc.wait_port(nats_port)
         nats_url = f"nats://127.0.0.1:{nats_port}"
@@ -253,7 +279,8 @@ def run(quick: bool) -> dict:
             frames=[chunk({"role": "assistant", "content": None})]
             + [chunk({"content": f" t{i}"}) for i in range(100)]
             + [chunk({}, "length")],
-            delay_s=0.002)
+            delay_s=0.002,
+        )
         gw_proc, gw_url = _start_gateway(nats_url, home / "gw")
         stack.callback(gw_proc.stop)
         build = _common.engine_build(engine.url)
@@ -265,51 +292,92 @@ def run(quick: bool) -> dict:
     added = v1["added_ttft_ms"]["median"]
     ratio = v1["throughput"]["ratio"]["median"]
     rows = [
-        ["time to first token", f"{v1['ttft_gateway_ms']['median']:.1f} ms",
-         f"{v1['ttft_direct_ms']['median']:.1f} ms", f"+{added:.2f} ms",
-         f"{v1['added_ttft_ms']['q1']:.2f}–{v1['added_ttft_ms']['q3']:.2f} ms"],
-        ["decode throughput", f"{v1['throughput']['value']['median']:.1f} tok/s",
-         f"{v1['throughput']['baseline']['median']:.1f} tok/s", f"×{ratio:.3f}",
-         f"{v1['throughput']['ratio']['q1']:.3f}–{v1['throughput']['ratio']['q3']:.3f}"],
+        [
+            "time to first token",
+            f"{v1['ttft_gateway_ms']['median']:.1f} ms",
+            f"{v1['ttft_direct_ms']['median']:.1f} ms",
+            f"+{added:.2f} ms",
+            f"{v1['added_ttft_ms']['q1']:.2f}–{v1['added_ttft_ms']['q3']:.2f} ms",
+        ],
+        [
+            "decode throughput",
+            f"{v1['throughput']['value']['median']:.1f} tok/s",
+            f"{v1['throughput']['baseline']['median']:.1f} tok/s",
+            f"×{ratio:.3f}",
+            f"{v1['throughput']['ratio']['q1']:.3f}–{v1['throughput']['ratio']['q3']:.3f}",
+        ],
     ]
     fadded = v1_fake["added_ttft_ms"]["median"]
     fratio = v1_fake["throughput"]["ratio"]["median"]
     rows += [
-        ["time to first token (fake engine)", f"{v1_fake['ttft_gateway_ms']['median']:.2f} ms",
-         f"{v1_fake['ttft_direct_ms']['median']:.2f} ms", f"+{fadded:.2f} ms",
-         f"{v1_fake['added_ttft_ms']['q1']:.2f}–{v1_fake['added_ttft_ms']['q3']:.2f} ms"],
-        ["stream throughput (fake engine)",
-         f"{v1_fake['throughput']['value']['median']:.1f} chunks/s",
-         f"{v1_fake['throughput']['baseline']['median']:.1f} chunks/s", f"×{fratio:.3f}",
-         f"{v1_fake['throughput']['ratio']['q1']:.3f}–{v1_fake['throughput']['ratio']['q3']:.3f}"],
+        [
+            "time to first token (fake engine)",
+            f"{v1_fake['ttft_gateway_ms']['median']:.2f} ms",
+            f"{v1_fake['ttft_direct_ms']['median']:.2f} ms",
+            f"+{fadded:.2f} ms",
+            f"{v1_fake['added_ttft_ms']['q1']:.2f}–{v1_fake['added_ttft_ms']['q3']:.2f} ms",
+        ],
+        [
+            "stream throughput (fake engine)",
+            f"{v1_fake['throughput']['value']['median']:.1f} chunks/s",
+            f"{v1_fake['throughput']['baseline']['median']:.1f} chunks/s",
+            f"×{fratio:.3f}",
+            f"{v1_fake['throughput']['ratio']['q1']:.3f}–{v1_fake['throughput']['ratio']['q3']:.3f}",
+        ],
     ]
-    fan_rows = [[fan["clients"], fan["events"], fan["clients_complete"],
-                 f"{fan['latency_ms']['p50']:.1f} ms", f"{fan['latency_ms']['p99']:.1f} ms",
-                 f"{fan['elapsed_s']:.2f} s"]]
+    fan_rows = [
+        [
+            fan["clients"],
+            fan["events"],
+            fan["clients_complete"],
+            f"{fan['latency_ms']['p50']:.1f} ms",
+            f"{fan['latency_ms']['p99']:.1f} ms",
+            f"{fan['elapsed_s']:.2f} s",
+        ]
+    ]
     return _common.result(
         "Gateway: /v1 overhead and SSE fan-out",
         tables=[
-            _common.table("/v1 vs llama-server directly (same prompts, alternating pairs)",
-                          ["measure", "through /v1", "direct", "median difference", "IQR"],
-                          rows, notes=f"real engine: {pairs} pairs, {max_tokens} tokens each, "
-                          f"engine on {threads} core(s), gateway, NATS and client on "
-                          f"{len(other_cores) if other_cores else 'the same'} (pinned); "
-                          "fake engine: 100 chunks 2 ms apart, no model time"),
-            _common.table("SSE fan-out on one conversation",
-                          ["clients", "events", "clients with every event", "latency p50",
-                           "latency p99", "turn delivered in"], fan_rows),
+            _common.table(
+                "/v1 vs llama-server directly (same prompts, alternating pairs)",
+                ["measure", "through /v1", "direct", "median difference", "IQR"],
+                rows,
+                notes=f"real engine: {pairs} pairs, {max_tokens} tokens each, "
+                f"engine on {threads} core(s), gateway, NATS and client on "
+                f"{len(other_cores) if other_cores else 'the same'} (pinned); "
+                "fake engine: 100 chunks 2 ms apart, no model time",
+            ),
+            _common.table(
+                "SSE fan-out on one conversation",
+                [
+                    "clients",
+                    "events",
+                    "clients with every event",
+                    "latency p50",
+                    "latency p99",
+                    "turn delivered in",
+                ],
+                fan_rows,
+            ),
         ],
         targets=[
-            _common.target("added time to first token (median)", added, "<=", 5, "ms",
-                           issue="8"),
-            _common.target("throughput through /v1 vs direct (median ratio)", ratio, ">=",
-                           0.98, issue="8"),
-            _common.target("added time to first token, fake engine (median)", fadded, "<=", 5,
-                           "ms", issue="8"),
-            _common.target("stream throughput through /v1 vs direct, fake engine", fratio,
-                           ">=", 0.98, issue="8"),
-            _common.target("SSE clients receiving every event", fan["clients_complete"], ">=",
-                           100, issue="8"),
+            _common.target("added time to first token (median)", added, "<=", 5, "ms", issue="8"),
+            _common.target(
+                "throughput through /v1 vs direct (median ratio)", ratio, ">=", 0.98, issue="8"
+            ),
+            _common.target(
+                "added time to first token, fake engine (median)", fadded, "<=", 5, "ms", issue="8"
+            ),
+            _common.target(
+                "stream throughput through /v1 vs direct, fake engine",
+                fratio,
+                ">=",
+                0.98,
+                issue="8",
+            ),
+            _common.target(
+                "SSE clients receiving every event", fan["clients_complete"], ">=", 100, issue="8"
+            ),
         ],
         data={"v1": v1, "v1_fake_engine": v1_fake, "fanout": fan},
         engine=build,
@@ -322,9 +390,11 @@ def main() -> None:
     args = parser.parse_args()
     started = time.time()
     doc = {
-        "schema": _common.SCHEMA_VERSION, "name": "gateway",
+        "schema": _common.SCHEMA_VERSION,
+        "name": "gateway",
         "mode": "quick" if args.quick else "full",
-        **_common.git_commit(), "machine": _common.machine_facts(),
+        **_common.git_commit(),
+        "machine": _common.machine_facts(),
         **run(args.quick),
     }
     doc["status"] = "ok"

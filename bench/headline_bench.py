@@ -63,8 +63,13 @@ SIDE_V1_TAG = "[side:v1]"
 def _progress(name: str, done: int, total: int, start: float) -> None:
     import sys
 
-    print(f"[headline] {name}: turn {done}/{total} at {time.monotonic() - start:.0f} s",
-          file=sys.stderr, flush=True)
+    print(
+        f"[headline] {name}: turn {done}/{total} at {time.monotonic() - start:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 SIDE_BENCH_TAG = "[side:bench]"
 
 
@@ -78,8 +83,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def held_tokens(prompt: Sequence[int], reference: Sequence[int],
-                min_block: int = MIN_BLOCK) -> int:
+def held_tokens(prompt: Sequence[int], reference: Sequence[int], min_block: int = MIN_BLOCK) -> int:
     """Tokens of ``prompt`` that were already in ``reference``: the sizes of the matching
     blocks of a :class:`difflib.SequenceMatcher` alignment (no junk heuristic), counting
     only runs of at least ``min_block`` tokens (shorter runs are chance matches of common
@@ -138,8 +142,13 @@ def recomputation(prefilled: Sequence[int], new: Sequence[int]) -> dict[str, Any
     if total_new <= 0:
         raise ValueError("no new token: the ratio is undefined")
     total = sum(prefilled)
-    return {"prefilled": total, "new": total_new, "extra": total - total_new,
-            "ratio": total / total_new, "requests": len(new)}
+    return {
+        "prefilled": total,
+        "new": total_new,
+        "extra": total - total_new,
+        "ratio": total / total_new,
+        "requests": len(new),
+    }
 
 
 # =========================================================================== the session
@@ -154,11 +163,61 @@ class Turn:
     compact: bool = False
 
 
-_TOPICS = ["the cache layer", "the parser", "the retry loop", "the config loader",
-           "the scheduler", "the HTTP client", "the test fixtures", "the CLI"]
-_SHORT = ["ok, and then?", "Why?", "Can you make it shorter?", "Thanks. Next step?",
-          "Is that safe?", "What about errors?", "Fine.", "Explain in one line."]
-_WORDS = ["request", "response", "buffer", "token", "window", "slot", "cache", "prefix", "stream", "chunk", "retry", "timeout", "lock", "queue", "worker", "record", "summary", "archive", "block", "label", "index", "query", "latency", "budget", "context", "engine", "prompt", "reply", "model", "error", "commit", "branch", "test"]
+_TOPICS = [
+    "the cache layer",
+    "the parser",
+    "the retry loop",
+    "the config loader",
+    "the scheduler",
+    "the HTTP client",
+    "the test fixtures",
+    "the CLI",
+]
+_SHORT = [
+    "ok, and then?",
+    "Why?",
+    "Can you make it shorter?",
+    "Thanks. Next step?",
+    "Is that safe?",
+    "What about errors?",
+    "Fine.",
+    "Explain in one line.",
+]
+_WORDS = [
+    "request",
+    "response",
+    "buffer",
+    "token",
+    "window",
+    "slot",
+    "cache",
+    "prefix",
+    "stream",
+    "chunk",
+    "retry",
+    "timeout",
+    "lock",
+    "queue",
+    "worker",
+    "record",
+    "summary",
+    "archive",
+    "block",
+    "label",
+    "index",
+    "query",
+    "latency",
+    "budget",
+    "context",
+    "engine",
+    "prompt",
+    "reply",
+    "model",
+    "error",
+    "commit",
+    "branch",
+    "test",
+]
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -170,13 +229,16 @@ def _code_block(rng: random.Random, turn: int, scale: float = 1.0) -> str:
     lines = [f"# file: src/module_{turn}.py", "import json", "import time", ""]
     for f in range(max(1, round(rng.randint(5, 7) * scale))):
         name = f"{rng.choice(_WORDS)}_{rng.choice(_WORDS)}_{f}"
-        lines += [f"def {name}(items, limit={rng.randint(2, 99)}):",
-                  f'    """Return the {rng.choice(_WORDS)}s of items under limit."""',
-                  "    out = []",
-                  "    for item in items:",
-                  f"        if item.get('{rng.choice(_WORDS)}', 0) < limit:",
-                  "            out.append(item)",
-                  "    return out", ""]
+        lines += [
+            f"def {name}(items, limit={rng.randint(2, 99)}):",
+            f'    """Return the {rng.choice(_WORDS)}s of items under limit."""',
+            "    out = []",
+            "    for item in items:",
+            f"        if item.get('{rng.choice(_WORDS)}', 0) < limit:",
+            "            out.append(item)",
+            "    return out",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -184,16 +246,24 @@ def _tool_output(rng: random.Random, turn: int, scale: float = 1.0) -> str:
     lines = [f"$ pytest -q tests/test_module_{turn}.py"]
     for i in range(max(2, round(rng.randint(8, 12) * scale))):
         ok = rng.random() > 0.2
-        lines.append(f"tests/test_module_{turn}.py::test_{rng.choice(_WORDS)}_{i} "
-                     + ("PASSED" if ok else f"FAILED - AssertionError: {rng.randint(1, 9)} != "
-                        f"{rng.randint(10, 99)}"))
-    lines.append(f"==== {rng.randint(1, 3)} failed, {rng.randint(8, 12)} passed in "
-                 f"{rng.random() * 3:.2f}s ====")
+        lines.append(
+            f"tests/test_module_{turn}.py::test_{rng.choice(_WORDS)}_{i} "
+            + (
+                "PASSED"
+                if ok
+                else f"FAILED - AssertionError: {rng.randint(1, 9)} != {rng.randint(10, 99)}"
+            )
+        )
+    lines.append(
+        f"==== {rng.randint(1, 3)} failed, {rng.randint(8, 12)} passed in "
+        f"{rng.random() * 3:.2f}s ===="
+    )
     return "\n".join(lines)
 
 
-def script_session(n_turns: int = 30, seed: int = 7, scale: float = 1.0,
-                   explicit_compaction: bool = False) -> list[Turn]:
+def script_session(
+    n_turns: int = 30, seed: int = 7, scale: float = 1.0, explicit_compaction: bool = False
+) -> list[Turn]:
     """The scripted session: a deterministic list of ``n_turns`` turns cycling short
     question, long message, pasted code, short question, pasted tool output, long message;
     side work after turns 3, 8, 13… (``v1``) and 5, 12, 19… (``bench``). ``scale`` shrinks
@@ -216,13 +286,18 @@ def script_session(n_turns: int = 30, seed: int = 7, scale: float = 1.0,
         if kind == "short":
             text = rng.choice(_SHORT)
         elif kind == "long":
-            text = (f"Let us look at {topic}. "
-                    + " ".join(_sentence(rng, rng.randint(8, 14))
-                              for _ in range(max(1, round(rng.randint(6, 9) * scale)))))
+            text = f"Let us look at {topic}. " + " ".join(
+                _sentence(rng, rng.randint(8, 14))
+                for _ in range(max(1, round(rng.randint(6, 9) * scale)))
+            )
         elif kind == "paste":
-            text = f"Here is {topic}, review it briefly:\n```python\n{_code_block(rng, i, scale)}\n```"
+            text = (
+                f"Here is {topic}, review it briefly:\n```python\n{_code_block(rng, i, scale)}\n```"
+            )
         else:
-            text = f"The tests of {topic} say:\n```\n{_tool_output(rng, i, scale)}\n```\nWhat failed?"
+            text = (
+                f"The tests of {topic} say:\n```\n{_tool_output(rng, i, scale)}\n```\nWhat failed?"
+            )
         side = []
         if i % 5 == 3:
             side.append("v1")
@@ -238,8 +313,10 @@ def side_messages(kind: str, index: int) -> list[dict[str, str]]:
     """The messages of one side job (a ``/v1`` client or a ``bench`` request): a conversation
     of its own, tagged in its system message so the proxy records can be told apart."""
     tag = SIDE_V1_TAG if kind == "v1" else SIDE_BENCH_TAG
-    return [{"role": "system", "content": f"{tag} You translate English to French."},
-            {"role": "user", "content": f"Translate: the build number {index} passed all tests."}]
+    return [
+        {"role": "system", "content": f"{tag} You translate English to French."},
+        {"role": "user", "content": f"Translate: the build number {index} passed all tests."},
+    ]
 
 
 # =========================================================================== measuring
@@ -254,23 +331,38 @@ def tokenize_exchange(engine_url: str, ex: _common.Exchange) -> tuple[list[int],
     import httpx
 
     if "messages" in ex.body:
-        body = {k: v for k, v in ex.body.items()
-                if k in ("messages", "tools", "tool_choice", "chat_template_kwargs",
-                         "parallel_tool_calls", "reasoning_format")}
+        body = {
+            k: v
+            for k, v in ex.body.items()
+            if k
+            in (
+                "messages",
+                "tools",
+                "tool_choice",
+                "chat_template_kwargs",
+                "parallel_tool_calls",
+                "reasoning_format",
+            )
+        }
         r = httpx.post(f"{engine_url}/apply-template", json=body, timeout=60)
         r.raise_for_status()
         prompt_text = r.json()["prompt"]
     else:
         prompt_text = ex.body.get("prompt", "")
-    r = httpx.post(f"{engine_url}/tokenize", json={"content": prompt_text, "add_special": True,
-                                                    "parse_special": True}, timeout=60)
+    r = httpx.post(
+        f"{engine_url}/tokenize",
+        json={"content": prompt_text, "add_special": True, "parse_special": True},
+        timeout=60,
+    )
     r.raise_for_status()
     prompt = r.json()["tokens"]
     generated: list[int] = []
     if ex.content:
-        r = httpx.post(f"{engine_url}/tokenize", json={"content": ex.content,
-                                                        "add_special": False,
-                                                        "parse_special": False}, timeout=60)
+        r = httpx.post(
+            f"{engine_url}/tokenize",
+            json={"content": ex.content, "add_special": False, "parse_special": False},
+            timeout=60,
+        )
         r.raise_for_status()
         generated = r.json()["tokens"]
     return prompt, generated
@@ -320,8 +412,12 @@ def analyse(engine_url: str, exchanges: Sequence[_common.Exchange]) -> dict[str,
         prompts.append(p)
         gens.append(g)
     kinds = [classify(e) for e in kept]
-    new = new_tokens([Request(kind, p, g, "main" if kind == "compact" else None)
-                      for kind, p, g in zip(kinds, prompts, gens, strict=True)])
+    new = new_tokens(
+        [
+            Request(kind, p, g, "main" if kind == "compact" else None)
+            for kind, p, g in zip(kinds, prompts, gens, strict=True)
+        ]
+    )
     prefilled = [int(e.prompt_n or 0) for e in kept]
     by_kind: dict[str, dict[str, int]] = {}
     for kind, pre, nw in zip(after_compaction(kinds), prefilled, new, strict=True):
@@ -329,20 +425,33 @@ def analyse(engine_url: str, exchanges: Sequence[_common.Exchange]) -> dict[str,
         slot["requests"] += 1
         slot["prefilled"] += pre
         slot["new"] += nw
-    mismatch = [abs(len(p) - (int(e.cache_n or 0) + int(e.prompt_n or 0)))
-                for p, e in zip(prompts, kept, strict=True)]
-    figures = recomputation(prefilled, new) if kept else {
-        "prefilled": 0, "new": 0, "extra": 0, "ratio": None, "requests": 0}
+    mismatch = [
+        abs(len(p) - (int(e.cache_n or 0) + int(e.prompt_n or 0)))
+        for p, e in zip(prompts, kept, strict=True)
+    ]
+    figures = (
+        recomputation(prefilled, new)
+        if kept
+        else {"prefilled": 0, "new": 0, "extra": 0, "ratio": None, "requests": 0}
+    )
     figures.update(
         left_out=len(exchanges) - len(kept),
         by_kind=by_kind,
-        check={"requests_off": sum(1 for m in mismatch if m > 1),
-               "max_abs_diff": max(mismatch, default=0)},
-        per_request=[{"kind": k, "prompt_tokens": len(p), "cache_n": e.cache_n,
-                      "prompt_n": e.prompt_n, "new": n}
-                     for k, p, e, n in zip(kinds, prompts, kept, new, strict=True)],
-        total_prompt_ms=round(sum(float((e.timings or {}).get("prompt_ms") or 0)
-                                  for e in kept), 1),
+        check={
+            "requests_off": sum(1 for m in mismatch if m > 1),
+            "max_abs_diff": max(mismatch, default=0),
+        },
+        per_request=[
+            {
+                "kind": k,
+                "prompt_tokens": len(p),
+                "cache_n": e.cache_n,
+                "prompt_n": e.prompt_n,
+                "new": n,
+            }
+            for k, p, e, n in zip(kinds, prompts, kept, new, strict=True)
+        ],
+        total_prompt_ms=round(sum(float((e.timings or {}).get("prompt_ms") or 0) for e in kept), 1),
     )
     return figures
 
@@ -365,8 +474,10 @@ class NaiveClient:
 
     def _system(self) -> dict[str, str]:
         now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
-        return {"role": "system",
-                "content": f"You are a helpful assistant.\nCurrent date and time: {now} UTC."}
+        return {
+            "role": "system",
+            "content": f"You are a helpful assistant.\nCurrent date and time: {now} UTC.",
+        }
 
     @staticmethod
     def _estimate(message: dict[str, str]) -> int:
@@ -382,9 +493,16 @@ class NaiveClient:
                 if self.history and self.history[0]["role"] == "assistant":
                     estimate -= self._estimate(self.history.pop(0))
             self.truncations += 1
-        r = self.http.post("/v1/chat/completions", json={
-            "messages": [self._system(), *self.history], "max_tokens": MAX_TOKENS,
-            "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}})
+        r = self.http.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [self._system(), *self.history],
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0.7,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
         r.raise_for_status()
         content = ""
         for line in r.text.splitlines():
@@ -395,8 +513,9 @@ class NaiveClient:
         self.history.append({"role": "assistant", "content": content})
 
     def side(self, kind: str, index: int) -> None:
-        r = self.http.post("/v1/chat/completions", json={
-            "messages": side_messages(kind, index), "max_tokens": 12})
+        r = self.http.post(
+            "/v1/chat/completions", json={"messages": side_messages(kind, index), "max_tokens": 12}
+        )
         r.raise_for_status()
 
     def compact(self) -> None:
@@ -424,9 +543,13 @@ def run_naive(turns: Sequence[Turn], ctx: int, deadline: float = float("inf")) -
             figures = analyse(engine.url, proxy.exchanges)
         finally:
             proxy.stop()
-        figures.update(wall_s=round(wall, 1), compactions=client.truncations, turns_done=done,
-                       engine_argv=engine.argv[engine.argv.index("-c"):],
-                       engine=_common.engine_build(engine.url))
+        figures.update(
+            wall_s=round(wall, 1),
+            compactions=client.truncations,
+            turns_done=done,
+            engine_argv=engine.argv[engine.argv.index("-c") :],
+            engine=_common.engine_build(engine.url),
+        )
         return figures
 
 
@@ -455,9 +578,16 @@ def loki_configs(quick: bool) -> list[LokiConfig]:
         LokiConfig("loki-side-slot", {"LOKI_SIDE_SLOT": "on"}, side_slot=True),
         LokiConfig("loki-cache-ram", {"LOKI_CACHE_RAM": str(cram)}, cache_ram_mib=cram),
         LokiConfig("loki-continuation", {"LOKI_COMPACT_CONTINUATION": "on"}),
-        LokiConfig("loki-best", {"LOKI_SIDE_SLOT": "on", "LOKI_CACHE_RAM": str(cram),
-                                 "LOKI_COMPACT_CONTINUATION": "on"},
-                   side_slot=True, cache_ram_mib=cram),
+        LokiConfig(
+            "loki-best",
+            {
+                "LOKI_SIDE_SLOT": "on",
+                "LOKI_CACHE_RAM": str(cram),
+                "LOKI_COMPACT_CONTINUATION": "on",
+            },
+            side_slot=True,
+            cache_ram_mib=cram,
+        ),
     ]
     if quick:
         return [c for c in every if c.name in ("loki-default", "loki-best")]
@@ -504,8 +634,10 @@ class LokiClient:
 
     def side(self, kind: str, index: int) -> None:
         if kind == "v1":
-            r = self.http.post("/v1/chat/completions", json={
-                "model": "local", "messages": side_messages(kind, index), "max_tokens": 12})
+            r = self.http.post(
+                "/v1/chat/completions",
+                json={"model": "local", "messages": side_messages(kind, index), "max_tokens": 12},
+            )
             if r.status_code != 200:
                 raise _common.BenchError(f"/v1/chat/completions: {r.status_code} {r.text[:300]}")
         else:
@@ -516,13 +648,17 @@ class LokiClient:
         ``bench`` from the supervisor, the request on the slot it names, the release."""
         import httpx
         import nats
+
         from loki_shared import subjects
         from loki_shared.messages.engine import Lease, LeaseRequest, ReleaseRequest
 
         nc = await nats.connect(self.nats_url)
         try:
-            msg = await nc.request(subjects.ENGINE_LEASE, LeaseRequest(
-                kind="bench", wait_s=600).model_dump_json().encode(), timeout=610)
+            msg = await nc.request(
+                subjects.ENGINE_LEASE,
+                LeaseRequest(kind="bench", wait_s=600).model_dump_json().encode(),
+                timeout=610,
+            )
             lease = Lease.model_validate_json(msg.data)
             if getattr(lease, "error", None):
                 raise _common.BenchError(f"lease refused: {lease.error}")
@@ -531,22 +667,35 @@ class LokiClient:
                 body["id_slot"] = lease.id_slot
             headers = {"Authorization": f"Bearer {lease.api_key}"} if lease.api_key else {}
             async with httpx.AsyncClient(timeout=900) as http:
-                r = await http.post(f"{lease.base_url}/v1/chat/completions", json=body,
-                                    headers=headers)
+                r = await http.post(
+                    f"{lease.base_url}/v1/chat/completions", json=body, headers=headers
+                )
             answer = r.json()
             usage = answer.get("usage") or {}
             try:  # a bench request is measured like any other completion (perf issue)
                 from loki_shared.perf_publish import build_record, publish_record
 
-                await publish_record(nc, build_record(
-                    kind="bench", messages=body["messages"], final=answer,
-                    model=lease.model, slot=lease.id_slot))
+                await publish_record(
+                    nc,
+                    build_record(
+                        kind="bench",
+                        messages=body["messages"],
+                        final=answer,
+                        model=lease.model,
+                        slot=lease.id_slot,
+                    ),
+                )
             except ImportError:
                 pass
-            await nc.request(subjects.ENGINE_RELEASE, ReleaseRequest(
-                lease_id=lease.lease_id, job_done=True,
-                prompt_tokens=usage.get("prompt_tokens")).model_dump_json().encode(),
-                timeout=30)
+            await nc.request(
+                subjects.ENGINE_RELEASE,
+                ReleaseRequest(
+                    lease_id=lease.lease_id, job_done=True, prompt_tokens=usage.get("prompt_tokens")
+                )
+                .model_dump_json()
+                .encode(),
+                timeout=30,
+            )
         finally:
             await nc.close()
 
@@ -572,8 +721,9 @@ def _perf_summary(client: LokiClient, wait_s: float = 10.0) -> dict[str, Any] | 
     return {k: last.get(k) for k in ("completions", "prompt_n", "cache_n")}
 
 
-def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig,
-             deadline: float = float("inf")) -> dict[str, Any]:
+def run_loki(
+    turns: Sequence[Turn], ctx: int, config: LokiConfig, deadline: float = float("inf")
+) -> dict[str, Any]:
     """The session through the whole stack (``LOKI_ENGINE_URL`` → the recording proxy →
     llama-server launched with the layout the supervisor gives ``config``); stops early (the
     figures cover the turns done) when ``time.monotonic()`` passes ``deadline``."""
@@ -586,11 +736,17 @@ def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig,
     with _common.llama(ctx=n_ctx, parallel=parallel, extra=extra) as engine:
         proxy = _common.RecordingProxy(engine.url).start()
         try:
-            env = {"LOKI_ENGINE_URL": proxy.url, "LOKI_CTX": str(ctx),
-                   "LOKI_MAX_TOKENS": str(MAX_TOKENS), "LOKI_TEMPERATURE": "0.7",
-                   **config.keys}
-            with tempfile.TemporaryDirectory(prefix="loki-bench-") as home, \
-                    _common.stack(Path(home), env) as stack:
+            env = {
+                "LOKI_ENGINE_URL": proxy.url,
+                "LOKI_CTX": str(ctx),
+                "LOKI_MAX_TOKENS": str(MAX_TOKENS),
+                "LOKI_TEMPERATURE": "0.7",
+                **config.keys,
+            }
+            with (
+                tempfile.TemporaryDirectory(prefix="loki-bench-") as home,
+                _common.stack(Path(home), env) as stack,
+            ):
                 client = LokiClient(f"http://127.0.0.1:{stack.config.web_port}", stack.nats_url)
                 start = time.monotonic()
                 done = 0
@@ -609,10 +765,15 @@ def run_loki(turns: Sequence[Turn], ctx: int, config: LokiConfig,
             figures = analyse(engine.url, proxy.exchanges)
         finally:
             proxy.stop()
-        figures.update(wall_s=round(wall, 1), turns_done=done, perf_service=perf,
-                       compactions=figures["by_kind"].get("compact", {}).get("requests", 0),
-                       engine_argv=engine.argv[engine.argv.index("-c"):],
-                       keys=config.keys, engine=_common.engine_build(engine.url))
+        figures.update(
+            wall_s=round(wall, 1),
+            turns_done=done,
+            perf_service=perf,
+            compactions=figures["by_kind"].get("compact", {}).get("requests", 0),
+            engine_argv=engine.argv[engine.argv.index("-c") :],
+            keys=config.keys,
+            engine=_common.engine_build(engine.url),
+        )
         return figures
 
 
@@ -656,72 +817,153 @@ def run(quick: bool) -> dict[str, Any]:
     rows = []
     for name, fig in runs.items():
         kinds = fig["by_kind"]
-        rows.append([name, fig["ratio"], fig["turns_done"], fig["prefilled"], fig["new"],
-                     fig["extra"], fig["requests"], fig["compactions"],
-                     sum(kinds.get(k, {}).get("requests", 0) for k in ("v1", "bench")),
-                     fig["total_prompt_ms"] / 1000, fig["wall_s"]])
+        rows.append(
+            [
+                name,
+                fig["ratio"],
+                fig["turns_done"],
+                fig["prefilled"],
+                fig["new"],
+                fig["extra"],
+                fig["requests"],
+                fig["compactions"],
+                sum(kinds.get(k, {}).get("requests", 0) for k in ("v1", "bench")),
+                fig["total_prompt_ms"] / 1000,
+                fig["wall_s"],
+            ]
+        )
     for name, err in errors.items():
-        rows.append([name, None, None, None, None, None, None, None, None, None,
-                     f"failed: {err[:160]}"])
+        rows.append(
+            [name, None, None, None, None, None, None, None, None, None, f"failed: {err[:160]}"]
+        )
     loki = {k: v["ratio"] for k, v in runs.items() if k.startswith("loki") and v["ratio"]}
     best_name = min(loki, key=loki.get) if loki else None
-    targets = [_common.target("recomputation ratio, Loki's best configuration"
-                              + (f" ({best_name})" if best_name else ""),
-                              loki.get(best_name) if best_name else None, "<=", 1.05,
-                              issue="10")]
+    targets = [
+        _common.target(
+            "recomputation ratio, Loki's best configuration"
+            + (f" ({best_name})" if best_name else ""),
+            loki.get(best_name) if best_name else None,
+            "<=",
+            1.05,
+            issue="10",
+        )
+    ]
     if best_name:
-        targets.append(_common.target(f"compactions in the session ({best_name})",
-                                      runs[best_name]["compactions"], ">=", 1, issue="10"))
+        targets.append(
+            _common.target(
+                f"compactions in the session ({best_name})",
+                runs[best_name]["compactions"],
+                ">=",
+                1,
+                issue="10",
+            )
+        )
     if "naive" in runs and best_name:
-        targets.append(_common.target("naive ratio / Loki's best ratio",
-                                      runs["naive"]["ratio"] / loki[best_name], ">=", 1.0))
+        targets.append(
+            _common.target(
+                "naive ratio / Loki's best ratio",
+                runs["naive"]["ratio"] / loki[best_name],
+                ">=",
+                1.0,
+            )
+        )
     breakdown = []
     for name, fig in runs.items():
         for kind, k in sorted(fig["by_kind"].items()):
-            breakdown.append([name, kind, k["requests"], k["prefilled"], k["new"],
-                              k["prefilled"] / k["new"] if k["new"] else None])
+            breakdown.append(
+                [
+                    name,
+                    kind,
+                    k["requests"],
+                    k["prefilled"],
+                    k["new"],
+                    k["prefilled"] / k["new"] if k["new"] else None,
+                ]
+            )
     check_rows = []
     for name, fig in runs.items():
         perf = fig.get("perf_service") or {}
-        check_rows.append([name, fig["check"]["requests_off"], fig["check"]["max_abs_diff"],
-                           fig["left_out"], perf.get("completions"), perf.get("prompt_n"),
-                           " ".join(fig["engine_argv"])])
+        check_rows.append(
+            [
+                name,
+                fig["check"]["requests_off"],
+                fig["check"]["max_abs_diff"],
+                fig["left_out"],
+                perf.get("completions"),
+                perf.get("prompt_n"),
+                " ".join(fig["engine_argv"]),
+            ]
+        )
     short = [k for k, v in runs.items() if v["turns_done"] < n_turns]
     if short:
-        targets.append(_common.target("configurations that ran the whole session",
-                                      len(runs) - len(short), ">=", len(runs)))
-    notes = (f"Session: {n_turns} scripted turns (short and long messages, pasted code, pasted "
-             f"test output), side work between turns (a `/v1` client request and a `bench` "
-             f"request), the compactions the window (CTX {ctx}) forces; every reply capped "
-             f"at {MAX_TOKENS} tokens. "
-             "ratio = Σ prompt_n the engine prefilled / Σ tokens new to it (1.0 is the "
-             "physical limit); every request the engine served is counted, side work and "
-             "summaries included. Method: `docs/behaviour.md (bench)`.")
+        targets.append(
+            _common.target(
+                "configurations that ran the whole session", len(runs) - len(short), ">=", len(runs)
+            )
+        )
+    notes = (
+        f"Session: {n_turns} scripted turns (short and long messages, pasted code, pasted "
+        f"test output), side work between turns (a `/v1` client request and a `bench` "
+        f"request), the compactions the window (CTX {ctx}) forces; every reply capped "
+        f"at {MAX_TOKENS} tokens. "
+        "ratio = Σ prompt_n the engine prefilled / Σ tokens new to it (1.0 is the "
+        "physical limit); every request the engine served is counted, side work and "
+        "summaries included. Method: `docs/behaviour.md (bench)`."
+    )
     return _common.result(
         "Headline: prompt recomputation ratio",
         tables=[
-            _common.table("Recomputation ratio by configuration",
-                          ["configuration", "ratio", "turns", "Σ prompt_n", "Σ new", "extra",
-                           "requests", "compactions", "side jobs", "prefill s", "wall s"],
-                          rows,
-                          notes="turns: turns done of the scripted session (fewer when the "
-                                "time budget ran out: the figures cover those). compactions: "
-                                "summary requests for Loki, truncations for the naive client."),
-            _common.table("By request kind", ["configuration", "kind", "requests",
-                                              "Σ prompt_n", "Σ new", "ratio"], breakdown),
-            _common.table("Rendering check", ["configuration", "requests off by >1 token",
-                                              "max |rendered − (cache_n+prompt_n)|",
-                                              "left out", "perf service completions",
-                                              "perf service Σ prompt_n", "engine layout"],
-                          check_rows,
-                          notes="The rendered prompt (engine's `/apply-template` + "
-                                "`/tokenize`) against the engine's own count of the same "
-                                "request; Loki's own account (`GET /api/perf/summary`) "
-                                "against the requests the proxy saw."),
+            _common.table(
+                "Recomputation ratio by configuration",
+                [
+                    "configuration",
+                    "ratio",
+                    "turns",
+                    "Σ prompt_n",
+                    "Σ new",
+                    "extra",
+                    "requests",
+                    "compactions",
+                    "side jobs",
+                    "prefill s",
+                    "wall s",
+                ],
+                rows,
+                notes="turns: turns done of the scripted session (fewer when the "
+                "time budget ran out: the figures cover those). compactions: "
+                "summary requests for Loki, truncations for the naive client.",
+            ),
+            _common.table(
+                "By request kind",
+                ["configuration", "kind", "requests", "Σ prompt_n", "Σ new", "ratio"],
+                breakdown,
+            ),
+            _common.table(
+                "Rendering check",
+                [
+                    "configuration",
+                    "requests off by >1 token",
+                    "max |rendered − (cache_n+prompt_n)|",
+                    "left out",
+                    "perf service completions",
+                    "perf service Σ prompt_n",
+                    "engine layout",
+                ],
+                check_rows,
+                notes="The rendered prompt (engine's `/apply-template` + "
+                "`/tokenize`) against the engine's own count of the same "
+                "request; Loki's own account (`GET /api/perf/summary`) "
+                "against the requests the proxy saw.",
+            ),
         ],
         targets=targets,
-        data={"turns": n_turns, "ctx": ctx, "max_tokens": MAX_TOKENS, "runs": runs,
-              "errors": errors},
+        data={
+            "turns": n_turns,
+            "ctx": ctx,
+            "max_tokens": MAX_TOKENS,
+            "runs": runs,
+            "errors": errors,
+        },
         notes=notes,
         engine=next((r["engine"] for r in runs.values() if r.get("engine")), None),
     )

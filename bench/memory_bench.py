@@ -76,9 +76,14 @@ def _load(base: str, turns: int, stop: threading.Event, errors: list[str]) -> No
                 if stop.is_set():
                     return
                 try:
-                    c.post("/v1/chat/completions", json={
-                        "model": "local", "max_tokens": 8,
-                        "messages": [{"role": "user", "content": f"Say {i}."}]})
+                    c.post(
+                        "/v1/chat/completions",
+                        json={
+                            "model": "local",
+                            "max_tokens": 8,
+                            "messages": [{"role": "user", "content": f"Say {i}."}],
+                        },
+                    )
                 except httpx.HTTPError as exc:
                     errors.append(f"v1: {exc}")
 
@@ -116,8 +121,10 @@ def run(quick: bool) -> dict[str, Any]:
     idle_samples = 5 if quick else 10
     turns = 2 if quick else 5
     env = {"LOKI_CTX": "2048", "LOKI_MAX_TOKENS": "16", "LOKI_ENGINE_THREADS": "2"}
-    with tempfile.TemporaryDirectory(prefix="loki-bench-mem-") as home, \
-            _common.stack(Path(home), env) as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="loki-bench-mem-") as home,
+        _common.stack(Path(home), env) as stack,
+    ):
         base = f"http://127.0.0.1:{stack.config.web_port}"
         engine_url = (stack.engine_info() or {}).get("base_url")
         engine = _common.engine_build(engine_url) if engine_url else None
@@ -150,25 +157,47 @@ def run(quick: bool) -> dict[str, Any]:
         if name not in pids:
             rows.append([name, None, None, "not running"])
             continue
-        rows.append([name, mb(idle_med.get(name, 0)), mb(peak.get(name, 0)),
-                     "service" if name in SERVICES else "outside the target"])
+        rows.append(
+            [
+                name,
+                mb(idle_med.get(name, 0)),
+                mb(peak.get(name, 0)),
+                "service" if name in SERVICES else "outside the target",
+            ]
+        )
     services_idle = sum(idle_med.get(n, 0) for n in SERVICES)
     services_peak = sum(peak.get(n, 0) for n in SERVICES)
     rows.append(["five services together", mb(services_idle), mb(services_peak), ""])
     missing = [n for n in SERVICES if n not in pids or not idle_med.get(n)]
     return _common.result(
         "Resident memory of the services",
-        tables=[_common.table("RSS (MB = 10^6 bytes)", ["process", "idle (median)",
-                                                         "peak under load", "note"], rows,
-                              notes=f"Load: {turns} chat turns with a ~300-word message each, "
-                                    f"2 `/v1` requests, 2 pollers of summary/state/"
-                                    f"conversations, for {load_s:.0f} s."
-                                    + (f" Load errors: {'; '.join(errors)[:300]}"
-                                       if errors else ""))],
-        targets=[_common.target("five services together, idle RSS",
-                                None if missing else mb(services_idle), "<", TARGET_IDLE_MB,
-                                "MB", issue="10")],
-        data={"idle_bytes": idle, "peak_bytes": peak, "load_s": load_s, "errors": errors,
-              "missing": missing},
+        tables=[
+            _common.table(
+                "RSS (MB = 10^6 bytes)",
+                ["process", "idle (median)", "peak under load", "note"],
+                rows,
+                notes=f"Load: {turns} chat turns with a ~300-word message each, "
+                f"2 `/v1` requests, 2 pollers of summary/state/"
+                f"conversations, for {load_s:.0f} s."
+                + (f" Load errors: {'; '.join(errors)[:300]}" if errors else ""),
+            )
+        ],
+        targets=[
+            _common.target(
+                "five services together, idle RSS",
+                None if missing else mb(services_idle),
+                "<",
+                TARGET_IDLE_MB,
+                "MB",
+                issue="10",
+            )
+        ],
+        data={
+            "idle_bytes": idle,
+            "peak_bytes": peak,
+            "load_s": load_s,
+            "errors": errors,
+            "missing": missing,
+        },
         engine=engine,
     )

@@ -35,17 +35,23 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT.parent) not in sys.path:
     sys.path.insert(0, str(ROOT.parent))
 
+from bench import _common
 from loki_perf.decode import decode
 from loki_perf.metrics import Totals
 from loki_perf.ring import Ring
 from loki_shared import servers, subjects
 from loki_shared.fingerprint import fingerprints
 
-from bench import _common
-
 TIMEOUT_S = {"quick": 180, "full": 900}
-KINDS = ["main"] * 70 + ["subagent"] * 8 + ["verify"] * 5 + ["task"] * 3 + ["compact"] * 2 \
-    + ["bench"] * 2 + ["foreign"] * 10
+KINDS = (
+    ["main"] * 70
+    + ["subagent"] * 8
+    + ["verify"] * 5
+    + ["task"] * 3
+    + ["compact"] * 2
+    + ["bench"] * 2
+    + ["foreign"] * 10
+)
 
 
 def make_records(n: int, seed: int = 11) -> list[bytes]:
@@ -66,26 +72,43 @@ def make_records(n: int, seed: int = 11) -> list[bytes]:
             del hist[1:30]  # a compaction: the prompt diverges
         key = (conv, kind)
         prompt_tokens = totals.get(key, 0) + rng.randint(20, 3000)
-        cache_n = max(0, totals.get(key, 0) - 1) if last_key == key or rng.random() < 0.6 else \
-            rng.randint(0, 200)
+        cache_n = (
+            max(0, totals.get(key, 0) - 1)
+            if last_key == key or rng.random() < 0.6
+            else rng.randint(0, 200)
+        )
         cache_n = min(cache_n, prompt_tokens - 1)
         prompt_n = prompt_tokens - cache_n
         predicted_n = rng.randint(1, 800)
         totals[key] = prompt_tokens + predicted_n
         last_key = key
         rec = {
-            "ts": 1_700_000_000 + i * 0.5, "conversation": conv, "kind": kind,
-            "model": rng.choice(["qwen3-27b", "smollm2"]), "preset": "local",
+            "ts": 1_700_000_000 + i * 0.5,
+            "conversation": conv,
+            "kind": kind,
+            "model": rng.choice(["qwen3-27b", "smollm2"]),
+            "preset": "local",
             "slot": 0 if kind in ("main", "compact") else rng.choice([1, None]),
-            "timings": {"cache_n": cache_n, "prompt_n": prompt_n,
-                        "predicted_n": predicted_n, "draft_n": rng.randint(0, 200),
-                        "draft_n_accepted": rng.randint(0, 150),
-                        "prompt_ms": rng.uniform(5, 9000), "predicted_ms": rng.uniform(5, 30000)},
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": predicted_n,
-                      "prompt_tokens_details": {"cached_tokens": cache_n}},
-            "ttft_ms": rng.uniform(20, 9000), "total_ms": rng.uniform(100, 40000),
-            "finish_reason": "stop", "cut": rng.random() < 0.02,
-            "fingerprints": fingerprints(hist), "roles": [m["role"] for m in hist],
+            "timings": {
+                "cache_n": cache_n,
+                "prompt_n": prompt_n,
+                "predicted_n": predicted_n,
+                "draft_n": rng.randint(0, 200),
+                "draft_n_accepted": rng.randint(0, 150),
+                "prompt_ms": rng.uniform(5, 9000),
+                "predicted_ms": rng.uniform(5, 30000),
+            },
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": predicted_n,
+                "prompt_tokens_details": {"cached_tokens": cache_n},
+            },
+            "ttft_ms": rng.uniform(20, 9000),
+            "total_ms": rng.uniform(100, 40000),
+            "finish_reason": "stop",
+            "cut": rng.random() < 0.02,
+            "fingerprints": fingerprints(hist),
+            "roles": [m["role"] for m in hist],
         }
         out.append(json.dumps(rec).encode())
     return out
@@ -148,17 +171,18 @@ def bench_summary(times: int) -> dict:
 
 async def _rebuild_pair(nats_url: str, times: int) -> dict:
     import nats
+    from nats.js.api import DeliverPolicy
+
     from loki_perf.service import PerfService
     from loki_perf.settings import Settings
     from loki_shared.perf_publish import ensure_perf_stream
-    from nats.js.api import DeliverPolicy
 
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     await ensure_perf_stream(js)
     payloads = make_records(subjects.STREAM_PERF_MAX_MSGS, seed=3)
     for i in range(0, len(payloads), 500):
-        acks = [await js.publish_async(subjects.PERF_RECORD, p) for p in payloads[i:i + 500]]
+        acks = [await js.publish_async(subjects.PERF_RECORD, p) for p in payloads[i : i + 500]]
         await asyncio.gather(*acks)
     last = (await js.stream_info(subjects.STREAM_PERF)).state.last_seq
 
@@ -184,8 +208,12 @@ async def _rebuild_pair(nats_url: str, times: int) -> dict:
                 done.set()
 
         sub = await conn.jetstream().subscribe(
-            subjects.PERF_RECORD, stream=subjects.STREAM_PERF, ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL, cb=cb)
+            subjects.PERF_RECORD,
+            stream=subjects.STREAM_PERF,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            cb=cb,
+        )
         await done.wait()
         dt = time.perf_counter() - t0
         await sub.unsubscribe()
@@ -219,42 +247,75 @@ def run(quick: bool) -> dict:
     summ = bench_summary(times=30 if quick else 200)
     reb = bench_rebuild(times=2 if quick else 5)
     rows = [
-        ["ingest (decode + loss + ring + totals), wall",
-         f"{ing['rate_per_s']:,.0f} records/s",
-         f"{ing['records'] / ing['baseline']['median']:,.0f} records/s (json.loads + deque)",
-         f"{ing['ratio']['median']:.2f}", f"{ing['ratio']['q1']:.2f}–{ing['ratio']['q3']:.2f}"],
-        ["ingest, per CPU second of the process",
-         f"{ing['rate_per_cpu_s']:,.0f} records/s",
-         f"{ing['baseline_rate_per_cpu_s']:,.0f} records/s (json.loads + deque)",
-         f"{ing['cpu']['ratio']['median']:.2f}",
-         f"{ing['cpu']['ratio']['q1']:.2f}–{ing['cpu']['ratio']['q3']:.2f}"],
-        ["summary over a full ring (5000)", f"{summ['median_ms']:.2f} ms",
-         f"{summ['baseline']['median'] * 1000:.2f} ms (one pass summing a field)",
-         f"{summ['ratio']['median']:.2f}", f"{summ['ratio']['q1']:.2f}–{summ['ratio']['q3']:.2f}"],
-        ["ring rebuild from JetStream (5000)", f"{reb['value']['median'] * 1000:.0f} ms",
-         f"{reb['baseline']['median'] * 1000:.0f} ms (bare ordered consumer + json.loads)",
-         f"{reb['ratio']['median']:.2f}", f"{reb['ratio']['q1']:.2f}–{reb['ratio']['q3']:.2f}"],
+        [
+            "ingest (decode + loss + ring + totals), wall",
+            f"{ing['rate_per_s']:,.0f} records/s",
+            f"{ing['records'] / ing['baseline']['median']:,.0f} records/s (json.loads + deque)",
+            f"{ing['ratio']['median']:.2f}",
+            f"{ing['ratio']['q1']:.2f}–{ing['ratio']['q3']:.2f}",
+        ],
+        [
+            "ingest, per CPU second of the process",
+            f"{ing['rate_per_cpu_s']:,.0f} records/s",
+            f"{ing['baseline_rate_per_cpu_s']:,.0f} records/s (json.loads + deque)",
+            f"{ing['cpu']['ratio']['median']:.2f}",
+            f"{ing['cpu']['ratio']['q1']:.2f}–{ing['cpu']['ratio']['q3']:.2f}",
+        ],
+        [
+            "summary over a full ring (5000)",
+            f"{summ['median_ms']:.2f} ms",
+            f"{summ['baseline']['median'] * 1000:.2f} ms (one pass summing a field)",
+            f"{summ['ratio']['median']:.2f}",
+            f"{summ['ratio']['q1']:.2f}–{summ['ratio']['q3']:.2f}",
+        ],
+        [
+            "ring rebuild from JetStream (5000)",
+            f"{reb['value']['median'] * 1000:.0f} ms",
+            f"{reb['baseline']['median'] * 1000:.0f} ms (bare ordered consumer + json.loads)",
+            f"{reb['ratio']['median']:.2f}",
+            f"{reb['ratio']['q1']:.2f}–{reb['ratio']['q3']:.2f}",
+        ],
     ]
     return _common.result(
         "Perf service: ingest, summary, rebuild",
-        tables=[_common.table(
-            "Perf ring (medians; ratio = perf service time / baseline time, same run)",
-            ["measure", "perf service", "baseline", "ratio", "IQR of ratio"], rows,
-            notes="Ratios above 1 are the cost of tolerant decoding, loss analysis and metrics "
-                  "over the bare minimum a consumer pays.")],
+        tables=[
+            _common.table(
+                "Perf ring (medians; ratio = perf service time / baseline time, same run)",
+                ["measure", "perf service", "baseline", "ratio", "IQR of ratio"],
+                rows,
+                notes="Ratios above 1 are the cost of tolerant decoding, loss analysis and metrics "
+                "over the bare minimum a consumer pays.",
+            )
+        ],
         targets=[
-            _common.target("perf ingest (per CPU second)", ing["rate_per_cpu_s"], ">=", 20_000,
-                           "records/s", "7"),
-            _common.target("perf ingest (wall clock, shared machine)", ing["rate_per_s"], ">=",
-                           20_000, "records/s", "7"),
+            _common.target(
+                "perf ingest (per CPU second)",
+                ing["rate_per_cpu_s"],
+                ">=",
+                20_000,
+                "records/s",
+                "7",
+            ),
+            _common.target(
+                "perf ingest (wall clock, shared machine)",
+                ing["rate_per_s"],
+                ">=",
+                20_000,
+                "records/s",
+                "7",
+            ),
             _common.target("perf summary over a full ring", summ["median_ms"], "<", 10, "ms", "7"),
         ],
-        data={"ingest": ing, "summary": summ, "rebuild": reb,
-              "load_average_1m": os.getloadavg()[0]},
+        data={
+            "ingest": ing,
+            "summary": summ,
+            "rebuild": reb,
+            "load_average_1m": os.getloadavg()[0],
+        },
         notes="Absolute wall-clock rates depend on the load of this shared machine (load "
-              "average in data.load_average_1m): the ingest rate per CPU second of the process "
-              "is what one dedicated core would sustain; the ratios against the baseline "
-              "measured alongside are the comparable figures.",
+        "average in data.load_average_1m): the ingest rate per CPU second of the process "
+        "is what one dedicated core would sustain; the ratios against the baseline "
+        "measured alongside are the comparable figures.",
     )
 
 
@@ -264,9 +325,11 @@ def main() -> None:
     args = parser.parse_args()
     started = time.time()
     doc = {
-        "schema": _common.SCHEMA_VERSION, "name": "perf",
+        "schema": _common.SCHEMA_VERSION,
+        "name": "perf",
         "mode": "quick" if args.quick else "full",
-        **_common.git_commit(), "machine": _common.machine_facts(),
+        **_common.git_commit(),
+        "machine": _common.machine_facts(),
         **run(args.quick),
     }
     doc["status"] = "ok"

@@ -51,8 +51,33 @@ ROOT = Path(__file__).resolve().parent
 
 
 def make_vocabulary(rng: random.Random, n: int) -> list[str]:
-    syll = ["ka", "to", "ri", "men", "sol", "dé", "pra", "vi", "lo", "ne", "stu", "ar", "qu",
-            "ix", "bo", "tel", "gra", "zu", "fé", "or", "an", "el", "cy", "dro", "mé"]
+    syll = [
+        "ka",
+        "to",
+        "ri",
+        "men",
+        "sol",
+        "dé",
+        "pra",
+        "vi",
+        "lo",
+        "ne",
+        "stu",
+        "ar",
+        "qu",
+        "ix",
+        "bo",
+        "tel",
+        "gra",
+        "zu",
+        "fé",
+        "or",
+        "an",
+        "el",
+        "cy",
+        "dro",
+        "mé",
+    ]
     words = set()
     while len(words) < n:
         words.add("".join(rng.choice(syll) for _ in range(rng.randint(1, 4))))
@@ -98,8 +123,12 @@ class Service:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "loki_recall"], env=self.env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loki_recall"],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -152,7 +181,7 @@ def make_queries(rng: random.Random, vocab: list[str], n: int) -> list[dict]:
         if kind == 0:  # one common word
             q = rng.choice(vocab[:200])
         elif kind == 1:  # one rare word
-            q = rng.choice(vocab[len(vocab) // 2:])
+            q = rng.choice(vocab[len(vocab) // 2 :])
         elif kind == 2:  # three words, mixed
             q = " ".join(rng.choice(vocab) for _ in range(3))
         elif kind == 3:  # a 2-3 letter fragment (substring semantics)
@@ -185,12 +214,22 @@ async def measure(n_blocks: int, out_path: Path | None = None) -> dict:
     redis_proc.wait_port(rport)
     nats_url, redis_url = f"nats://127.0.0.1:{nport}", f"redis://127.0.0.1:{rport}/0"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
-    env.update(LOKI_NATS_URL=nats_url, LOKI_REDIS_URL=redis_url, LOKI_HOME=str(tmp / "home"),
-               LOKI_SECRET_KEY=SECRET, LOKI_LOG_LEVEL="WARNING")
+    env.update(
+        LOKI_NATS_URL=nats_url,
+        LOKI_REDIS_URL=redis_url,
+        LOKI_HOME=str(tmp / "home"),
+        LOKI_SECRET_KEY=SECRET,
+        LOKI_LOG_LEVEL="WARNING",
+    )
     service = Service(env)
-    result: dict = {"blocks": n_blocks, "machine": {
-        "cpus": os.cpu_count(), "python": platform.python_version(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}}
+    result: dict = {
+        "blocks": n_blocks,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
     nc = await nats.connect(nats_url)
     redis = Redis.from_url(redis_url)
     try:
@@ -204,11 +243,17 @@ async def measure(n_blocks: int, out_path: Path | None = None) -> dict:
         sem = asyncio.Semaphore(64)
 
         async def archive_one(role: str, tool: str | None, content: str) -> int:
-            req = ArchiveRequest(label=recall_label(role, content, tool), role=role,
-                                 tool_name=tool, content=content, conversation="bench")
+            req = ArchiveRequest(
+                label=recall_label(role, content, tool),
+                role=role,
+                tool_name=tool,
+                content=content,
+                conversation="bench",
+            )
             async with sem:
-                msg = await nc.request(subjects.RECALL_ARCHIVE, req.model_dump_json().encode(),
-                                       timeout=60)
+                msg = await nc.request(
+                    subjects.RECALL_ARCHIVE, req.model_dump_json().encode(), timeout=60
+                )
             reply = ArchiveReply.model_validate_json(msg.data)
             if reply.error is not None:
                 raise RuntimeError(reply.error.message)
@@ -220,9 +265,11 @@ async def measure(n_blocks: int, out_path: Path | None = None) -> dict:
         assert sorted(seqs) == list(range(1, n_blocks + 1))
         del specs
         mem = rss_kib(service.proc.pid)
-        result["archive"] = {"seconds": round(archive_s, 2),
-                             "blocks_per_s": round(n_blocks / archive_s, 1),
-                             "text_bytes": text_bytes}
+        result["archive"] = {
+            "seconds": round(archive_s, 2),
+            "blocks_per_s": round(n_blocks / archive_s, 1),
+            "text_bytes": text_bytes,
+        }
 
         # --- recall_search and recall latency ---------------------------------------------
         queries = make_queries(rng, vocab, 400)
@@ -242,18 +289,23 @@ async def measure(n_blocks: int, out_path: Path | None = None) -> dict:
         result["recall_search_ms"] = {
             "p50": round(pct(search_times, 50) * 1000, 2),
             "p99": round(pct(search_times, 99) * 1000, 2),
-            "max": round(max(search_times) * 1000, 2), "queries": len(queries),
+            "max": round(max(search_times) * 1000, 2),
+            "queries": len(queries),
             "hits_mean": round(statistics.mean(a.count("\n- r") for a in answers), 2),
         }
         kinds = ["common word", "rare word", "three words", "2-3 letter fragment", "id + word"]
         result["recall_search_ms_by_kind"] = {
-            kind: {"p50": round(pct(search_times[k::5], 50) * 1000, 2),
-                   "p99": round(pct(search_times[k::5], 99) * 1000, 2)}
+            kind: {
+                "p50": round(pct(search_times[k::5], 50) * 1000, 2),
+                "p99": round(pct(search_times[k::5], 99) * 1000, 2),
+            }
             for k, kind in enumerate(kinds)
         }
-        result["recall_ms"] = {"p50": round(pct(recall_times, 50) * 1000, 3),
-                               "p99": round(pct(recall_times, 99) * 1000, 3),
-                               "calls": len(recall_times)}
+        result["recall_ms"] = {
+            "p50": round(pct(recall_times, 50) * 1000, 3),
+            "p99": round(pct(recall_times, 99) * 1000, 3),
+            "calls": len(recall_times),
+        }
 
         # --- full-scan baseline, and the same answers ---------------------------------------
         sealer = Sealer(key_from_text(SECRET))
@@ -266,10 +318,12 @@ async def measure(n_blocks: int, out_path: Path | None = None) -> dict:
             want_text = hits_text(want) if keywords(q["query"]) else answers[i]
             assert answers[i] == want_text, ("indexed answer differs from full scan", q)
             checked += 1
-        result["full_scan_ms"] = {"mean": round(statistics.mean(scan_times) * 1000, 1),
-                                  "queries": len(scan_times), "answers_equal": checked}
-        result["speedup_p50"] = round(
-            statistics.mean(scan_times) / pct(search_times, 50), 1)
+        result["full_scan_ms"] = {
+            "mean": round(statistics.mean(scan_times) * 1000, 1),
+            "queries": len(scan_times),
+            "answers_equal": checked,
+        }
+        result["speedup_p50"] = round(statistics.mean(scan_times) / pct(search_times, 50), 1)
 
         # --- memory ---------------------------------------------------------------------
         result["memory"] = {
@@ -301,14 +355,17 @@ async def measure(n_blocks: int, out_path: Path | None = None) -> dict:
         mem3 = rss_kib(service.proc.pid)
         text, _ = await ask_tool(nc, "recall_search", queries[2])
         assert text == answers[2], "answer changed after a cold restart"
-        result["memory"].update(rss_after_restart_mib=round(mem2["VmRSS"] / 1024, 1),
-                                hwm_after_restart_mib=round(mem2["VmHWM"] / 1024, 1))
-        result["memory"].update(rss_after_cold_restart_mib=round(mem3["VmRSS"] / 1024, 1),
-                                hwm_after_cold_restart_mib=round(mem3["VmHWM"] / 1024, 1))
+        result["memory"].update(
+            rss_after_restart_mib=round(mem2["VmRSS"] / 1024, 1),
+            hwm_after_restart_mib=round(mem2["VmHWM"] / 1024, 1),
+        )
+        result["memory"].update(
+            rss_after_cold_restart_mib=round(mem3["VmRSS"] / 1024, 1),
+            hwm_after_cold_restart_mib=round(mem3["VmHWM"] / 1024, 1),
+        )
         worst_rss = max(mem["VmRSS"], mem2["VmRSS"], mem3["VmRSS"]) * 1024
         result["memory"]["rss_over_text"] = round(worst_rss / text_bytes, 2)
-        result["memory"]["growth_over_text"] = round(
-            (worst_rss - rss_empty * 1024) / text_bytes, 2)
+        result["memory"]["growth_over_text"] = round((worst_rss - rss_empty * 1024) / text_bytes, 2)
         result["targets"] = {
             "recall_search_p50_le_20ms": result["recall_search_ms"]["p50"] <= 20,
             "recall_search_p99_le_100ms": result["recall_search_ms"]["p99"] <= 100,
@@ -362,21 +419,22 @@ def run(quick: bool) -> dict:
                     ["restart without snapshot (s)", raw["restart_cold_s"]],
                 ],
                 notes="Latencies end to end over NATS; the full scan reads, opens and scores "
-                      "every block as the original did.",
+                "every block as the original did.",
             ),
         ],
         targets=[
             _common.target("recall_search p50", search["p50"], "<=", 20, "ms", issue="3"),
             _common.target("recall_search p99", search["p99"], "<=", 100, "ms", issue="3"),
             _common.target("recall p50", recall_ms["p50"], "<=", 5, "ms", issue="3"),
-            _common.target("archive rate", raw["archive"]["blocks_per_s"], ">=", 500,
-                           "blocks/s", issue="3"),
+            _common.target(
+                "archive rate", raw["archive"]["blocks_per_s"], ">=", 500, "blocks/s", issue="3"
+            ),
             _common.target("resident memory / text", mem["rss_over_text"], "<", 3, issue="3"),
             _common.target("restart (snapshot)", raw["restart_s"], "<=", 30, "s", issue="3"),
         ],
         data=raw,
         notes="The index only narrows candidates; every answer is checked against the exact "
-              "rule, and the sampled answers are compared with the full scan.",
+        "rule, and the sampled answers are compared with the full scan.",
     )
 
 

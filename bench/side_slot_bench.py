@@ -41,9 +41,9 @@ import nats
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import _common  # noqa: E402
-from loki_shared import servers, subjects  # noqa: E402
-from loki_shared.messages.engine import (  # noqa: E402
+from bench import _common
+from loki_shared import servers, subjects
+from loki_shared.messages.engine import (
     EngineInfo,
     EngineInfoRequest,
     Lease,

@@ -57,19 +57,19 @@ COMPOSE_DOCS: dict[str, str] = {
     "GRAFANA_ADMIN_PASSWORD": "Grafana's admin password (required; anonymous access is off).",
     "GRAFANA_ADMIN_USER": "Grafana's admin user name.",
     "LOKI_BIND_ADDR": "host address the gateway and Grafana are published on "
-                      "(127.0.0.1: this machine only; the Unraid override defaults to 0.0.0.0).",
+    "(127.0.0.1: this machine only; the Unraid override defaults to 0.0.0.0).",
     "LOKI_WEB_PORT": "host port of the gateway (inside its container it listens on 8090).",
     "LOKI_GRAFANA_PORT": "host port of Grafana.",
     "LOKI_IMAGE_PREFIX": "name prefix of the images compose builds (loki/chat, ...).",
     "LOKI_IMAGE_TAG": "tag of the images compose builds.",
     "LOKI_LLAMA_CPP_BUILD": "llama.cpp build of the engine image "
-                            "(ghcr.io/ggml-org/llama.cpp:server[-cuda]-<build>).",
+    "(ghcr.io/ggml-org/llama.cpp:server[-cuda]-<build>).",
     "LOKI_MODELS_DIR": "host folder mounted read-only at /models in the engine container.",
     "LOKI_MODEL": "GGUF the engine loads, e.g. /models/<file>.gguf; empty: the bundled SmolLM2.",
     "LOKI_LOG_LEVEL": "log level of every Loki service.",
     "LOKI_PROMETHEUS_RETENTION": "how long Prometheus keeps samples.",
     "LOKI_APPDATA": "Unraid: host folder of all persistent data (nats, redis, data, "
-                    "prometheus, grafana).",
+    "prometheus, grafana).",
     "LOKI_NVIDIA_VISIBLE_DEVICES": "Unraid: GPUs given to the engine (all, or a GPU UUID).",
     "PUID": "Unraid: user id every container runs as (99 = nobody).",
     "PGID": "Unraid: group id every container runs as (100 = users).",
@@ -220,7 +220,7 @@ def render() -> str:
         "#",
         "# Lines `# NAME=value` show the default; uncomment one to change it. Every LOKI_* line",
         "# of .env reaches the Loki containers; values docker-compose.yml sets itself (noted",
-        "# \"compose sets\") are the containers' wiring and win over .env.",
+        '# "compose sets") are the containers\' wiring and win over .env.',
         "",
     ]
 
@@ -239,9 +239,7 @@ def render() -> str:
 
     lines += ["# ==== docker compose ====", ""]
     compose_names = ["COMPOSE_PROFILES", *sorted(interpolated)]
-    settings_names = {v.name for v in common} | {
-        v.name for vs in per_service.values() for v in vs
-    }
+    settings_names = {v.name for v in common} | {v.name for vs in per_service.values() for v in vs}
     for name in compose_names:
         if name in settings_names and name not in ACTIVE:
             continue  # documented with its service below; same default (checked by the tests)
@@ -289,8 +287,11 @@ def assignments(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if .env.example is stale")
-    parser.add_argument("--strict", action="store_true",
-                        help="with --check: compare the whole text, comments included")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="with --check: compare the whole text, comments included",
+    )
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args(argv)
     try:
@@ -302,11 +303,14 @@ def main(argv: list[str] | None = None) -> int:
         current = args.output.read_text() if args.output.exists() else ""
         differs = current != text if args.strict else assignments(current) != assignments(text)
         if differs:
-            sys.stdout.writelines(difflib.unified_diff(
-                current.splitlines(True), text.splitlines(True),
-                str(args.output), "generated"))
-            print(f"\n{args.output} is out of date: run scripts/gen_env_example.py",
-                  file=sys.stderr)
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    current.splitlines(True), text.splitlines(True), str(args.output), "generated"
+                )
+            )
+            print(
+                f"\n{args.output} is out of date: run scripts/gen_env_example.py", file=sys.stderr
+            )
             return 1
         return 0
     args.output.write_text(text)

@@ -53,8 +53,9 @@ def up(
                 model = Path(info.get("model") or "?").name
                 console.print(f"engine ready: {model} (n_ctx {info.get('n_ctx')})")
         host = "127.0.0.1" if config.web_host in ("0.0.0.0", "::") else config.web_host
-        console.print(f"\n[bold green]Loki is up:[/] http://{host}:{config.web_port}/   "
-                      "(Ctrl-C to stop)\n")
+        console.print(
+            f"\n[bold green]Loki is up:[/] http://{host}:{config.web_port}/   (Ctrl-C to stop)\n"
+        )
         while not stopping:
             stack.poll()
             time.sleep(0.5)

@@ -53,7 +53,7 @@ class StackConfig:
     echo: bool = True
 
     @classmethod
-    def from_environ(cls, environ: dict[str, str] | None = None) -> "StackConfig":
+    def from_environ(cls, environ: dict[str, str] | None = None) -> StackConfig:
         """Read ``LOKI_HOME`` (default ``./data``), ``LOKI_WEB_PORT`` (8090),
         ``LOKI_WEB_HOST``, ``LOKI_NATS_URL``, ``LOKI_REDIS_URL``.
 
@@ -180,14 +180,14 @@ class Stack:
                 import json
 
                 return json.loads(msg.data)
-            except Exception:
+            except Exception:  # noqa: BLE001 - any failure means "no answer yet"
                 return None
             finally:
                 await nc.close()
 
         try:
             return asyncio.run(ask())
-        except Exception:
+        except Exception:  # noqa: BLE001 - NATS down or not up yet: no answer
             return None
 
     def wait_engine_ready(self, timeout: float = 180.0) -> dict:
@@ -224,8 +224,10 @@ class Stack:
             if now < not_before:
                 continue
             delay = min(30.0, 2.0**count)
-            self.log(f"{name} exited (code {proc.proc.returncode if proc.proc else '?'}); "
-                     f"restarting, next backoff {delay:.0f} s")
+            self.log(
+                f"{name} exited (code {proc.proc.returncode if proc.proc else '?'}); "
+                f"restarting, next backoff {delay:.0f} s"
+            )
             self._restarts[name] = (count + 1, now + delay)
             self.start_service(name)
 

@@ -64,7 +64,7 @@ def instance_token(hostname: str | None = None) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name) or "unknown"
 
 
-def attach(broker: "NatsBroker", service: str, check: Check | None = None) -> None:
+def attach(broker: NatsBroker, service: str, check: Check | None = None) -> None:
     """Make ``broker`` answer ``loki.health.<service>.<instance>`` and, in queue group
     ``health``, ``loki.health.<service>``, with a :class:`HealthReply`.
 
@@ -78,16 +78,16 @@ def attach(broker: "NatsBroker", service: str, check: Check | None = None) -> No
         if check is not None:
             try:
                 detail = dict(await check())
-            except Exception as exc:  # a failing check is an unhealthy answer, not a crash
+            except Exception as exc:  # noqa: BLE001 - a failing check is an unhealthy answer, not a crash
                 detail = {"check": f"{type(exc).__name__}: {exc}"}
         return HealthReply(service=service, instance=instance, ok=not detail, detail=detail)
 
     @broker.subscriber(subjects.health(service, instance))
-    async def on_instance(req: HealthRequest) -> HealthReply:  # noqa: ARG001 - no fields
+    async def on_instance(req: HealthRequest) -> HealthReply:
         return await answer()
 
     @broker.subscriber(subjects.health(service), queue=subjects.QUEUE_HEALTH)
-    async def on_any(req: HealthRequest) -> HealthReply:  # noqa: ARG001
+    async def on_any(req: HealthRequest) -> HealthReply:
         return await answer()
 
 
@@ -109,8 +109,13 @@ async def ask_nats(
 
     try:
         nc = await asyncio.wait_for(
-            nats.connect(nats_url, connect_timeout=timeout, max_reconnect_attempts=0,
-                         allow_reconnect=False, error_cb=quiet),
+            nats.connect(
+                nats_url,
+                connect_timeout=timeout,
+                max_reconnect_attempts=0,
+                allow_reconnect=False,
+                error_cb=quiet,
+            ),
             timeout=timeout + 0.5,
         )
     except Exception as exc:
@@ -137,7 +142,7 @@ def check_http(url: str, timeout: float = DEFAULT_TIMEOUT_S) -> str:
         RuntimeError: connection failed, timed out, or the status is not 2xx.
     """
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - our own URL
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return f"HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         raise RuntimeError(f"{url}: HTTP {exc.code}") from exc
@@ -177,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", metavar="URL", help="GET this URL instead; 2xx is healthy")
     parser.add_argument("--process", metavar="MODULE", help="a live process runs -m MODULE")
     parser.add_argument(
-        "--fallback-process", metavar="MODULE",
+        "--fallback-process",
+        metavar="MODULE",
         help="when nobody subscribes to the health subject, a live -m MODULE process is healthy",
     )
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds")
@@ -204,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{exc}; process fallback: pid {pid}")
                 return 0
             if not reply.ok:
-                raise RuntimeError(f"{reply.service}/{reply.instance} unhealthy: "
-                                   + json.dumps(reply.detail))
+                raise RuntimeError(
+                    f"{reply.service}/{reply.instance} unhealthy: " + json.dumps(reply.detail)
+                )
             what = f"{reply.service}/{reply.instance} ok"
     except RuntimeError as exc:
         print(f"unhealthy: {exc}", file=sys.stderr)

@@ -91,13 +91,20 @@ class KdfParams:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"v": 1, "kdf": "scrypt", "n": self.n, "r": self.r, "p": self.p,
-             "salt": b64(self.salt), "check": b64(self.check)},
+            {
+                "v": 1,
+                "kdf": "scrypt",
+                "n": self.n,
+                "r": self.r,
+                "p": self.p,
+                "salt": b64(self.salt),
+                "check": b64(self.check),
+            },
             sort_keys=True,
         )
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "KdfParams":
+    def from_json(cls, text: str | bytes) -> KdfParams:
         """Read a stored record.
 
         Raises:
@@ -108,8 +115,11 @@ class KdfParams:
             if data.get("v") != 1 or data.get("kdf") != "scrypt":
                 raise BadKdf("unknown memory KDF record version")
             return cls(
-                salt=unb64(data["salt"]), check=unb64(data["check"]),
-                n=int(data["n"]), r=int(data["r"]), p=int(data["p"]),
+                salt=unb64(data["salt"]),
+                check=unb64(data["check"]),
+                n=int(data["n"]),
+                r=int(data["r"]),
+                p=int(data["p"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise BadKdf(f"unreadable memory KDF record: {exc}") from exc

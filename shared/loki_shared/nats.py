@@ -7,7 +7,7 @@ from faststream.nats import JStream, NatsBroker
 from . import health, subjects
 
 
-def make_broker(url: str, name: str, health_check: "health.Check | None" = None) -> NatsBroker:
+def make_broker(url: str, name: str, health_check: health.Check | None = None) -> NatsBroker:
     """A FastStream NATS broker for service ``name`` that reconnects forever and answers the
     health subjects ``loki.health.<name>`` (see :mod:`loki_shared.health`; the compose
     healthchecks ask them). ``health_check``, when given, runs on each health request: a

@@ -222,8 +222,11 @@ async def publish_record(target: Any, record: PerfRecord, *, timeout: float = 2.
     for attempt in (1, 2):
         try:
             await js.publish(
-                subjects.PERF_RECORD, payload, timeout=timeout,
-                stream=subjects.STREAM_PERF, headers=dict(headers),
+                subjects.PERF_RECORD,
+                payload,
+                timeout=timeout,
+                stream=subjects.STREAM_PERF,
+                headers=dict(headers),
             )
             return True
         except (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError):

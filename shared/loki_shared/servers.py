@@ -141,18 +141,29 @@ def redis_command(port: int, data_dir: Path, host: str = "127.0.0.1") -> list[st
     """argv of a Redis server with append-only persistence under ``data_dir``."""
     return [
         str(find_redis_server()),
-        "--bind", host,
-        "--port", str(port),
-        "--dir", str(data_dir),
-        "--appendonly", "yes",
-        "--save", "",
-        "--protected-mode", "no",
+        "--bind",
+        host,
+        "--port",
+        str(port),
+        "--dir",
+        str(data_dir),
+        "--appendonly",
+        "yes",
+        "--save",
+        "",
+        "--protected-mode",
+        "no",
     ]
 
 
 def llama_command(
-    port: int, ctx: int = 4096, parallel: int = 1, threads: int = 2,
-    extra: list[str] | tuple[str, ...] = (), host: str = "127.0.0.1", model: Path | None = None,
+    port: int,
+    ctx: int = 4096,
+    parallel: int = 1,
+    threads: int = 2,
+    extra: list[str] | tuple[str, ...] = (),
+    host: str = "127.0.0.1",
+    model: Path | None = None,
 ) -> list[str]:
     """argv of llama-server on CPU (``-ngl 0``) with ``/metrics``, serving ``model`` (default:
     the bundled SmolLM2) with a window of ``ctx`` tokens over ``parallel`` slots — the command
@@ -163,10 +174,21 @@ def llama_command(
     """
     return [
         str(find_llama_server()),
-        "-m", str(model or find_bundled_model()),
-        "--host", host, "--port", str(port),
-        "-c", str(ctx), "-np", str(parallel),
-        "-ngl", "0", "--metrics", "-t", str(threads),
+        "-m",
+        str(model or find_bundled_model()),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "-c",
+        str(ctx),
+        "-np",
+        str(parallel),
+        "-ngl",
+        "0",
+        "--metrics",
+        "-t",
+        str(threads),
         *extra,
     ]
 
@@ -187,7 +209,7 @@ class ManagedProcess:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
     echo: bool = False
 
-    def start(self) -> "ManagedProcess":
+    def start(self) -> ManagedProcess:
         self.proc = subprocess.Popen(
             self.argv,
             stdout=subprocess.PIPE,
@@ -210,8 +232,9 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _wait_until(self, ready: Callable[[], bool], timeout: float, every: float,
-                    what: str) -> None:
+    def _wait_until(
+        self, ready: Callable[[], bool], timeout: float, every: float, what: str
+    ) -> None:
         """Poll ``ready()`` every ``every`` s until it is true.
 
         Raises:
@@ -232,8 +255,7 @@ class ManagedProcess:
         Raises:
             ServerStartError: the process exited or ``timeout`` seconds passed.
         """
-        self._wait_until(lambda: port_open(host, port), timeout, 0.05,
-                         f"not listening on {port}")
+        self._wait_until(lambda: port_open(host, port), timeout, 0.05, f"not listening on {port}")
 
     def wait_http_ok(self, url: str, timeout: float = 120.0) -> None:
         """Wait until ``GET url`` answers 200 (llama-server's ``/health`` once the model is

@@ -54,8 +54,9 @@ def test_paired_ratios_are_taken_pair_by_pair() -> None:
 
 def test_interleaved_alternates_baseline_and_candidate() -> None:
     calls: list[str] = []
-    out = _common.interleaved(lambda: calls.append("c"), lambda: calls.append("b"), times=3,
-                              warmup=1)
+    out = _common.interleaved(
+        lambda: calls.append("c"), lambda: calls.append("b"), times=3, warmup=1
+    )
     assert calls == ["b", "c"] * 4
     assert out["ratio"]["n"] == 3
 
@@ -95,8 +96,9 @@ def test_tree_rss_counts_children() -> None:
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", ("import time; b = bytearray(30_000_000);"
-                              " time.sleep(60)")])
+    child = subprocess.Popen(
+        [sys.executable, "-c", ("import time; b = bytearray(30_000_000); time.sleep(60)")]
+    )
     try:
         import time
 
@@ -107,8 +109,9 @@ def test_tree_rss_counts_children() -> None:
 
         assert child.pid in _common.process_tree(os.getpid())
         assert _common.rss_bytes(child.pid) >= 30_000_000
-        assert _common.tree_rss_bytes(os.getpid()) >= (_common.rss_bytes(os.getpid())
-                                                        + _common.rss_bytes(child.pid))
+        assert _common.tree_rss_bytes(os.getpid()) >= (
+            _common.rss_bytes(os.getpid()) + _common.rss_bytes(child.pid)
+        )
     finally:
         child.kill()
         child.wait()
@@ -123,9 +126,12 @@ def test_pinned_binds_the_processes_started_inside_and_restores() -> None:
     before = os.sched_getaffinity(0)
     first = {min(before)}
     with _common.pinned(first):
-        out = subprocess.run([sys.executable, "-c",
-                              "import os; print(sorted(os.sched_getaffinity(0)))"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     assert out.strip() == str(sorted(first))
     assert os.sched_getaffinity(0) == before
     split = _common.split_cores()

@@ -12,27 +12,27 @@ import pytest
 
 from bench import _common
 
-GOOD = '''
+GOOD = """
 from bench import _common
 TIMEOUT_S = {"quick": 60, "full": 60}
 def run(quick):
     return _common.result("Good", tables=[_common.table("t", ["a"], [[1 if quick else 2]])],
                           targets=[_common.target("a", 1, "<=", 1)], data={"quick": quick})
-'''
-BROKEN = '''
+"""
+BROKEN = """
 def run(quick):
     raise RuntimeError("no engine here")
-'''
-WRONG = '''
+"""
+WRONG = """
 def run(quick):
     return [1, 2]
-'''
-HANGS = '''
+"""
+HANGS = """
 import time
 TIMEOUT_S = {"quick": 3, "full": 3}
 def run(quick):
     time.sleep(600)
-'''
+"""
 
 
 @pytest.fixture
@@ -49,10 +49,23 @@ def extra_dir(tmp_path: Path) -> Path:
 def _harness(extra: Path, results: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LOKI_BENCH_EXTRA": str(extra)}
     return subprocess.run(
-        [sys.executable, "-m", "bench", "--results", str(results),
-         "--report", str(results / "BENCHMARKS.md"), *args],
-        cwd=_common.REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
-        check=False)
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--results",
+            str(results),
+            "--report",
+            str(results / "BENCHMARKS.md"),
+            *args,
+        ],
+        cwd=_common.REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_list_discovers_modules(extra_dir: Path, tmp_path: Path) -> None:
@@ -77,11 +90,26 @@ def test_good_bench_gets_commit_machine_and_status(extra_dir: Path, tmp_path: Pa
 
 
 def test_failures_are_recorded_not_raised(extra_dir: Path, tmp_path: Path) -> None:
-    out = _harness(extra_dir, tmp_path, "--quick", "--only", "zzbroken", "--only", "zzwrong",
-                   "--only", "zzhangs", "--only", "zzabsent", "--only", "zzgood")
+    out = _harness(
+        extra_dir,
+        tmp_path,
+        "--quick",
+        "--only",
+        "zzbroken",
+        "--only",
+        "zzwrong",
+        "--only",
+        "zzhangs",
+        "--only",
+        "zzabsent",
+        "--only",
+        "zzgood",
+    )
     assert out.returncode == 1
-    status = {n: json.loads((tmp_path / f"{n}.json").read_text())
-              for n in ("zzbroken", "zzwrong", "zzhangs", "zzabsent", "zzgood")}
+    status = {
+        n: json.loads((tmp_path / f"{n}.json").read_text())
+        for n in ("zzbroken", "zzwrong", "zzhangs", "zzabsent", "zzgood")
+    }
     assert status["zzbroken"]["status"] == "failed"
     assert "RuntimeError: no engine here" in status["zzbroken"]["error"]
     assert status["zzwrong"]["status"] == "failed"
@@ -90,6 +118,5 @@ def test_failures_are_recorded_not_raised(extra_dir: Path, tmp_path: Path) -> No
     assert status["zzabsent"]["status"] == "missing"
     assert status["zzgood"]["status"] == "ok"  # ran after the others failed
     report = (tmp_path / "BENCHMARKS.md").read_text()
-    for name, state in (("zzbroken", "failed"), ("zzhangs", "timeout"),
-                        ("zzabsent", "missing")):
+    for name, state in (("zzbroken", "failed"), ("zzhangs", "timeout"), ("zzabsent", "missing")):
         assert f"| {name} | (no figures) | — | — | ⚠ {state} |" in report

@@ -23,8 +23,13 @@ def _seq(start: int, n: int) -> list[int]:
 
 
 def test_strictly_extending_conversation_is_new_only_by_its_additions() -> None:
-    u1, a1, u2, a2, u3 = _seq(1000, 30), _seq(2000, 12), _seq(3000, 50), _seq(4000, 9), \
-        _seq(5000, 20)
+    u1, a1, u2, a2, u3 = (
+        _seq(1000, 30),
+        _seq(2000, 12),
+        _seq(3000, 50),
+        _seq(4000, 9),
+        _seq(5000, 20),
+    )
     p1 = SYS + u1
     p2 = p1 + a1 + u2
     p3 = p2 + a2 + u3
@@ -71,9 +76,13 @@ def test_compaction_summary_is_new_and_its_tail_is_not() -> None:
     summary_req = _seq(8000, 5) + old + tail  # a transcript of the same content
     summary_out = _seq(7000, 40)
     p2 = SYS + summary_out + tail + a1 + _seq(6500, 12)
-    new = new_tokens([Request("main", p1, a1),
-                      Request("compact", summary_req, summary_out, reference="main"),
-                      Request("main", p2)])
+    new = new_tokens(
+        [
+            Request("main", p1, a1),
+            Request("compact", summary_req, summary_out, reference="main"),
+            Request("main", p2),
+        ]
+    )
     assert new[0] == len(p1)
     assert new[1] == 5  # only the summary demand: the transcript was in the conversation
     # p2 against p1 ⊕ a1: the system prompt and the tail are held, a1 is held only where it
@@ -111,8 +120,7 @@ def test_classify_by_tag_and_summary_shape() -> None:
         return _common.Exchange(0.0, "/v1/chat/completions", body)
 
     assert classify(ex({"messages": [{"role": "system", "content": "[side:v1] x"}]})) == "v1"
-    assert classify(ex({"messages": [{"role": "system", "content": "[side:bench] x"}]})) \
-        == "bench"
+    assert classify(ex({"messages": [{"role": "system", "content": "[side:bench] x"}]})) == "bench"
     assert classify(ex({"messages": [], "tool_choice": "none", "stream": False})) == "compact"
     assert classify(ex({"messages": [{"role": "system", "content": "x"}]})) == "compact"
     assert classify(ex({"messages": [], "stream": True})) == "main"
@@ -134,5 +142,12 @@ def test_scripted_session_has_the_required_mix() -> None:
 
 def test_the_first_main_request_after_a_summary_is_labelled() -> None:
     kinds = ["main", "compact", "v1", "main", "main", "compact", "main"]
-    assert after_compaction(kinds) == ["main", "compact", "v1", "main-after-compact", "main",
-                                       "compact", "main-after-compact"]
+    assert after_compaction(kinds) == [
+        "main",
+        "compact",
+        "v1",
+        "main-after-compact",
+        "main",
+        "compact",
+        "main-after-compact",
+    ]

@@ -14,16 +14,23 @@ from tests.fakes.fake_engine import FakeEngine, default_timings, text_reply
 def test_streamed_and_plain_requests_are_recorded_and_passed_through() -> None:
     with FakeEngine() as engine:
         timings = default_timings(prompt_n=7, cache_n=30)
-        engine.push(text_reply("héllo wörld", pieces=4, timings=timings),
-                    text_reply("plain", timings=default_timings(prompt_n=3, cache_n=40)))
+        engine.push(
+            text_reply("héllo wörld", pieces=4, timings=timings),
+            text_reply("plain", timings=default_timings(prompt_n=3, cache_n=40)),
+        )
         proxy = _common.RecordingProxy(engine.url).start()
         try:
-            body = {"messages": [{"role": "user", "content": "hi"}], "stream": True,
-                    "stream_options": {"include_usage": True}}
+            body = {
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             with httpx.Client(timeout=30) as client:
                 streamed = client.post(f"{proxy.url}/v1/chat/completions", json=body)
-                plain = client.post(f"{proxy.url}/v1/chat/completions",
-                                    json={"messages": [{"role": "user", "content": "x"}]})
+                plain = client.post(
+                    f"{proxy.url}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "x"}]},
+                )
                 health = client.get(f"{proxy.url}/health")
         finally:
             proxy.stop()

@@ -11,17 +11,35 @@ from bench import _common, report
 def _ok_doc() -> dict:
     doc = _common.result(
         "Headline: prompt recomputation ratio",
-        tables=[_common.table("By configuration", ["configuration", "ratio", "Σ prompt_n"],
-                              [["naive", 7.25, 41230], ["loki-best", 1.031, 5862]],
-                              notes="a note under the table")],
+        tables=[
+            _common.table(
+                "By configuration",
+                ["configuration", "ratio", "Σ prompt_n"],
+                [["naive", 7.25, 41230], ["loki-best", 1.031, 5862]],
+                notes="a note under the table",
+            )
+        ],
         targets=[_common.target("recomputation ratio", 1.031, "<=", 1.05)],
         notes="Session: 30 turns.",
     )
-    doc.update(schema=1, name="headline", status="ok", mode="quick", commit="a" * 40,
-               dirty=False, started="2026-11-30T02:00:00+00:00", duration_s=321.5,
-               machine={"cpu": "Test CPU", "cores": 2, "ram_bytes": 2**34, "os": "Linux",
-                        "python": "3.11.2", "engine": {"build_info": "b1234", "total_slots": 1,
-                                                       "n_ctx": 2048}})
+    doc.update(
+        schema=1,
+        name="headline",
+        status="ok",
+        mode="quick",
+        commit="a" * 40,
+        dirty=False,
+        started="2026-11-30T02:00:00+00:00",
+        duration_s=321.5,
+        machine={
+            "cpu": "Test CPU",
+            "cores": 2,
+            "ram_bytes": 2**34,
+            "os": "Linux",
+            "python": "3.11.2",
+            "engine": {"build_info": "b1234", "total_slots": 1, "n_ctx": 2048},
+        },
+    )
     return doc
 
 
@@ -34,8 +52,10 @@ def test_report_renders_targets_tables_and_machine(tmp_path: Path) -> None:
     _write(tmp_path, "headline", _ok_doc())
     text = report.render(report.load_results(tmp_path))
     assert text.startswith("# Benchmarks")
-    assert "Machine: Test CPU, 2 logical cores, 16.0 GiB RAM, Linux, Python 3.11.2, " \
-           "llama-server b1234." in text
+    assert (
+        "Machine: Test CPU, 2 logical cores, 16.0 GiB RAM, Linux, Python 3.11.2, "
+        "llama-server b1234." in text
+    )
     assert "| headline | recomputation ratio | 1.031 | ≤ 1.05 | ✅ met |" in text
     assert "| configuration | ratio | Σ prompt_n |" in text
     assert "| naive | 7.250 | 41,230 |" in text
@@ -46,10 +66,27 @@ def test_report_renders_targets_tables_and_machine(tmp_path: Path) -> None:
 
 def test_failed_missing_and_unreadable_results_are_reported(tmp_path: Path) -> None:
     _write(tmp_path, "headline", _ok_doc())
-    _write(tmp_path, "gateway", {"schema": 1, "name": "gateway", "status": "failed", "title": "gateway",
-                                 "error": "RuntimeError: engine exited"})
-    _write(tmp_path, "recall", {"schema": 1, "name": "recall", "status": "missing",
-                                "error": "bench/recall_bench.py does not exist"})
+    _write(
+        tmp_path,
+        "gateway",
+        {
+            "schema": 1,
+            "name": "gateway",
+            "status": "failed",
+            "title": "gateway",
+            "error": "RuntimeError: engine exited",
+        },
+    )
+    _write(
+        tmp_path,
+        "recall",
+        {
+            "schema": 1,
+            "name": "recall",
+            "status": "missing",
+            "error": "bench/recall_bench.py does not exist",
+        },
+    )
     _write(tmp_path, "perf", "{not json")
     _write(tmp_path, "recall-by-hand", {"blocks": 100000})
     docs = report.load_results(tmp_path)
@@ -62,13 +99,16 @@ def test_failed_missing_and_unreadable_results_are_reported(tmp_path: Path) -> N
     assert "recall-by-hand" not in text
     assert report.foreign_results(tmp_path) == ["recall-by-hand.json"]
     assert "Not from the harness (left out): `recall-by-hand.json`." in report.render(
-        docs, report.foreign_results(tmp_path))
+        docs, report.foreign_results(tmp_path)
+    )
 
 
 def test_unmet_and_unmeasured_targets(tmp_path: Path) -> None:
     doc = _ok_doc()
-    doc["targets"] = [_common.target("ratio", 1.2, "<=", 1.05),
-                      _common.target("memory", None, "<", 400, "MB")]
+    doc["targets"] = [
+        _common.target("ratio", 1.2, "<=", 1.05),
+        _common.target("memory", None, "<", 400, "MB"),
+    ]
     _write(tmp_path, "headline", doc)
     text = report.render(report.load_results(tmp_path))
     assert "| headline | ratio | 1.200 | ≤ 1.05 | ❌ not met |" in text

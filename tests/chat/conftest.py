@@ -20,6 +20,7 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 from fakes.fake_engine import FakeEngine
+
 from loki_chat.context import ContextPolicy
 from loki_chat.service import ChatService
 from loki_chat.settings import Settings

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import httpx
-
 from fakes.fake_engine import HTTPError, tool_reply
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from conftest import SECRET
 from fakes.fake_engine import FakeEngine, text_reply, tool_reply
+
 from loki_cli.stack import Stack, StackConfig
 from loki_shared import servers
 from tests.e2e.conftest import StackClient
-
-from conftest import SECRET
 
 
 def test_tool_call_turns_through_the_gateway(tmp_path: Path, fake_engine: FakeEngine) -> None:

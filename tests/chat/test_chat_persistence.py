@@ -13,6 +13,7 @@ import time
 import redis.asyncio as aioredis
 from conftest import SECRET
 from fakes.fake_engine import Stream, chunk, text_reply, tool_reply
+
 from loki_chat.conversation import Conversation
 from loki_chat.errors import FencedWrite
 from loki_chat.store import Store, conv_key

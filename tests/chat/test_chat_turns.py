@@ -17,6 +17,7 @@ from fakes.fake_engine import (
     text_reply,
     tool_reply,
 )
+
 from loki_chat.turn import NO_TOOL_INSTRUCTION
 from loki_shared import subjects
 from loki_shared.messages.recall import ToolReply, ToolRequest

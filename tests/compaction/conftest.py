@@ -16,12 +16,12 @@ import httpx
 import nats
 import pytest
 from fakes.fake_engine import FakeEngine, Stream, default_timings, default_usage
+
 from loki_chat.compaction import CompactionPolicy
 from loki_chat.context import ContextView
 from loki_chat.conversation import Conversation
 from loki_shared import subjects
 from loki_shared.nats import make_broker
-
 from tests.chat.conftest import (
     SECRET,
     ChatClient,
@@ -56,9 +56,14 @@ class SummaryEngine(FakeEngine):
                 message["content"] += delta.get("content") or ""
                 reasoning += delta.get("reasoning_content") or ""
                 for tc in delta.get("tool_calls") or []:
-                    entry = calls.setdefault(tc["index"], {"id": tc.get("id"), "type": "function",
-                                                           "function": {"name": "",
-                                                                        "arguments": ""}})
+                    entry = calls.setdefault(
+                        tc["index"],
+                        {
+                            "id": tc.get("id"),
+                            "type": "function",
+                            "function": {"name": "", "arguments": ""},
+                        },
+                    )
                     fn = tc.get("function") or {}
                     if fn.get("name"):
                         entry["function"]["name"] = fn["name"]
@@ -68,11 +73,15 @@ class SummaryEngine(FakeEngine):
             message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = [calls[i] for i in sorted(calls)]
-        body = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 1700000000,
-                "model": "fake-model",
-                "choices": [{"index": 0, "message": message, "finish_reason": finish or "stop"}],
-                "usage": response.usage or default_usage(),
-                "timings": response.timings or default_timings()}
+        body = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": "fake-model",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish or "stop"}],
+            "usage": response.usage or default_usage(),
+            "timings": response.timings or default_timings(),
+        }
         await self._send_json(writer, 200, body)
         return True
 
@@ -101,7 +110,6 @@ async def supervisor(nc: Any, fake_engine: SummaryEngine) -> AsyncIterator[FakeS
 async def recall(nats_url: str, redis_db: str, tmp_path: Path):
     """The real recall service, in-process, on an empty Redis."""
     from loki_recall.service import RecallService
-
     from tests.recall.recall_helpers import recall_settings
 
     service = RecallService(recall_settings(nats_url, redis_db, tmp_path / "recall-home"))
@@ -149,18 +157,32 @@ class Harness:
         self.policy = CompactionPolicy(settings)
         self.markers: list[dict[str, Any]] = []
 
-    def view(self, conv: Conversation, trigger: str = "end", n_ctx: int = 4096,
-             ctx_used: int | None = None, overflow: Any = None) -> ContextView:
-        used = ctx_used if ctx_used is not None else conv.meter.used(
-            self.settings.system_prompt, conv.messages)
+    def view(
+        self,
+        conv: Conversation,
+        trigger: str = "end",
+        n_ctx: int = 4096,
+        ctx_used: int | None = None,
+        overflow: Any = None,
+    ) -> ContextView:
+        used = (
+            ctx_used
+            if ctx_used is not None
+            else conv.meter.used(self.settings.system_prompt, conv.messages)
+        )
 
         async def emit(delta: dict[str, Any], loki: dict[str, Any] | None) -> None:
             self.markers.append(loki or {})
 
-        return ContextView(conversation=conv, trigger=trigger, n_ctx=n_ctx, ctx_used=used,
-                           overflow=overflow, emit=emit,
-                           extra={"broker": self.broker, "http": self.http,
-                                  "settings": self.settings})
+        return ContextView(
+            conversation=conv,
+            trigger=trigger,
+            n_ctx=n_ctx,
+            ctx_used=used,
+            overflow=overflow,
+            emit=emit,
+            extra={"broker": self.broker, "http": self.http, "settings": self.settings},
+        )
 
 
 @pytest.fixture

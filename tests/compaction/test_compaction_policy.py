@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fakes.fake_engine import HTTPError, text_reply, tool_reply
+
 from loki_chat.compaction.policy import REQUEST_HEADER, SUMMARY_HEADER
 from loki_chat.compaction.rules import tail_start
 from loki_chat.context import OverflowInfo
@@ -23,19 +24,28 @@ from loki_shared.perf_publish import ensure_perf_stream
 
 from .conftest import summary_requests
 
-SUMMARY = ("Goals: the user shares three design files. Decisions: keep the lexer apart "
-           "(recall:r1). Open: error reporting. State: files read, design summarised next.")
+SUMMARY = (
+    "Goals: the user shares three design files. Decisions: keep the lexer apart "
+    "(recall:r1). Open: error reporting. State: files read, design summarised next."
+)
 
 
 def U(text: str, injected: str | None = None) -> ChatMessage:
-    return ChatMessage(role="user", content=text,
-                       loki=LokiMeta(injected=injected) if injected else None)
+    return ChatMessage(
+        role="user", content=text, loki=LokiMeta(injected=injected) if injected else None
+    )
 
 
 def A(text: str | None = None, calls: list[tuple[str, str, str]] | None = None) -> ChatMessage:
-    return ChatMessage(role="assistant", content=text, tool_calls=[
-        ToolCall(id=i, function=ToolCallFunction(name=n, arguments=a)) for i, n, a in calls
-    ] if calls else None)
+    return ChatMessage(
+        role="assistant",
+        content=text,
+        tool_calls=[
+            ToolCall(id=i, function=ToolCallFunction(name=n, arguments=a)) for i, n, a in calls
+        ]
+        if calls
+        else None,
+    )
 
 
 def T(call_id: str, text: str, name: str = "read") -> ChatMessage:
@@ -46,8 +56,10 @@ def block(i: int, size: int = 3000) -> str:
     lines = [f"File design_{i}.md — section {i}"]
     k = 0
     while sum(len(x) + 1 for x in lines) < size:
-        lines.append(f"{i}.{k}: the component {i * 31 + k} reads token {k * 7 % 13} and "
-                     f"emits node {k * 11 % 17} ({'é' if k % 3 else 'ß'})")
+        lines.append(
+            f"{i}.{k}: the component {i * 31 + k} reads token {k * 7 % 13} and "
+            f"emits node {k * 11 % 17} ({'é' if k % 3 else 'ß'})"
+        )
         k += 1
     return "\n".join(lines)[:size]
 
@@ -72,8 +84,11 @@ async def collect(nc: Any, subject: str) -> list[Any]:
 
 
 async def recall_text(nc: Any, block_id: str) -> str:
-    raw = await nc.request(subjects.RECALL_TOOL, json.dumps(
-        {"name": "recall", "arguments": {"id": block_id}}).encode(), timeout=5)
+    raw = await nc.request(
+        subjects.RECALL_TOOL,
+        json.dumps({"name": "recall", "arguments": {"id": block_id}}).encode(),
+        timeout=5,
+    )
     return json.loads(raw.data)["text"]
 
 
@@ -129,8 +144,11 @@ async def test_threshold_archives_then_summarises(harness, fake_engine, supervis
     stored = await js.get_last_msg(subjects.STREAM_EVENTS, subjects.EVENTS_COMPACTION)
     assert CompactionEvent.model_validate_json(stored.data) == event
     record = PerfRecord.model_validate_json(perf[0].data)
-    assert record.kind == "compact" and record.conversation == "c1" and record.roles == [
-        "system", "user"]
+    assert (
+        record.kind == "compact"
+        and record.conversation == "c1"
+        and record.roles == ["system", "user"]
+    )
 
 
 async def test_below_threshold_nothing_happens(harness, fake_engine, supervisor):
@@ -179,15 +197,19 @@ async def test_refusal_without_reduction_and_hold_off(harness, fake_engine, supe
     assert not summary_requests(fake_engine)
 
 
-@pytest.mark.parametrize("reply", [
-    text_reply("", reasoning="Let me think about the summary"),
-    text_reply("<think>I will summarise, first I need"),
-    text_reply("word " * 400),
-    tool_reply([("c9", "recall", '{"id": "r1"}')]),
-    HTTPError(500, {"error": {"code": 500, "message": "boom", "type": "server_error"}}),
-])
-async def test_failed_summary_falls_back_to_stripped_torso(harness, fake_engine, supervisor,
-                                                           recall, reply):
+@pytest.mark.parametrize(
+    "reply",
+    [
+        text_reply("", reasoning="Let me think about the summary"),
+        text_reply("<think>I will summarise, first I need"),
+        text_reply("word " * 400),
+        tool_reply([("c9", "recall", '{"id": "r1"}')]),
+        HTTPError(500, {"error": {"code": 500, "message": "boom", "type": "server_error"}}),
+    ],
+)
+async def test_failed_summary_falls_back_to_stripped_torso(
+    harness, fake_engine, supervisor, recall, reply
+):
     h = harness()
     conv = long_conv()
     tail = list(conv.messages[-1:])
@@ -197,8 +219,10 @@ async def test_failed_summary_falls_back_to_stripped_torso(harness, fake_engine,
     # no summary, no raw reasoning installed; the torso stays, big blocks stripped, ids kept
     assert not any(m.loki and m.loki.injected == "summary" for m in conv.messages)
     assert all("think" not in (m.content or "") for m in conv.messages)
-    assert conv.messages[0].content == ("Here is file 0:\n" + block(0))[:400] + \
-        " […] (archived verbatim as recall:r1)"
+    assert (
+        conv.messages[0].content
+        == ("Here is file 0:\n" + block(0))[:400] + " […] (archived verbatim as recall:r1)"
+    )
     assert conv.messages[-1:] == tail
     # the last request is not re-injected after a failed summary
     assert sum(1 for m in conv.messages if "Now tell me the design" in (m.content or "")) == 1
@@ -212,21 +236,29 @@ async def test_length_keeps_text_marked(harness, fake_engine, supervisor, recall
     assert conv.messages[0].content == SUMMARY_HEADER + SUMMARY + " […]"
 
 
-async def test_request_reinjected_only_when_tail_has_no_user_request(harness, fake_engine,
-                                                                     supervisor, recall):
+async def test_request_reinjected_only_when_tail_has_no_user_request(
+    harness, fake_engine, supervisor, recall
+):
     h = harness()
     # mid-turn: the tail is the tool loop, without the user's request
-    conv = Conversation(id="c3", messages=[
-        U("Read the three files and compare them."),
-        A(None, [("c1", "read", '{"p": "a"}')]), T("c1", block(0)),
-        A(None, [("c2", "read", '{"p": "b"}')]), T("c2", block(1)),
-        A(None, [("c3", "read", '{"p": "c"}')]), T("c3", block(2, 900)),
-    ])
+    conv = Conversation(
+        id="c3",
+        messages=[
+            U("Read the three files and compare them."),
+            A(None, [("c1", "read", '{"p": "a"}')]),
+            T("c1", block(0)),
+            A(None, [("c2", "read", '{"p": "b"}')]),
+            T("c2", block(1)),
+            A(None, [("c3", "read", '{"p": "c"}')]),
+            T("c3", block(2, 900)),
+        ],
+    )
     fake_engine.push(text_reply(SUMMARY))
     assert await h.policy.maybe_compact(h.view(conv, "mid", ctx_used=3200))
     first = conv.messages[0]
-    assert first.content == (SUMMARY_HEADER + SUMMARY + REQUEST_HEADER +
-                             "Read the three files and compare them.")
+    assert first.content == (
+        SUMMARY_HEADER + SUMMARY + REQUEST_HEADER + "Read the three files and compare them."
+    )
     assert conv.messages[1].role == "assistant" and conv.messages[1].tool_calls
     assert conv.messages[2].role == "tool"  # a call never separated from its result
     # the tail holds a user request: nothing re-injected
@@ -265,22 +297,34 @@ async def test_at_most_two_compactions_per_step(harness, fake_engine, supervisor
 
 async def test_reactive_then_shrink(harness, fake_engine, supervisor, recall):
     h = harness()
-    conv = Conversation(id="c6", messages=[
-        U("Read it"), A(None, [("c1", "read", "{}")]), T("c1", block(0, 6000)),
-        A("Read. Next?"), U("Read the other"), A(None, [("c2", "read", "{}")]),
-        T("c2", block(1, 6000)), A("Done."), U("Compare"), A("They differ.")])
-    overflow = OverflowInfo(status=400, body="exceeds the available context size",
-                            n_prompt_tokens=4500, n_ctx=4096)
+    conv = Conversation(
+        id="c6",
+        messages=[
+            U("Read it"),
+            A(None, [("c1", "read", "{}")]),
+            T("c1", block(0, 6000)),
+            A("Read. Next?"),
+            U("Read the other"),
+            A(None, [("c2", "read", "{}")]),
+            T("c2", block(1, 6000)),
+            A("Done."),
+            U("Compare"),
+            A("They differ."),
+        ],
+    )
+    overflow = OverflowInfo(
+        status=400, body="exceeds the available context size", n_prompt_tokens=4500, n_ctx=4096
+    )
     fake_engine.push(text_reply(SUMMARY))
-    assert await h.policy.maybe_compact(h.view(conv, "reactive", ctx_used=3700,
-                                               overflow=overflow))
+    assert await h.policy.maybe_compact(h.view(conv, "reactive", ctx_used=3700, overflow=overflow))
     assert h.markers[0]["trigger"] == "reactive"
     # the engine still refuses: last resort, shrink toward 60% of the window
     before = [m.model_copy() for m in conv.messages]
     used = conv.meter.used(h.settings.system_prompt, conv.messages)
     conv.messages += [U("y" * 5000), A(None, [("c3", "read", "{}")]), T("c3", block(3, 9000))]
-    assert await h.policy.maybe_compact(h.view(conv, "reactive", ctx_used=used + 4600,
-                                               overflow=overflow))
+    assert await h.policy.maybe_compact(
+        h.view(conv, "reactive", ctx_used=used + 4600, overflow=overflow)
+    )
     assert h.markers[-1]["path"] == "shrink"
     after = conv.meter.used(h.settings.system_prompt, conv.messages)
     assert after <= 0.6 * 4096
@@ -293,8 +337,9 @@ async def test_reactive_then_shrink(harness, fake_engine, supervisor, recall):
 async def recall_text_via(h: Any, block_id: str) -> str:
     from loki_shared.messages.recall import ToolReply, ToolRequest
 
-    msg = await h.broker.request(ToolRequest(name="recall", arguments={"id": block_id}),
-                                 subjects.RECALL_TOOL, timeout=5)
+    msg = await h.broker.request(
+        ToolRequest(name="recall", arguments={"id": block_id}), subjects.RECALL_TOOL, timeout=5
+    )
     return ToolReply.model_validate_json(msg.body).text
 
 
@@ -310,8 +355,9 @@ def sent_request(h: Any, conv: Conversation, lease: Lease) -> bytes:
     return encode(build_payload(h.settings, lease, wire, box.schemas()))
 
 
-async def test_continuation_is_the_sent_request_plus_one_demand(harness, fake_engine,
-                                                                 supervisor, recall):
+async def test_continuation_is_the_sent_request_plus_one_demand(
+    harness, fake_engine, supervisor, recall
+):
     h = harness(compact_continuation=True, temperature=0.8, top_k=20)
     supervisor.id_slot = 0
     conv = long_conv("c7")
@@ -330,8 +376,10 @@ async def test_continuation_is_the_sent_request_plus_one_demand(harness, fake_en
     assert req["messages"][n] == {"role": "assistant", "content": "A lexer and a parser."}
     demand = req["messages"][n + 1]
     assert demand["role"] == "user" and len(req["messages"]) == n + 2
-    assert "up to, but not including, message #4 (a assistant message that starts with " \
+    assert (
+        "up to, but not including, message #4 (a assistant message that starts with "
         '"Noted file 1."); the last 5 messages stay verbatim' in demand["content"]
+    )
     assert "recall:r<N> id next to what it holds (archived: r1, r2)" in demand["content"]
     assert "state of progress at that message last" in demand["content"]
     assert req["tools"] == sent["tools"] and req["tool_choice"] == "none"
@@ -341,8 +389,9 @@ async def test_continuation_is_the_sent_request_plus_one_demand(harness, fake_en
     assert conv.messages[0].content == SUMMARY_HEADER + SUMMARY
 
 
-async def test_continuation_leaves_out_trailing_user_messages(harness, fake_engine,
-                                                               supervisor, recall):
+async def test_continuation_leaves_out_trailing_user_messages(
+    harness, fake_engine, supervisor, recall
+):
     """A turn-start compaction: the new user message is not in the slot's cache, so the
     continuation request stops at the accepted reply; the fit counts the slot's prompt as the
     engine did (usage), not the whole view with the new message."""
@@ -352,8 +401,9 @@ async def test_continuation_leaves_out_trailing_user_messages(harness, fake_engi
     lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url, id_slot=0)
     conv.messages.pop()
     body = sent_request(h, conv, lease)
-    h.policy.note_step(conv.id, lease, body, {"prompt_tokens": 2600, "completion_tokens": 9},
-                       len(conv.messages))
+    h.policy.note_step(
+        conv.id, lease, body, {"prompt_tokens": 2600, "completion_tokens": 9}, len(conv.messages)
+    )
     conv.messages.append(A("A lexer and a parser."))
     pasted = "Next file, please review:\n" + "z" * 2400
     conv.messages.append(U(pasted))
@@ -379,8 +429,13 @@ async def test_continuation_fit_uses_the_engine_count(harness, fake_engine, supe
     h = harness(compact_continuation=True)
     conv = long_conv("c16")
     lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
-    h.policy.note_step(conv.id, lease, sent_request(h, conv, lease),
-                       {"prompt_tokens": 3700, "completion_tokens": 9}, len(conv.messages))
+    h.policy.note_step(
+        conv.id,
+        lease,
+        sent_request(h, conv, lease),
+        {"prompt_tokens": 3700, "completion_tokens": 9},
+        len(conv.messages),
+    )
     fake_engine.push(text_reply(SUMMARY))
     assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
     [req] = summary_requests(fake_engine)
@@ -388,8 +443,9 @@ async def test_continuation_fit_uses_the_engine_count(harness, fake_engine, supe
     assert not h.policy.suspended
 
 
-async def test_continuation_fit_without_usage_counts_the_demand(harness, fake_engine,
-                                                               supervisor, recall):
+async def test_continuation_fit_without_usage_counts_the_demand(
+    harness, fake_engine, supervisor, recall
+):
     """No usage from the engine: the view's count stands for the slot's prompt, and the
     demand and the summary budget still have to fit beside it."""
     h = harness(compact_continuation=True)
@@ -403,8 +459,9 @@ async def test_continuation_fit_without_usage_counts_the_demand(harness, fake_en
     assert "tools" not in req and h.markers[-1]["path"] == "summary"
 
 
-async def test_continuation_falls_back_and_suspends_on_tool_call(harness, fake_engine,
-                                                                 supervisor, recall):
+async def test_continuation_falls_back_and_suspends_on_tool_call(
+    harness, fake_engine, supervisor, recall
+):
     h = harness(compact_continuation=True)
     lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
     for n, cid in enumerate(["c8", "c9"]):
@@ -421,8 +478,9 @@ async def test_continuation_falls_back_and_suspends_on_tool_call(harness, fake_e
     assert ["tools" in r for r in reqs] == [True, False, False]
 
 
-async def test_continuation_void_after_another_request(harness, fake_engine, supervisor, recall,
-                                                       nc):
+async def test_continuation_void_after_another_request(
+    harness, fake_engine, supervisor, recall, nc
+):
     h = harness(compact_continuation=True)
     conv = long_conv("c10")
     lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
@@ -433,8 +491,9 @@ async def test_continuation_void_after_another_request(harness, fake_engine, sup
     assert h.policy._perf_sub is not None
     # a /v1 client's completion left for the engine: the slot no longer holds the prompt
     rec = PerfRecord(ts=0, kind="foreign", conversation=None)
-    await js.publish(subjects.PERF_RECORD, rec.model_dump_json().encode(),
-                     stream=subjects.STREAM_PERF)
+    await js.publish(
+        subjects.PERF_RECORD, rec.model_dump_json().encode(), stream=subjects.STREAM_PERF
+    )
     await until(lambda: h.policy.states["c10"].stamp is None)
     fake_engine.push(text_reply(SUMMARY))
     assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
@@ -452,8 +511,9 @@ async def test_key_off_never_continues(harness, fake_engine, supervisor, recall)
     assert [m["role"] for m in req["messages"]] == ["system", "user"] and "tools" not in req
 
 
-async def test_continuation_view_mismatch_falls_back_without_suspending(harness, fake_engine,
-                                                                        supervisor, recall):
+async def test_continuation_view_mismatch_falls_back_without_suspending(
+    harness, fake_engine, supervisor, recall
+):
     h = harness(compact_continuation=True)
     lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
     for n, cid in enumerate(["c12", "c13", "c14"]):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import httpx
+
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_shared.messages.engine import Lease
-
 from tests.chat.conftest import FakeSupervisor
 
 from .test_compaction_policy import A, block, long_conv, recall_text
@@ -25,13 +25,20 @@ async def test_real_engine_continuation_prefills_only_the_demand(harness, nc, re
         conv.messages.pop()
         lease = Lease(model="smollm2", n_ctx=4096, base_url=engine_url, id_slot=0)
         # a turn step as the loop sends it (streamed), accepted
-        body = encode(build_payload(h.settings, lease,
-                                    wire_messages(h.settings.system_prompt, conv.messages), None))
+        body = encode(
+            build_payload(
+                h.settings, lease, wire_messages(h.settings.system_prompt, conv.messages), None
+            )
+        )
         async with httpx.AsyncClient() as http:
             text, usage = "", None
-            async with http.stream("POST", engine_url + "/v1/chat/completions", content=body,
-                                   headers={"Content-Type": "application/json"},
-                                   timeout=300) as resp:
+            async with http.stream(
+                "POST",
+                engine_url + "/v1/chat/completions",
+                content=body,
+                headers={"Content-Type": "application/json"},
+                timeout=300,
+            ) as resp:
                 assert resp.status_code == 200
                 async for line in resp.aiter_lines():
                     if line.startswith("data: {"):
@@ -45,7 +52,10 @@ async def test_real_engine_continuation_prefills_only_the_demand(harness, nc, re
         assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
         mark = h.markers[-1]
         assert not (mark.get("failure") or "").startswith(("HTTP", "network"))
-        if mark["path"] == "continuation" or mark.get("failure") not in (None, "sent_view_mismatch"):
+        if mark["path"] == "continuation" or mark.get("failure") not in (
+            None,
+            "sent_view_mismatch",
+        ):
             # the continuation request went out: only the demand was prefilled
             pass
         # the continuation request was sent first whatever the model wrote; its prompt_n

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from loki_chat.compaction import summariser as S
 from loki_chat.compaction.policy import strip_torso
 from loki_chat.compaction.rules import (
@@ -18,14 +19,21 @@ from loki_shared.messages.chat import ChatMessage, LokiMeta, ToolCall, ToolCallF
 
 
 def U(text: str, injected: str | None = None) -> ChatMessage:
-    return ChatMessage(role="user", content=text,
-                       loki=LokiMeta(injected=injected) if injected else None)
+    return ChatMessage(
+        role="user", content=text, loki=LokiMeta(injected=injected) if injected else None
+    )
 
 
 def A(text: str | None = None, calls: list[tuple[str, str, str]] | None = None) -> ChatMessage:
-    return ChatMessage(role="assistant", content=text, tool_calls=[
-        ToolCall(id=i, function=ToolCallFunction(name=n, arguments=a)) for i, n, a in calls
-    ] if calls else None)
+    return ChatMessage(
+        role="assistant",
+        content=text,
+        tool_calls=[
+            ToolCall(id=i, function=ToolCallFunction(name=n, arguments=a)) for i, n, a in calls
+        ]
+        if calls
+        else None,
+    )
 
 
 def T(call_id: str, text: str, name: str = "ping") -> ChatMessage:
@@ -33,9 +41,15 @@ def T(call_id: str, text: str, name: str = "ping") -> ChatMessage:
 
 
 def test_tail_starts_on_assistant_never_on_tool_or_reminder():
-    msgs = [U("q1 " * 100), A("a1 " * 100), U("q2 " * 100),
-            A(None, [("c1", "ping", "{}")]), T("c1", "r" * 400), U("[Loki] act", "act"),
-            A("done")]
+    msgs = [
+        U("q1 " * 100),
+        A("a1 " * 100),
+        U("q2 " * 100),
+        A(None, [("c1", "ping", "{}")]),
+        T("c1", "r" * 400),
+        U("[Loki] act", "act"),
+        A("done"),
+    ]
     b = tail_start(msgs)
     assert b is not None and msgs[b].role == "assistant"
     # the tool result is not separated from its call: the tail starts on the call
@@ -58,11 +72,19 @@ def test_last_request_skips_reminders_and_summaries():
 
 
 def test_big_parts_at_800_chars_including_tool_arguments():
-    torso = [U("x" * 799), U("y" * 800), A(None, [("c", "write", '{"t":"' + "z" * 800 + '"}')]),
-             T("c", "w" * 1000, name="write"), U("s" * 2000, "summary")]
+    torso = [
+        U("x" * 799),
+        U("y" * 800),
+        A(None, [("c", "write", '{"t":"' + "z" * 800 + '"}')]),
+        T("c", "w" * 1000, name="write"),
+        U("s" * 2000, "summary"),
+    ]
     parts = big_parts(torso)
     assert [(p.index, p.role, p.tool_name) for p in parts] == [
-        (1, "user", None), (2, "assistant", "write"), (3, "tool", "write")]
+        (1, "user", None),
+        (2, "assistant", "write"),
+        (3, "tool", "write"),
+    ]
 
 
 def test_strip_torso_keeps_ids_and_unarchived_blocks_whole():
@@ -73,15 +95,20 @@ def test_strip_torso_keeps_ids_and_unarchived_blocks_whole():
     assert out[1].content == "b" * 900  # not archived: nothing lost
 
 
-@pytest.mark.parametrize("content,expected", [
-    ("<think>plan</think>The summary.", "The summary."),
-    ("<think>a</think>\n<think>b</think>\nThe summary.", "The summary."),
-    ("plan only</think>The summary.", "The summary."),
-    ("The parser strips <think>…</think> tags at the head.",
-     "The parser strips <think>…</think> tags at the head."),
-    # a </think> with no <think> before it: the template opened the block in the prompt
-    ("reasoning</think>Summary quoting <think> later", "Summary quoting <think> later"),
-])
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        ("<think>plan</think>The summary.", "The summary."),
+        ("<think>a</think>\n<think>b</think>\nThe summary.", "The summary."),
+        ("plan only</think>The summary.", "The summary."),
+        (
+            "The parser strips <think>…</think> tags at the head.",
+            "The parser strips <think>…</think> tags at the head.",
+        ),
+        # a </think> with no <think> before it: the template opened the block in the prompt
+        ("reasoning</think>Summary quoting <think> later", "Summary quoting <think> later"),
+    ],
+)
 def test_clean_summary_strips_reasoning_only_at_head(content, expected):
     assert clean_summary(content).text == expected
 
@@ -91,15 +118,18 @@ def test_clean_summary_quoted_tag_after_head_block_stays():
     assert clean_summary(text).text == "Fixed the parser: it split on </think> wrongly."
 
 
-@pytest.mark.parametrize("kwargs,reason", [
-    ({"content": "<think>never closed, the model ran out"}, "unclosed_think"),
-    ({"content": "", "reasoning": "I thought a lot"}, "reasoning_only"),
-    ({"content": "ok", "tool_calls": [{"id": "x"}]}, "tool_call"),
-    ({"content": 'Sure. <tool_call>{"name":"recall","arguments":{}}</tool_call>'}, "tool_call"),
-    ({"content": "   "}, "empty"),
-    ({"content": "the same line\n" * 30}, "degenerate"),
-    ({"content": "ab" * 300}, "degenerate"),
-])
+@pytest.mark.parametrize(
+    "kwargs,reason",
+    [
+        ({"content": "<think>never closed, the model ran out"}, "unclosed_think"),
+        ({"content": "", "reasoning": "I thought a lot"}, "reasoning_only"),
+        ({"content": "ok", "tool_calls": [{"id": "x"}]}, "tool_call"),
+        ({"content": 'Sure. <tool_call>{"name":"recall","arguments":{}}</tool_call>'}, "tool_call"),
+        ({"content": "   "}, "empty"),
+        ({"content": "the same line\n" * 30}, "degenerate"),
+        ({"content": "ab" * 300}, "degenerate"),
+    ],
+)
 def test_clean_summary_failures(kwargs, reason):
     with pytest.raises(SummaryError) as exc:
         clean_summary(**kwargs)
@@ -122,9 +152,11 @@ def test_clean_summary_safety_net_at_budget_times_six():
 
 
 def test_degenerate_detection_spares_normal_text():
-    normal = ("The user builds a parser in Go. Decided: keep the tokenizer separate. "
-              "Open question: how to report errors. Files: lexer.go, parser.go "
-              "(recall:r3). Progress: lexer done, parser half done, tests next.")
+    normal = (
+        "The user builds a parser in Go. Decided: keep the tokenizer separate. "
+        "Open question: how to report errors. Files: lexer.go, parser.go "
+        "(recall:r3). Progress: lexer done, parser half done, tests next."
+    )
     assert not is_degenerate(normal)
 
 
@@ -139,44 +171,68 @@ FROZEN_TRANSCRIPT_REQUEST = (
     b'{"chat_template_kwargs":{"enable_thinking":false},"max_tokens":256,"messages":[{"con'
     b'tent":"You write the memory of a conversation that is being compacted. Summarise the'
     b" conversation you are given so the assistant can go on without it.\\nKeep: the user's"
-    b' goals and requests, every decision taken, every constraint and preference stated, o'
-    b'pen questions, names, numbers and facts that matter later.\\nSome long blocks were ar'
+    b" goals and requests, every decision taken, every constraint and preference stated, o"
+    b"pen questions, names, numbers and facts that matter later.\\nSome long blocks were ar"
     b'chived verbatim: they appear as an excerpt followed by \\"archived verbatim as recall'
     b':r<N>\\". Cite every such id exactly as recall:r<N> next to what it contains, so the '
-    b'assistant can bring the block back with recall(id).\\nIn code work, also keep each fi'
-    b'le created or modified (path and purpose), the errors met and how they were solved, '
+    b"assistant can bring the block back with recall(id).\\nIn code work, also keep each fi"
+    b"le created or modified (path and purpose), the errors met and how they were solved, "
     b"and the build and test commands.\\nWrite plain text, concise, in the conversation's l"
-    b'anguage. Do not call any tool. Put the state of progress last: what is done, what is'
+    b"anguage. Do not call any tool. Put the state of progress last: what is done, what is"
     b' in progress, what comes next.","role":"system"},{"content":"Conversation to summari'
-    b'se:\\n\\n[user]: Build me a parser\\n\\n[assistant calls ping]: {}\\n\\n[tool ping]: <X400'
+    b"se:\\n\\n[user]: Build me a parser\\n\\n[assistant calls ping]: {}\\n\\n[tool ping]: <X400"
     b'> [\xe2\x80\xa6] (archived verbatim as recall:r1)\\n\\n[Loki note]: [Loki] act","role":"user"}]'
     b',"model":"m","stream":false,"temperature":0.2}'
 )
 
 
 def test_transcript_request_matches_frozen_copy():
-    torso = [U("Build me a parser"), A(None, [("c", "ping", "{}")]), T("c", "x" * 900),
-             U("[Loki] act", "act")]
+    torso = [
+        U("Build me a parser"),
+        A(None, [("c", "ping", "{}")]),
+        T("c", "x" * 900),
+        U("[Loki] act", "act"),
+    ]
     ids = {(2, "x" * 900): "r1"}
     transcript = S.render_transcript(torso, ids, set(ids))
-    body = S.transcript_request(transcript=transcript, model="m", budget=256, local=True,
-                                id_slot=None, template_kwargs={"enable_thinking": False})
+    body = S.transcript_request(
+        transcript=transcript,
+        model="m",
+        budget=256,
+        local=True,
+        id_slot=None,
+        template_kwargs={"enable_thinking": False},
+    )
     raw = S.encode(body)
     assert raw == FROZEN_TRANSCRIPT_REQUEST.replace(b"<X400>", b"x" * 400)
     # an external API gets no llama.cpp-only field
-    ext = S.transcript_request(transcript=transcript, model="gpt", budget=256, local=False,
-                               id_slot=0, template_kwargs=None)
+    ext = S.transcript_request(
+        transcript=transcript, model="gpt", budget=256, local=False, id_slot=0, template_kwargs=None
+    )
     assert "chat_template_kwargs" not in ext and "id_slot" not in ext and "tools" not in ext
 
 
 def test_continuation_request_is_sent_request_plus_one_demand():
-    sent = {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}],
-            "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.9,
-            "top_k": 40, "tools": [{"type": "function", "function": {"name": "ping"}}],
-            "model": "m", "id_slot": 0}
+    sent = {
+        "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.9,
+        "top_k": 40,
+        "tools": [{"type": "function", "function": {"name": "ping"}}],
+        "model": "m",
+        "id_slot": 0,
+    }
     after = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "next"}]
-    body = S.continuation_request(sent, after, "DEMAND", budget=300, local=True, id_slot=0,
-                                  template_kwargs={"enable_thinking": False})
+    body = S.continuation_request(
+        sent,
+        after,
+        "DEMAND",
+        budget=300,
+        local=True,
+        id_slot=0,
+        template_kwargs={"enable_thinking": False},
+    )
     assert body["messages"][:2] == sent["messages"]
     assert body["messages"][2] == after[0]
     # the demand joins the trailing user message: never two consecutive user messages

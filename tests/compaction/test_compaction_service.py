@@ -4,6 +4,7 @@ engine, a fake supervisor, the real NATS, Redis and recall service."""
 from __future__ import annotations
 
 from fakes.fake_engine import HTTPError, default_usage, text_reply
+
 from loki_chat.compaction import CompactionPolicy
 from loki_chat.compaction.policy import SUMMARY_HEADER
 
@@ -12,13 +13,13 @@ from .test_compaction_policy import SUMMARY, block
 
 
 def reply(text: str, prompt_tokens: int):
-    return text_reply(text, usage=default_usage(prompt_tokens=prompt_tokens,
-                                                completion_tokens=5))
+    return text_reply(text, usage=default_usage(prompt_tokens=prompt_tokens, completion_tokens=5))
 
 
 async def three_blocks(client, fake_engine, last_prompt: int = 2600) -> str:
-    fake_engine.push(reply("Noted 0.", 900), reply("Noted 1.", 1700),
-                     reply("Noted 2.", last_prompt))
+    fake_engine.push(
+        reply("Noted 0.", 900), reply("Noted 1.", 1700), reply("Noted 2.", last_prompt)
+    )
     cid, _ = await client.turn("Here is file 0:\n" + block(0))
     await client.turn("Here is file 1:\n" + block(1), cid)
     await client.turn("Here is file 2:\n" + block(2), cid)
@@ -29,8 +30,9 @@ def markers(client, cid: str) -> list[dict]:
     return [e.loki for e in client.tap.events[cid] if (e.loki or {}).get("event") == "compaction"]
 
 
-async def test_default_policy_compacts_at_turn_end(chat_runner, supervisor, client, fake_engine,
-                                                   recall):
+async def test_default_policy_compacts_at_turn_end(
+    chat_runner, supervisor, client, fake_engine, recall
+):
     svc = await chat_runner.start()
     assert isinstance(svc.policy, CompactionPolicy)  # the service's default
     cid = await three_blocks(client, fake_engine)
@@ -54,13 +56,23 @@ async def test_default_policy_compacts_at_turn_end(chat_runner, supervisor, clie
     assert nxt["stream"] is True and nxt["messages"][1]["content"] == SUMMARY_HEADER + SUMMARY
 
 
-async def test_reactive_overflow_compacts_and_replays(chat_runner, supervisor, client,
-                                                      fake_engine, recall):
+async def test_reactive_overflow_compacts_and_replays(
+    chat_runner, supervisor, client, fake_engine, recall
+):
     await chat_runner.start()
     cid = await three_blocks(client, fake_engine, last_prompt=2500)
-    overflow = HTTPError(400, {"error": {
-        "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 4300,
-        "n_ctx": 4096, "message": "the request exceeds the available context size"}})
+    overflow = HTTPError(
+        400,
+        {
+            "error": {
+                "code": 400,
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 4300,
+                "n_ctx": 4096,
+                "message": "the request exceeds the available context size",
+            }
+        },
+    )
     fake_engine.push(overflow, text_reply(SUMMARY), reply("Here it is.", 1200))
     _, end = await client.turn("Now paste it all back.", cid)
     assert end.finish_reason == "stop" and "error" not in end.loki

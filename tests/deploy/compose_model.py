@@ -62,7 +62,9 @@ class Rendered:
 
 
 def render(
-    files: list[Path], profiles: list[str], env: dict[str, str] | None = None,
+    files: list[Path],
+    profiles: list[str],
+    env: dict[str, str] | None = None,
     required: bool = True,
 ) -> Rendered:
     """Run ``docker-compose -f F... --profile P... config --format json`` in the repository.

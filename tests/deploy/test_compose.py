@@ -32,8 +32,11 @@ ENGINE_OF_PROFILE = {"gpu": "engine-supervisor", "cpu": "engine-supervisor-cpu"}
 PUBLISHED = {"gateway", "grafana"}
 
 
-@pytest.fixture(scope="module", params=[(f, p) for f in FILE_SETS for p in PROFILES],
-                ids=lambda fp: f"{fp[0]}-{fp[1]}")
+@pytest.fixture(
+    scope="module",
+    params=[(f, p) for f in FILE_SETS for p in PROFILES],
+    ids=lambda fp: f"{fp[0]}-{fp[1]}",
+)
 def rendered(request: pytest.FixtureRequest) -> tuple[str, str, dict]:
     files, profile = request.param
     out = render(FILE_SETS[files], [profile])
@@ -112,9 +115,9 @@ def test_loki_healthchecks_ask_the_right_thing(rendered: tuple[str, str, dict]) 
         else:
             service_name = args[0]
             sources = "\n".join(p.read_text() for p in (ROOT / "services" / folder).rglob("*.py"))
-            assert f'make_broker(settings.nats_url, "{service_name}")' in sources or \
-                re.search(rf'make_broker\([^)]*"{re.escape(service_name)}"\)', sources), \
-                f"{name}: no broker named {service_name!r} in services/{folder}"
+            assert f'make_broker(settings.nats_url, "{service_name}")' in sources or re.search(
+                rf'make_broker\([^)]*"{re.escape(service_name)}"\)', sources
+            ), f"{name}: no broker named {service_name!r} in services/{folder}"
             if "--fallback-process" in args:
                 assert args[args.index("--fallback-process") + 1] == package
 
@@ -239,7 +242,8 @@ def test_loki_services_are_wired_to_nats_redis_and_shared_data(
         assert len(homes) == 1, (name, homes)
     sources = {
         next(m["source"] for m in s["volumes"] if m["target"] == "/data")
-        for n, s in model["services"].items() if n in LOKI_SERVICES
+        for n, s in model["services"].items()
+        if n in LOKI_SERVICES
     }
     assert len(sources) == 1, sources
 
@@ -260,11 +264,13 @@ def test_engine_is_reachable_by_name(rendered: tuple[str, str, dict]) -> None:
 def test_gpu_is_reserved_only_for_the_gpu_engine(rendered: tuple[str, str, dict]) -> None:
     _, profile, model = rendered
     svc = model["services"][ENGINE_OF_PROFILE[profile]]
-    devices = (((svc.get("deploy") or {}).get("resources") or {}).get("reservations") or {}) \
-        .get("devices") or []
+    devices = (((svc.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get(
+        "devices"
+    ) or []
     if profile == "gpu":
-        assert any("gpu" in d.get("capabilities", []) and d.get("driver") == "nvidia"
-                   for d in devices), devices
+        assert any(
+            "gpu" in d.get("capabilities", []) and d.get("driver") == "nvidia" for d in devices
+        ), devices
     else:
         assert devices == []
     for name, other in model["services"].items():
@@ -347,8 +353,9 @@ def test_grafana_dashboards_use_the_provisioned_datasource() -> None:
     which resolves to the default datasource: ours)."""
     import json
 
-    ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml")
-                        .read_text())["datasources"][0]
+    ds = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"][0]
     assert ds["isDefault"] is True
     base = yaml.safe_load(BASE.read_text())
     home = base["services"]["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
@@ -368,8 +375,11 @@ def test_grafana_dashboards_use_the_provisioned_datasource() -> None:
 
     for path in dashboards:
         board = json.loads(path.read_text())
-        variables = {v["name"] for v in board.get("templating", {}).get("list", [])
-                     if v.get("type") == "datasource" and v.get("query") == "prometheus"}
+        variables = {
+            v["name"]
+            for v in board.get("templating", {}).get("list", [])
+            if v.get("type") == "datasource" and v.get("query") == "prometheus"
+        }
         allowed = {ds["uid"]} | {f"${{{v}}}" for v in variables} | {f"${v}" for v in variables}
         found = list(datasources(board))
         assert found, path.name
@@ -387,8 +397,10 @@ def test_unraid_conventions() -> None:
             assert svc["user"] == "0:0" and svc.get("network_mode") == "none"
             continue
         assert svc.get("user") == "1000:1001", name
-        assert services[name]["depends_on"]["loki-init"]["condition"] == \
-            "service_completed_successfully", name
+        assert (
+            services[name]["depends_on"]["loki-init"]["condition"]
+            == "service_completed_successfully"
+        ), name
         for mount in svc.get("volumes", []):
             if mount["target"] == "/models":
                 assert mount["source"] == "/mnt/user/models" and mount.get("read_only")
@@ -418,8 +430,7 @@ def test_unraid_init_prepares_appdata(tmp_path: Path) -> None:
     assert argv[:2] == ["sh", "-c"]
     script = argv[2].replace("/appdata", str(tmp_path / "appdata"))
     env = {"PATH": os.environ["PATH"], **{k: str(v) for k, v in init["environment"].items()}}
-    proc = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     for sub in ("nats", "redis", "data", "prometheus", "grafana"):
         st = (tmp_path / "appdata" / sub).stat()
@@ -427,8 +438,11 @@ def test_unraid_init_prepares_appdata(tmp_path: Path) -> None:
 
 
 def test_unraid_appdata_follows_env() -> None:
-    out = render([BASE, UNRAID], ["cpu"], env={"LOKI_APPDATA": "/mnt/cache/appdata/loki2",
-                                              "LOKI_MODELS_DIR": "/mnt/user/gguf"})
+    out = render(
+        [BASE, UNRAID],
+        ["cpu"],
+        env={"LOKI_APPDATA": "/mnt/cache/appdata/loki2", "LOKI_MODELS_DIR": "/mnt/user/gguf"},
+    )
     assert out.returncode == 0, out.stderr
     sources = {m["source"] for s in out.services.values() for m in s.get("volumes", [])}
     assert "/mnt/cache/appdata/loki2/data" in sources

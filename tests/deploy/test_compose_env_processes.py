@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 from httpx_sse import connect_sse
+
 from loki_cli.stack import Stack, StackConfig
 from loki_shared import servers
 
@@ -74,7 +75,10 @@ def compose_env() -> dict[str, dict[str, str]]:
 
 
 def to_loopback(
-    envs: dict[str, dict[str, str]], nats_url: str, redis_url: str, home: Path,
+    envs: dict[str, dict[str, str]],
+    nats_url: str,
+    redis_url: str,
+    home: Path,
 ) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
     """One environment for the stack, with the compose wiring mapped to loopback.
 
@@ -134,8 +138,16 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[St
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("LOKI_")]:
             mp.delenv(key)
-        stack = Stack(StackConfig(home=root / "home", web_port=web_port, nats_url=nats.url,
-                                  redis_url=redis.url, env=env, echo=False))
+        stack = Stack(
+            StackConfig(
+                home=root / "home",
+                web_port=web_port,
+                nats_url=nats.url,
+                redis_url=redis.url,
+                env=env,
+                echo=False,
+            )
+        )
         try:
             stack.start()
             stack.wait_engine_ready(timeout=240)
@@ -149,9 +161,16 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[St
 def test_only_wiring_values_are_changed(compose_stack: tuple[Stack, dict]) -> None:
     _, info = compose_stack
     assert set(info["changed"]) <= {
-        "LOKI_NATS_URL", "LOKI_REDIS_URL", "LOKI_HOME", "LOKI_WEB_HOST", "LOKI_WEB_PORT",
-        "LOKI_PERF_METRICS_HOST", "LOKI_PERF_METRICS_PORT", "LOKI_ENGINE_HOST",
-        "LOKI_ENGINE_PORT", "LOKI_LLAMA_SERVER",
+        "LOKI_NATS_URL",
+        "LOKI_REDIS_URL",
+        "LOKI_HOME",
+        "LOKI_WEB_HOST",
+        "LOKI_WEB_PORT",
+        "LOKI_PERF_METRICS_HOST",
+        "LOKI_PERF_METRICS_PORT",
+        "LOKI_ENGINE_HOST",
+        "LOKI_ENGINE_PORT",
+        "LOKI_LLAMA_SERVER",
     }, info["changed"]
 
 
@@ -173,8 +192,11 @@ def test_chat_turn_through_the_gateway(compose_stack: tuple[Stack, dict]) -> Non
                         if data["choices"][0].get("finish_reason"):
                             break
                     assert time.monotonic() < deadline, "no end of turn"
-    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
-                   if e["choices"][0]["delta"].get("role") != "user")
+    text = "".join(
+        e["choices"][0]["delta"].get("content") or ""
+        for e in events
+        if e["choices"][0]["delta"].get("role") != "user"
+    )
     assert text.strip(), events
     assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     # The engine the supervisor launched is the one the compose wiring names.
@@ -186,8 +208,13 @@ def test_chat_turn_through_the_gateway(compose_stack: tuple[Stack, dict]) -> Non
 def _health(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     run_env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
     run_env.update(env)
-    return subprocess.run([sys.executable, "-m", "loki_shared.health", *args], env=run_env,
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "loki_shared.health", *args],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_compose_healthchecks_pass(compose_stack: tuple[Stack, dict]) -> None:
@@ -202,15 +229,18 @@ def test_compose_healthchecks_pass(compose_stack: tuple[Stack, dict]) -> None:
         if name not in LOKI_SERVICES:
             continue
         args = svc["healthcheck"]["test"][4:]
-        args = [re.sub(r":(\d+)/", lambda m: f":{port_map.get(m.group(1), m.group(1))}/", a)
-                for a in args]
+        args = [
+            re.sub(r":(\d+)/", lambda m: f":{port_map.get(m.group(1), m.group(1))}/", a)
+            for a in args
+        ]
         proc = _health(args, env)
         assert proc.returncode == 0, (name, args, proc.stdout, proc.stderr)
         results[name] = proc.stdout.strip()
         folder, _ = LOKI_SERVICES[name]
         sources = [*(ROOT / "services" / folder).rglob("*.py"), ROOT / "shared/loki_shared/nats.py"]
-        wired = any("health.attach(" in p.read_text() or "attach(broker" in p.read_text()
-                    for p in sources)
+        wired = any(
+            "health.attach(" in p.read_text() or "attach(broker" in p.read_text() for p in sources
+        )
         if wired:  # a service that answers its health subject must not need the fallback
             assert "process fallback" not in results[name], (name, results[name])
     print("health checks:", json.dumps(results, indent=1))

@@ -37,7 +37,9 @@ def test_every_service_has_a_dockerfile() -> None:
 def test_hadolint_clean(path: Path) -> None:
     proc = subprocess.run(
         [hadolint(), "--no-color", "--failure-threshold", "info", str(path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -98,7 +100,8 @@ def test_dockerignore_keeps_the_context_small() -> None:
     """The build context (the repository root) carries shared/ and services/ only: no
     virtual environment, data, tests or caches."""
     rules = [
-        line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
     assert rules[0] == "*", "allow-list expected: exclude everything first"

@@ -27,7 +27,7 @@ from .compose_model import (
 )
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import gen_env_example  # noqa: E402
+import gen_env_example
 
 PACKAGES = sorted({pkg for _, pkg in LOKI_SERVICES.values()})
 
@@ -61,7 +61,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_env_example_is_up_to_date() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts/gen_env_example.py"), "--check"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
 
@@ -135,8 +137,9 @@ def test_every_variable_a_service_reads_is_set_or_defaulted(
         # No typo: every LOKI_* compose or the image sets is read by that service.
         for key in env:
             if key.startswith("LOKI_"):
-                assert key in fields or key in gen_env_example.DIRECT_READS, \
+                assert key in fields or key in gen_env_example.DIRECT_READS, (
                     f"{name}: {key} is set but no setting of {package} reads it"
+                )
         # Everything it reads through Settings is set or has a default, and parses.
         for field_name, info in cls.model_fields.items():
             key = f"LOKI_{field_name.upper()}"
@@ -166,7 +169,8 @@ def test_every_setting_is_documented(package: str) -> None:
     cls = settings_class(package)
     docs = gen_env_example.docstring_docs(cls)
     missing = [
-        f"LOKI_{name.upper()}" for name, info in cls.model_fields.items()
+        f"LOKI_{name.upper()}"
+        for name, info in cls.model_fields.items()
         if not (docs.get(f"LOKI_{name.upper()}") or info.description)
     ]
     assert not missing, f"{package}: undocumented settings {missing}"

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import nats
 import pytest
+
 from loki_shared import health, subjects
 from loki_shared.nats import make_broker
 
@@ -20,8 +21,13 @@ from loki_shared.nats import make_broker
 def run_health(*args: str, nats_url: str = "nats://127.0.0.1:9") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
     env["LOKI_NATS_URL"] = nats_url
-    return subprocess.run([sys.executable, "-m", "loki_shared.health", *args], env=env,
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "loki_shared.health", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 async def run_health_async(*args: str, nats_url: str) -> subprocess.CompletedProcess:
@@ -78,15 +84,20 @@ async def test_nobody_answers(nats_url: str) -> None:
     out = await run_health_async("nobody", nats_url=nats_url)
     assert out.returncode == 1 and "no responder" in out.stderr, out
     # A process fallback only counts when such a process is alive.
-    missing = await run_health_async("nobody", "--fallback-process", "no_such_module_xyz",
-                                     nats_url=nats_url)
+    missing = await run_health_async(
+        "nobody", "--fallback-process", "no_such_module_xyz", nats_url=nats_url
+    )
     assert missing.returncode == 1, missing
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await asyncio.sleep(0.5)
-        alive = await run_health_async("nobody", "--fallback-process", "http.server",
-                                       nats_url=nats_url)
+        alive = await run_health_async(
+            "nobody", "--fallback-process", "http.server", nats_url=nats_url
+        )
         assert alive.returncode == 0 and "process fallback" in alive.stdout, alive
     finally:
         proc.terminate()
@@ -101,8 +112,9 @@ async def test_silent_responder_times_out_without_fallback(nats_url: str) -> Non
 
     await nc.subscribe(subjects.health("mute", health.instance_token()), cb=ignore)
     try:
-        out = await run_health_async("mute", "--timeout", "1", "--fallback-process",
-                                     "pytest", nats_url=nats_url)
+        out = await run_health_async(
+            "mute", "--timeout", "1", "--fallback-process", "pytest", nats_url=nats_url
+        )
         assert out.returncode == 1 and "no answer" in out.stderr, out
     finally:
         await nc.close()
@@ -116,7 +128,7 @@ def test_nats_unreachable() -> None:
 @pytest.fixture
 def http_server() -> Iterator[str]:
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             self.send_response(200 if self.path == "/ok" else 503)
             self.end_headers()
 

@@ -26,6 +26,7 @@ import httpx
 import nats
 import pytest
 import redis
+
 from loki_shared import servers, subjects
 from loki_shared.messages.chat import ReplayReply, ReplayRequest
 from loki_shared.messages.recall import (
@@ -117,8 +118,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         LOKI_TEMPERATURE="0",
         PYTHONUNBUFFERED="1",
     )
-    c = Cluster(f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{mport}", redis_server.url,
-                root / "home", env)
+    c = Cluster(
+        f"nats://127.0.0.1:{port}",
+        f"http://127.0.0.1:{mport}",
+        redis_server.url,
+        root / "home",
+        env,
+    )
     try:
         c.start("engine-supervisor", "loki_supervisor")
         for name in ("recall-1", "recall-2"):
@@ -128,8 +134,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             c.start(name, "loki_chat", LOKI_INSTANCE_ID=name)
         for name in ("gateway-1", "gateway-2"):
             c.web_ports[name] = servers.free_port()
-            c.start(name, "loki_gateway", LOKI_WEB_PORT=str(c.web_ports[name]),
-                    LOKI_WEB_HOST="127.0.0.1")
+            c.start(
+                name,
+                "loki_gateway",
+                LOKI_WEB_PORT=str(c.web_ports[name]),
+                LOKI_WEB_HOST="127.0.0.1",
+            )
         for name, p in c.web_ports.items():
             c.procs[name].wait_port(p, timeout=60)
         asyncio.run(_engine_ready(c.nats_url, 240))
@@ -177,8 +187,11 @@ async def replay(nc: nats.aio.client.Client, cid: str) -> list[dict]:
     events: list[dict] = []
     after = 0
     while True:
-        msg = await nc.request(subjects.CHAT_REPLAY, ReplayRequest(
-            conversation=cid, after_seq=after).model_dump_json().encode(), timeout=10)
+        msg = await nc.request(
+            subjects.CHAT_REPLAY,
+            ReplayRequest(conversation=cid, after_seq=after).model_dump_json().encode(),
+            timeout=10,
+        )
         reply = ReplayReply.model_validate_json(msg.data)
         assert reply.error is None, reply.error
         events += [e.model_dump() for e in reply.events]
@@ -188,8 +201,7 @@ async def replay(nc: nats.aio.client.Client, cid: str) -> list[dict]:
 
 
 def user_contents(events: list[dict]) -> list[str]:
-    return [e["delta"]["content"] for e in events
-            if (e.get("loki") or {}).get("event") == "user"]
+    return [e["delta"]["content"] for e in events if (e.get("loki") or {}).get("event") == "user"]
 
 
 def check_log(events: list[dict], contiguous: bool = True) -> None:
@@ -231,8 +243,12 @@ async def test_two_gateways_two_chats_one_conversation_no_double_turn(cluster: C
     g2 = httpx.AsyncClient(base_url=cluster.gateway("gateway-2"), timeout=30)
     try:
         cid = await send(g1, "Reply with one word: one")
-        contents = ["Reply with one word: two", "Reply with one word: three",
-                    "Reply with one word: four", "Reply with one word: five"]
+        contents = [
+            "Reply with one word: two",
+            "Reply with one word: three",
+            "Reply with one word: four",
+            "Reply with one word: five",
+        ]
         # Sends through both gateways at once, and state reads that land on either chat
         # instance (NATS queue group): the non-owner forwards to the owner.
         await asyncio.gather(
@@ -333,10 +349,15 @@ async def test_recall_two_replicas_one_sequence(cluster: Cluster) -> None:
         marker = f"zanzibar{os.getpid()}"
 
         async def archive(i: int) -> ArchiveReply:
-            req = ArchiveRequest(label="", role="tool", tool_name="shell",
-                                 content=f"block {i} {marker}{i} " + "x" * 200)
-            msg = await nc.request(subjects.RECALL_ARCHIVE, req.model_dump_json().encode(),
-                                   timeout=20)
+            req = ArchiveRequest(
+                label="",
+                role="tool",
+                tool_name="shell",
+                content=f"block {i} {marker}{i} " + "x" * 200,
+            )
+            msg = await nc.request(
+                subjects.RECALL_ARCHIVE, req.model_dump_json().encode(), timeout=20
+            )
             reply = ArchiveReply.model_validate_json(msg.data)
             assert reply.error is None, reply.error
             return reply
@@ -352,15 +373,15 @@ async def test_recall_two_replicas_one_sequence(cluster: Cluster) -> None:
         # Every block reads back, whichever replica answers.
         by_seq = {r.seq: i for i, r in enumerate(replies)}
         for seq, i in by_seq.items():
-            msg = await nc.request(subjects.RECALL_BLOCK,
-                                   BlockRequest(seq=seq).model_dump_json().encode(), timeout=10)
+            msg = await nc.request(
+                subjects.RECALL_BLOCK, BlockRequest(seq=seq).model_dump_json().encode(), timeout=10
+            )
             block = BlockReply.model_validate_json(msg.data).block
             assert block and f"{marker}{i} " in block.content, (seq, block)
         # Both replicas' search indexes know the blocks the other one archived.
         for i in range(0, n, 3):
             req = ToolRequest(name="recall_search", arguments={"query": f"{marker}{i}"})
-            msg = await nc.request(subjects.RECALL_TOOL, req.model_dump_json().encode(),
-                                   timeout=10)
+            msg = await nc.request(subjects.RECALL_TOOL, req.model_dump_json().encode(), timeout=10)
             reply = ToolReply.model_validate_json(msg.data)
             seq = next(r.seq for r in replies if by_seq[r.seq] == i)
             assert f"r{seq}" in reply.text, (i, reply.text[:300])

@@ -31,7 +31,10 @@ class StackClient:
         return r.json()["conversation"]
 
     def events(
-        self, conversation: str, last_event_id: int | None = None, until_turn_ends: int = 1,
+        self,
+        conversation: str,
+        last_event_id: int | None = None,
+        until_turn_ends: int = 1,
         timeout: float = 180.0,
     ) -> list[dict]:
         """Read the SSE stream until ``until_turn_ends`` end-of-turn events arrived
@@ -41,8 +44,9 @@ class StackClient:
         ends = 0
         deadline = time.monotonic() + timeout
         with httpx.Client(base_url=self.base, timeout=httpx.Timeout(timeout, read=5.0)) as c:
-            with connect_sse(c, "GET", "/api/chat", params={"conversation": conversation},
-                             headers=headers) as source:
+            with connect_sse(
+                c, "GET", "/api/chat", params={"conversation": conversation}, headers=headers
+            ) as source:
                 try:
                     for sse in source.iter_sse():
                         if not sse.data or sse.event != "message":

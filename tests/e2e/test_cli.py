@@ -21,7 +21,10 @@ def test_loki_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
     env.update(LOKI_HOME=str(tmp_path / "data"), LOKI_WEB_PORT=str(port), LOKI_CTX="2048")
     loki = Path(sys.executable).parent / "loki"
     proc = subprocess.Popen(
-        [str(loki), "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [str(loki), "up"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     lines: list[str] = []

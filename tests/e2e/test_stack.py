@@ -14,8 +14,11 @@ def _client(stack: Stack) -> StackClient:
 
 
 def _content(events: list[dict]) -> str:
-    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events
-                   if e["choices"][0]["delta"].get("role") != "user")
+    return "".join(
+        e["choices"][0]["delta"].get("content") or ""
+        for e in events
+        if e["choices"][0]["delta"].get("role") != "user"
+    )
 
 
 def test_chat_persist_restart_resume(running_stack: Stack) -> None:
@@ -71,8 +74,11 @@ def test_chat_persist_restart_resume(running_stack: Stack) -> None:
     middle = full[len(full) // 2]["seq"]
     # read up to the end of the conversation: as many turn ends as follow the middle (it
     # falls in either turn, depending on how long the model's two replies were)
-    ends_after = sum(1 for e in full if e["seq"] > middle and e.get("choices")
-                     and e["choices"][0].get("finish_reason"))
+    ends_after = sum(
+        1
+        for e in full
+        if e["seq"] > middle and e.get("choices") and e["choices"][0].get("finish_reason")
+    )
     resumed = client.events(conv, last_event_id=middle, until_turn_ends=ends_after)
     assert [e["seq"] for e in resumed] == [e["seq"] for e in full if e["seq"] > middle]
 

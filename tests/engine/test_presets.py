@@ -31,7 +31,7 @@ class FakeOpenAI:
             def log_message(self, *args):  # quiet
                 pass
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 outer.auth_seen.append(self.headers.get("Authorization", ""))
                 if self.path != "/v1/models":
                     self._send(404, {"error": {"message": "no route", "type": "not_found"}})
@@ -103,7 +103,7 @@ def lease(nats_url: str, kind: str = "main"):
     import nats
 
     from loki_shared import subjects
-    from loki_shared.messages.engine import Lease, LeaseRequest, ReleaseRequest, ReleaseReply
+    from loki_shared.messages.engine import Lease, LeaseRequest, ReleaseReply, ReleaseRequest
 
     async def go():
         nc = await nats.connect(nats_url)

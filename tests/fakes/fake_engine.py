@@ -518,8 +518,12 @@ class FakeEngine:
                 ],
             )
             return True
-        if method == "POST" and path_only in ("/v1/chat/completions", "/chat/completions",
-                                              "/v1/completions", "/completions"):
+        if method == "POST" and path_only in (
+            "/v1/chat/completions",
+            "/chat/completions",
+            "/v1/completions",
+            "/completions",
+        ):
             record = RecordedRequest(method, path, headers, body, time.time())
             with self._cond:
                 self.requests.append(record)

@@ -37,14 +37,24 @@ class Gateway:
         return "\n".join(self.proc.tail)
 
 
-def launch_gateway(nats_url: str, home: Path, key: str | None = None,
-                   extra_env: dict[str, str] | None = None, redis_url: str = "") -> Gateway:
+def launch_gateway(
+    nats_url: str,
+    home: Path,
+    key: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    redis_url: str = "",
+) -> Gateway:
     """Start ``python -m loki_gateway`` and wait for ``/healthz``."""
     port = servers.free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
-    env.update(LOKI_NATS_URL=nats_url, LOKI_WEB_PORT=str(port), LOKI_HOME=str(home),
-               LOKI_SECRET_KEY="gateway-test-secret", PYTHONUNBUFFERED="1",
-               LOKI_REDIS_URL=redis_url)
+    env.update(
+        LOKI_NATS_URL=nats_url,
+        LOKI_WEB_PORT=str(port),
+        LOKI_HOME=str(home),
+        LOKI_SECRET_KEY="gateway-test-secret",
+        PYTHONUNBUFFERED="1",
+        LOKI_REDIS_URL=redis_url,
+    )
     if key:
         env["LOKI_API_KEY"] = key
     env.update(extra_env or {})
@@ -85,13 +95,13 @@ def peers(gw_nats: str) -> Iterator[FakePeers]:
 
 
 @pytest.fixture(scope="module")
-def gateway_factory(gw_nats: str, redis_url: str,
-                    tmp_path_factory) -> Iterator[Callable[..., Gateway]]:
+def gateway_factory(
+    gw_nats: str, redis_url: str, tmp_path_factory
+) -> Iterator[Callable[..., Gateway]]:
     started: list[Gateway] = []
 
     def make(key: str | None = None, **extra_env: str) -> Gateway:
-        gw = launch_gateway(gw_nats, tmp_path_factory.mktemp("gw-home"), key, extra_env,
-                            redis_url)
+        gw = launch_gateway(gw_nats, tmp_path_factory.mktemp("gw-home"), key, extra_env, redis_url)
         started.append(gw)
         return gw
 

@@ -41,7 +41,6 @@ from loki_shared.messages.chat import (
     StateReply,
     StateRequest,
 )
-from loki_shared.messages.perf import PerfRecord
 from loki_shared.messages.engine import (
     EngineInfo,
     Lease,
@@ -50,6 +49,7 @@ from loki_shared.messages.engine import (
     ReleaseRequest,
     RenewRequest,
 )
+from loki_shared.messages.perf import PerfRecord
 
 
 @dataclass
@@ -89,7 +89,7 @@ class FakePeers:
         self.nc: Any = None
 
     # -- life ---------------------------------------------------------------------------
-    def start(self) -> "FakePeers":
+    def start(self) -> FakePeers:
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("fake peers did not start")
@@ -151,8 +151,9 @@ class FakePeers:
     async def emit(self, cid: str, delta: dict[str, Any], **extra: Any) -> ChatEvent:
         """Append one event to the log, then publish it (unless its seq is in skip_publish)."""
         conv = self.convs[cid]
-        event = ChatEvent(conversation=cid, seq=len(conv.events) + 1, ts=time.time(),
-                          delta=delta, **extra)
+        event = ChatEvent(
+            conversation=cid, seq=len(conv.events) + 1, ts=time.time(), delta=delta, **extra
+        )
         conv.events.append(event)
         if event.seq not in self.skip_publish:
             await self.nc.publish(subjects.chat_events(cid), event.model_dump_json().encode())
@@ -178,7 +179,9 @@ class FakePeers:
         finish = "stop"
         conv.messages.append(ChatMessage(role="assistant", content=text))
         await self.emit(
-            cid, {}, finish_reason=finish,
+            cid,
+            {},
+            finish_reason=finish,
             usage={"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45},
             timings={"prompt_n": 12, "cache_n": 28, "predicted_n": 5},
             loki={"event": "stopped" if conv.stop else "turn_end"},
@@ -206,17 +209,25 @@ class FakePeers:
             conv.messages.clear()
             await self.emit(req.conversation, {}, loki={"event": "reset"})
         elif req.action == "compact":
-            await self.emit(req.conversation, {}, loki={"event": "compaction",
-                                                        "tokens_before": 100, "tokens_after": 20})
+            await self.emit(
+                req.conversation,
+                {},
+                loki={"event": "compaction", "tokens_before": 100, "tokens_after": 20},
+            )
         return ControlReply(ok=True, detail=req.action)
 
     async def _state(self, req: StateRequest) -> StateReply:
         conv = self.convs.get(req.conversation)
         if conv is None:
             return StateReply(error=ErrorInfo(type="not_found", message="no such conversation"))
-        return StateReply(conversation=conv.info.id, messages=conv.messages, ctx_used=45,
-                          n_ctx=4096, generating=conv.generating,
-                          last_seq=len(conv.events))
+        return StateReply(
+            conversation=conv.info.id,
+            messages=conv.messages,
+            ctx_used=45,
+            n_ctx=4096,
+            generating=conv.generating,
+            last_seq=len(conv.events),
+        )
 
     async def _replay(self, req: ReplayRequest) -> ReplayReply:
         conv = self.convs.get(req.conversation)
@@ -246,23 +257,31 @@ class FakePeers:
         conv = self.convs.get(req.conversation or "")
         if conv is None:
             return ConversationsReply(
-                error=ErrorInfo(type="not_found", message="no such conversation"))
+                error=ErrorInfo(type="not_found", message="no such conversation")
+            )
         if req.action == "rename":
             conv.info = conv.info.model_copy(update={"title": req.title or ""})
             return ConversationsReply(conversation=conv.info)
         if req.action == "delete":
             del self.convs[conv.info.id]
             return ConversationsReply(conversation=conv.info)
-        return ConversationsReply(export={
-            "conversation": conv.info.model_dump(),
-            "messages": [m.model_dump(exclude_none=True) for m in conv.messages],
-            "log": [e.model_dump() for e in conv.events],
-        })
+        return ConversationsReply(
+            export={
+                "conversation": conv.info.model_dump(),
+                "messages": [m.model_dump(exclude_none=True) for m in conv.messages],
+                "log": [e.model_dump() for e in conv.events],
+            }
+        )
 
     # -- engine supervisor ---------------------------------------------------------------
     async def _info(self, _: Any) -> EngineInfo:
-        return EngineInfo(state="ready" if self.engine_url else "stopped",
-                          base_url=self.engine_url, model="fake", n_ctx=4096, total_slots=2)
+        return EngineInfo(
+            state="ready" if self.engine_url else "stopped",
+            base_url=self.engine_url,
+            model="fake",
+            n_ctx=4096,
+            total_slots=2,
+        )
 
     async def _lease(self, req: LeaseRequest) -> Lease:
         if self.lease_error:
@@ -270,9 +289,16 @@ class FakePeers:
         lease_id = f"L{next(self._ids)}"
         self.leases[lease_id] = req
         self.lease_count += 1
-        return Lease(lease_id=lease_id, kind=req.kind, base_url=self.engine_url,
-                     id_slot=self.id_slot, n_ctx=4096, model="fake", ttl_s=self.lease_ttl_s,
-                     api_key=self.api_key)
+        return Lease(
+            lease_id=lease_id,
+            kind=req.kind,
+            base_url=self.engine_url,
+            id_slot=self.id_slot,
+            n_ctx=4096,
+            model="fake",
+            ttl_s=self.lease_ttl_s,
+            api_key=self.api_key,
+        )
 
     async def _renew(self, req: RenewRequest) -> Lease:
         self.renew_count += 1

@@ -25,8 +25,8 @@ class Frame:
         frame again each time a frame arrives)."""
         if self.__dict__.get("_ends") is None:
             self.__dict__["_ends"] = bool(
-                self.data and self.event is None
-                and self.json()["choices"][0].get("finish_reason"))
+                self.data and self.event is None and self.json()["choices"][0].get("finish_reason")
+            )
         return self.__dict__["_ends"]
 
 
@@ -54,9 +54,16 @@ def parse_frames(lines) -> Any:
             frame.data = value if not frame.data else frame.data + "\n" + value
 
 
-def read_events(client: httpx.Client, conversation: str, *, last_id: int | None = None,
-                until=None, timeout: float = 20.0, keep_comments: bool = False,
-                headers: dict[str, str] | None = None) -> list[Frame]:
+def read_events(
+    client: httpx.Client,
+    conversation: str,
+    *,
+    last_id: int | None = None,
+    until=None,
+    timeout: float = 20.0,
+    keep_comments: bool = False,
+    headers: dict[str, str] | None = None,
+) -> list[Frame]:
     """Open ``GET /api/chat`` and collect frames until ``until(frames)`` is true (or the
     stream ends). Raises TimeoutError after ``timeout`` seconds."""
     hdrs = dict(headers or {})
@@ -64,8 +71,13 @@ def read_events(client: httpx.Client, conversation: str, *, last_id: int | None 
         hdrs["Last-Event-ID"] = str(last_id)
     frames: list[Frame] = []
     deadline = time.monotonic() + timeout
-    with client.stream("GET", "/api/chat", params={"conversation": conversation},
-                       headers=hdrs, timeout=httpx.Timeout(timeout, connect=5)) as resp:
+    with client.stream(
+        "GET",
+        "/api/chat",
+        params={"conversation": conversation},
+        headers=hdrs,
+        timeout=httpx.Timeout(timeout, connect=5),
+    ) as resp:
         assert resp.status_code == 200, resp.read()
         assert resp.headers["content-type"].startswith("text/event-stream")
         for frame in parse_frames(resp.iter_lines()):
@@ -95,7 +107,9 @@ def render(events: list[dict[str, Any]]) -> list[Any]:
         fin = ev["choices"][0].get("finish_reason") if "choices" in ev else ev.get("finish_reason")
         marks = {k: ev.get(k) for k in ("usage", "timings", "loki") if ev.get(k) is not None}
         text_keys = [k for k in ("content", "reasoning_content") if k in delta]
-        plain = not fin and not marks and len(text_keys) == 1 and set(delta) <= {text_keys[0], "role"}
+        plain = (
+            not fin and not marks and len(text_keys) == 1 and set(delta) <= {text_keys[0], "role"}
+        )
         if plain and out and out[-1][0] == "text" and out[-1][1] == text_keys[0]:
             out[-1] = ("text", text_keys[0], out[-1][2] + delta[text_keys[0]], out[-1][3])
             continue

@@ -18,15 +18,27 @@ def keyed(gateway_factory, peers):
     return gateway_factory(key=KEY, LOKI_MAX_BODY_BYTES="4096")
 
 
-@pytest.mark.parametrize("path", ["/api/conversations", "/v1/models", "/api/chat/state",
-                                  "/v1/chat/completions", "/api", "/api/perf/summary"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/conversations",
+        "/v1/models",
+        "/api/chat/state",
+        "/v1/chat/completions",
+        "/api",
+        "/api/perf/summary",
+    ],
+)
 @pytest.mark.parametrize("auth", [None, "Bearer wrong-key-xyz", "Basic " + KEY, f"Bearer {KEY}x"])
 def test_every_api_and_v1_route_needs_the_key(keyed, path, auth):
     headers = {"Authorization": auth} if auth else {}
     r = httpx.get(keyed.url + path, headers=headers)
     assert r.status_code == 401
-    assert r.json()["error"] == {"message": "missing or invalid API key",
-                                 "type": "invalid_request_error", "code": "invalid_api_key"}
+    assert r.json()["error"] == {
+        "message": "missing or invalid API key",
+        "type": "invalid_request_error",
+        "code": "invalid_api_key",
+    }
 
 
 def test_right_key_passes_and_the_page_needs_none(keyed):
@@ -48,8 +60,7 @@ def test_refusal_is_logged_without_the_key(keyed):
 
 def test_body_over_the_limit_is_413(keyed):
     h = {"Authorization": f"Bearer {KEY}"}
-    r = httpx.post(keyed.url + "/api/chat/send", headers=h,
-                   json={"content": "z" * 5000})
+    r = httpx.post(keyed.url + "/api/chat/send", headers=h, json={"content": "z" * 5000})
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "request_too_large"
 

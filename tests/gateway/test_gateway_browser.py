@@ -14,8 +14,15 @@ import pytest
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +57,14 @@ def test_chat_page_streams_survives_reload_and_switches(browser, gateway, peers)
         page.wait_for_selector(".msg.user")
         assert page.inner_text(".msg.user") == "Hello **Loki**"  # user text is not markdown
         # the reply streams: it grows while we watch
-        page.wait_for_function("document.querySelector('.msg.assistant') && "
-                               "document.querySelector('.msg.assistant').textContent.length > 10")
+        page.wait_for_function(
+            "document.querySelector('.msg.assistant') && "
+            "document.querySelector('.msg.assistant').textContent.length > 10"
+        )
         first = _text(page, ".msg.assistant")
         page.wait_for_function(
-            f"document.querySelector('.msg.assistant').textContent.length > {len(first) + 10}")
+            f"document.querySelector('.msg.assistant').textContent.length > {len(first) + 10}"
+        )
         assert page.is_visible("#stop-btn")
         # reasoning sits folded in its own bubble
         assert page.eval_on_selector("details.reasoning", "d => d.open") is False
@@ -76,8 +86,19 @@ def test_chat_page_streams_survives_reload_and_switches(browser, gateway, peers)
         for delta, extra in [
             ({"role": "user", "content": "use a tool"}, {}),
             ({"role": "assistant"}, {"loki": {"event": "turn_start"}}),
-            ({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
-                              "function": {"name": "recall", "arguments": '{"id":'}}]}, {}),
+            (
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "recall", "arguments": '{"id":'},
+                        }
+                    ]
+                },
+                {},
+            ),
             ({"tool_calls": [{"index": 0, "function": {"arguments": ' "r1"}'}}]}, {}),
             ({"role": "tool", "tool_call_id": "c1", "name": "recall", "content": "L" * 2000}, {}),
             ({"content": "Here is **bold** and `code`."}, {}),
@@ -105,7 +126,8 @@ def test_chat_page_streams_survives_reload_and_switches(browser, gateway, peers)
         page.wait_for_function(
             f"document.querySelector('.msg.assistant') && "
             f"document.querySelector('.msg.assistant').textContent.trim().length == "
-            f"{len(full.strip())}")
+            f"{len(full.strip())}"
+        )
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "gateway-chat.png"), full_page=False)
         assert (ARTIFACTS / "gateway-chat.png").stat().st_size > 10_000
@@ -135,8 +157,10 @@ def test_key_prompt_when_the_gateway_needs_one(browser, gateway_factory, peers):
         try:
             page.wait_for_selector(".badge", timeout=60000)
         except Exception as exc:
-            raise AssertionError(f"no reply: {console} {page.inner_html('#messages')[:500]}"
-                                 f" conv={page.evaluate('window.lokiDebug.conversation')}"
-                                 f"\n{gw.logs()[-2000:]}") from exc
+            raise AssertionError(
+                f"no reply: {console} {page.inner_html('#messages')[:500]}"
+                f" conv={page.evaluate('window.lokiDebug.conversation')}"
+                f"\n{gw.logs()[-2000:]}"
+            ) from exc
     finally:
         page.close()

@@ -26,7 +26,7 @@ def test_sigterm_stops_cleanly_with_an_open_stream(gateway_factory, peers):
         try:
             with gw.client() as c:
                 frames.extend(read_events(c, cid, timeout=30))
-        except Exception as exc:  # the server goes away: the stream ends, any way it can
+        except Exception as exc:  # noqa: BLE001 - the server goes away: the stream ends, any way it can
             errors.append(exc)
 
     t = threading.Thread(target=reader)

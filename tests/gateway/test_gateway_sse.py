@@ -44,8 +44,11 @@ def test_send_returns_202_and_stream_replays_then_goes_live(gateway, peers):
     ids = [int(f.id) for f in frames if f.data]
     assert ids == [d["seq"] for d in datas]
     assert ids == sorted(set(ids))
-    text = "".join(d["choices"][0]["delta"].get("content", "") for d in datas
-                   if d["choices"][0]["delta"].get("role") != "user")
+    text = "".join(
+        d["choices"][0]["delta"].get("content", "")
+        for d in datas
+        if d["choices"][0]["delta"].get("role") != "user"
+    )
     assert text == "Hello, wörld 🌍!"
     end = datas[-1]
     assert end["choices"][0]["finish_reason"] == "stop"
@@ -68,8 +71,9 @@ def test_replay_is_coalesced_and_resume_gives_exactly_the_missing_events(gateway
             assert render([f.json() for f in full]) == render(log)
             assert int(full[-1].id) == log[-1]["seq"]
             # a short replay is sent exactly as logged, every seq in order
-            tail = read_events(c, cid, last_id=len(log) - 20,
-                               until=lambda fs: int(fs[-1].id) == len(log))
+            tail = read_events(
+                c, cid, last_id=len(log) - 20, until=lambda fs: int(fs[-1].id) == len(log)
+            )
             assert [int(f.id) for f in tail] == list(range(len(log) - 19, len(log) + 1))
             assert [f.json() for f in tail] == log[-20:]
             # resume in the middle: exactly the events after k, nothing twice
@@ -78,8 +82,9 @@ def test_replay_is_coalesced_and_resume_gives_exactly_the_missing_events(gateway
             assert int(rest[0].id) > k
             assert render([f.json() for f in rest]) == render(log[k:])
             # the query form for clients that cannot send headers
-            q = c.stream("GET", "/api/chat", params={"conversation": cid,
-                                                     "last_event_id": len(log)})
+            q = c.stream(
+                "GET", "/api/chat", params={"conversation": cid, "last_event_id": len(log)}
+            )
             with q as resp:
                 # nothing to replay: the first frame is the retry hint, then only pings
                 first = next(parse_frames(resp.iter_lines()))
@@ -101,8 +106,8 @@ def test_reconnect_during_a_turn_has_no_gap_and_no_double(gateway, peers):
             last = 0
             for _ in range(200):
                 frames = read_events(
-                    c, cid, last_id=last,
-                    until=lambda fs: len(fs) >= 5 or ended(fs), timeout=20)
+                    c, cid, last_id=last, until=lambda fs: len(fs) >= 5 or ended(fs), timeout=20
+                )
                 for f in frames:
                     d = f.json()
                     assert d["seq"] > last, "an event came twice"
@@ -124,8 +129,13 @@ def test_event_lost_on_the_bus_is_filled_from_the_log(gateway, peers):
         conv = peers.new_conv("gap")
         cid = conv.info.id
         got: list = []
-        t = threading.Thread(target=lambda: got.extend(read_events(
-            c, cid, until=lambda fs: any(f.data and f.json()["seq"] == 4 for f in fs))))
+        t = threading.Thread(
+            target=lambda: got.extend(
+                read_events(
+                    c, cid, until=lambda fs: any(f.data and f.json()["seq"] == 4 for f in fs)
+                )
+            )
+        )
         t.start()
         time.sleep(0.5)  # the stream is attached (replay was empty)
         peers.skip_publish = {2, 3}
@@ -145,8 +155,10 @@ def test_many_clients_on_one_conversation_all_receive_every_event(gateway, peers
     cid = conv.info.id
     n = 40  # the bench runs 100; 40 is enough here on two shared cores
     results: dict[int, list] = {}
-    with httpx.Client(base_url=gateway.url, timeout=30,
-                      limits=httpx.Limits(max_connections=n + 5)) as c:
+    with httpx.Client(
+        base_url=gateway.url, timeout=30, limits=httpx.Limits(max_connections=n + 5)
+    ) as c:
+
         def reader(i: int) -> None:
             results[i] = read_events(c, cid, until=ended, timeout=60)
 
@@ -176,8 +188,9 @@ def test_slow_client_is_told_to_reconnect_and_does_not_slow_others(gateway_facto
     try:
         with gw.client() as c, gw.client() as fast_c:
             fast: list = []
-            ft = threading.Thread(target=lambda: fast.extend(
-                read_events(fast_c, cid, until=ended, timeout=90)))
+            ft = threading.Thread(
+                target=lambda: fast.extend(read_events(fast_c, cid, until=ended, timeout=90))
+            )
             ft.start()
             with c.stream("GET", "/api/chat", params={"conversation": cid}) as slow:
                 assert slow.status_code == 200
@@ -211,8 +224,13 @@ def test_ping_comment_on_an_idle_stream(gateway_factory, peers):
     gw = gateway_factory(LOKI_SSE_PING_S="0.3")
     cid = peers.new_conv("idle").info.id
     with gw.client() as c:
-        frames = read_events(c, cid, keep_comments=True,
-                             until=lambda fs: any("ping" in f.comments for f in fs), timeout=10)
+        frames = read_events(
+            c,
+            cid,
+            keep_comments=True,
+            until=lambda fs: any("ping" in f.comments for f in fs),
+            timeout=10,
+        )
     assert any(f.comments == ["ping"] for f in frames)
 
 
@@ -256,13 +274,23 @@ def test_conversations_crud_and_export(gateway, peers):
         ("GET", "/api/chat", {}, 400, "conversation"),
         ("GET", "/api/chat/state", {"params": {"conversation": "x" * 65}}, 400, "conversation"),
         ("GET", "/api/chat", {"params": {"conversation": "unknown1"}}, 404, "no such"),
-        ("GET", "/api/chat", {"params": {"conversation": "c1"},
-                              "headers": {"Last-Event-ID": "abc"}}, 400, "Last-Event-ID"),
+        (
+            "GET",
+            "/api/chat",
+            {"params": {"conversation": "c1"}, "headers": {"Last-Event-ID": "abc"}},
+            400,
+            "Last-Event-ID",
+        ),
         ("POST", "/api/chat/send", {"json": {"content": ""}}, 400, "content"),
         ("POST", "/api/chat/send", {"json": {"content": 5}}, 400, "content"),
         ("POST", "/api/chat/send", {"content": b"{not json"}, 400, "JSON"),
-        ("POST", "/api/chat/send", {"json": {"content": "x", "conversation": "../x"}}, 400,
-         "conversation"),
+        (
+            "POST",
+            "/api/chat/send",
+            {"json": {"content": "x", "conversation": "../x"}},
+            400,
+            "conversation",
+        ),
         ("PATCH", "/api/conversations/abc", {"json": {"title": ""}}, 400, "title"),
         ("GET", "/api/nothing-here", {}, 404, "Not Found"),
         ("DELETE", "/api/chat/send", {}, 405, "Method Not Allowed"),
@@ -290,11 +318,14 @@ def test_coalesce_merges_only_plain_text_runs():
 
     events = [
         ev(1, {"role": "assistant", "content": ""}),
-        ev(2, {"content": "a"}), ev(3, {"content": "b"}),
-        ev(4, {"reasoning_content": "r1"}), ev(5, {"reasoning_content": "r2"}),
+        ev(2, {"content": "a"}),
+        ev(3, {"content": "b"}),
+        ev(4, {"reasoning_content": "r1"}),
+        ev(5, {"reasoning_content": "r2"}),
         ev(6, {"content": "c"}),
         ev(7, {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}),
-        ev(8, {"content": "d"}), ev(9, {}, finish_reason="stop"),
+        ev(8, {"content": "d"}),
+        ev(9, {}, finish_reason="stop"),
     ]
     out = coalesce(events)
     assert [(e.seq, e.delta) for e in out] == [
@@ -309,15 +340,18 @@ def test_coalesce_merges_only_plain_text_runs():
 
 
 def test_batches_hold_at_most_256_events_or_128_kib():
-    small = [ChatEvent(conversation="c", seq=i, ts=0, delta={"tool_calls": []})
-             for i in range(1, 1001)]
+    small = [
+        ChatEvent(conversation="c", seq=i, ts=0, delta={"tool_calls": []}) for i in range(1, 1001)
+    ]
     chunks = frames_in_batches(small)
     counts = [c.count(b"\nid: ") + 1 if not c.startswith(b"\n") else 0 for c in chunks]
     assert sum(c.count(b"data: ") for c in chunks) == 1000
     assert all(c.count(b"data: ") <= BATCH_MAX_EVENTS for c in chunks)
     assert counts
-    big = [ChatEvent(conversation="c", seq=i, ts=0, delta={"content": "z" * 50000})
-           for i in range(1, 11)]
+    big = [
+        ChatEvent(conversation="c", seq=i, ts=0, delta={"content": "z" * 50000})
+        for i in range(1, 11)
+    ]
     chunks = frames_in_batches(big)
     assert all(len(c) <= BATCH_MAX_BYTES for c in chunks)
     assert sum(c.count(b"data: ") for c in chunks) == 10

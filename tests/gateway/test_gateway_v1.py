@@ -26,8 +26,9 @@ def peers(gw_nats, engine_url):
 @pytest.fixture
 def oai(gateway, engine_url):
     _wait_engine_idle(engine_url)
-    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="client-key-not-forwarded",
-                         max_retries=0, timeout=120)
+    return openai.OpenAI(
+        base_url=gateway.url + "/v1", api_key="client-key-not-forwarded", max_retries=0, timeout=120
+    )
 
 
 def _slots(engine_url):
@@ -76,8 +77,7 @@ def test_chat_not_streamed_under_a_released_lease_with_a_perf_record(oai, peers)
 
 
 def test_stream_without_usage_has_no_usage_chunk_but_keeps_timings(oai, peers):
-    chunks = list(oai.chat.completions.create(model="any", messages=ASK, max_tokens=8,
-                                              stream=True))
+    chunks = list(oai.chat.completions.create(model="any", messages=ASK, max_tokens=8, stream=True))
     assert chunks and all(c.usage is None for c in chunks)
     assert all(c.choices for c in chunks)
     last = chunks[-1]
@@ -90,9 +90,15 @@ def test_stream_without_usage_has_no_usage_chunk_but_keeps_timings(oai, peers):
 
 
 def test_stream_with_usage_when_asked(oai):
-    chunks = list(oai.chat.completions.create(
-        model="any", messages=ASK, max_tokens=8, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        oai.chat.completions.create(
+            model="any",
+            messages=ASK,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
     assert all(c.usage is None for c in chunks[:-1])
 
@@ -101,12 +107,16 @@ def test_legacy_completions_streamed_and_not(oai, peers):
     """/v1/completions on the real engine: the non-streamed answer is assembled from the
     upstream stream (same text as the engine's own non-streamed answer at temperature 0)."""
     before = len(peers.perf_records)
-    r = oai.completions.create(model="any", prompt="The capital of France is", max_tokens=6,
-                               temperature=0)
+    r = oai.completions.create(
+        model="any", prompt="The capital of France is", max_tokens=6, temperature=0
+    )
     assert r.object == "text_completion" and r.choices[0].text.strip()
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
-    chunks = list(oai.completions.create(model="any", prompt="The capital of France is",
-                                         max_tokens=6, temperature=0, stream=True))
+    chunks = list(
+        oai.completions.create(
+            model="any", prompt="The capital of France is", max_tokens=6, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text
     assert _wait(lambda: len(peers.perf_records) >= before + 2 and peers.held() == 0)
 
@@ -115,9 +125,17 @@ def test_tool_messages_are_normalised_and_accepted(oai):
     messages = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "What time is it?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "clock", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "clock", "arguments": "{}"},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
         {"role": "assistant", "content": ""},  # an empty assistant turn
         {"role": "user", "content": "Thanks. Say ok."},
@@ -138,8 +156,9 @@ def test_n_above_one_is_a_clear_400(oai):
 def test_context_overflow_is_context_length_exceeded(oai, peers):
     long = "lorem ipsum dolor sit amet " * 1500  # well past n_ctx 4096
     with pytest.raises(openai.BadRequestError) as err:
-        oai.chat.completions.create(model="any", max_tokens=4,
-                                    messages=[{"role": "user", "content": long}])
+        oai.chat.completions.create(
+            model="any", max_tokens=4, messages=[{"role": "user", "content": long}]
+        )
     assert err.value.code == "context_length_exceeded"
     assert err.value.body["type"] == "invalid_request_error"
     assert _wait(lambda: peers.held() == 0)
@@ -153,19 +172,28 @@ def test_invalid_bodies_are_4xx(gateway):
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', "role"),
         (b'{"messages": [{"role": "user", "content": 5}]}', "content"),
         (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
-         "tools[0]"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
+            "tools[0]",
+        ),
     ]
     for raw, needle in cases:
-        r = httpx.post(gateway.url + "/v1/chat/completions", content=raw,
-                       headers={"Content-Type": "application/json"})
+        r = httpx.post(
+            gateway.url + "/v1/chat/completions",
+            content=raw,
+            headers={"Content-Type": "application/json"},
+        )
         assert r.status_code == 400, (raw, r.text)
         assert needle.lower() in r.json()["error"]["message"].lower(), r.text
 
 
 def test_slots_paths_are_refused(gateway):
-    for method, path in [("GET", "/slots"), ("POST", "/slots/0?action=save"),
-                         ("GET", "/v1/slots"), ("POST", "/v1/slots/1?action=erase")]:
+    for method, path in [
+        ("GET", "/slots"),
+        ("POST", "/slots/0?action=save"),
+        ("GET", "/v1/slots"),
+        ("POST", "/v1/slots/1?action=erase"),
+    ]:
         r = httpx.request(method, gateway.url + path)
         assert r.status_code == 405, path
         assert r.json()["error"]["code"] == "method_not_allowed"
@@ -185,8 +213,9 @@ def _decodes(engine_url) -> float:
 
 def _assert_cut_short(engine_url, before: float) -> None:
     """The slot went idle and the engine did not go on generating the 2500 tokens asked."""
-    assert _wait(lambda: not any(s["is_processing"] for s in _slots(engine_url)),
-                 IDLE_WAIT_S), "slot still busy after the client left"
+    assert _wait(lambda: not any(s["is_processing"] for s in _slots(engine_url)), IDLE_WAIT_S), (
+        "slot still busy after the client left"
+    )
     done = _decodes(engine_url) - before
     assert done < 200, f"the engine went on decoding ({done} decodes) after the client left"
 
@@ -216,9 +245,13 @@ def _raw_post(port: int, body: dict) -> socket.socket:
     the client goes away)."""
     raw = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: "
-                 + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(raw)).encode()
+        + b"\r\n\r\n"
+        + raw
+    )
     return sock
 
 
@@ -241,7 +274,8 @@ def _no_token_yet(sock: socket.socket) -> bool:
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_disconnect_while_the_engine_reads_the_prompt_frees_the_slot(
-        gateway, engine_url, peers, stream):
+    gateway, engine_url, peers, stream
+):
     """The client leaves during prefill (streamed) or while waiting for a non-streamed
     answer: the engine stops instead of going on to generate 2500 tokens."""
     _wait_engine_idle(engine_url)

@@ -44,8 +44,9 @@ def peers(gw_nats, engine):
 @pytest.fixture
 def oai(gateway, engine):
     engine.clear()
-    return openai.OpenAI(base_url=gateway.url + "/v1", api_key=CLIENT_KEY, max_retries=0,
-                         timeout=30)
+    return openai.OpenAI(
+        base_url=gateway.url + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=30
+    )
 
 
 def _wait(pred, timeout=10.0):
@@ -62,8 +63,9 @@ ASK = [{"role": "user", "content": "hi"}]
 
 def test_id_slot_is_the_leases_and_only_the_engine_key_goes_upstream(oai, engine, peers):
     engine.push(text_reply("ok"))
-    list(oai.chat.completions.create(model="m", messages=ASK, stream=True,
-                                     extra_body={"id_slot": 0}))
+    list(
+        oai.chat.completions.create(model="m", messages=ASK, stream=True, extra_body={"id_slot": 0})
+    )
     req = engine.requests[-1]
     assert req.json["id_slot"] == 1  # rewritten to the lease's slot
     assert req.headers.get("authorization") == f"Bearer {ENGINE_KEY}"
@@ -75,37 +77,49 @@ def test_id_slot_removed_when_the_lease_names_none(oai, engine, peers):
     peers.id_slot = None
     try:
         engine.push(text_reply("ok"))
-        list(oai.chat.completions.create(model="m", messages=ASK, stream=True,
-                                         extra_body={"id_slot": 0}))
+        list(
+            oai.chat.completions.create(
+                model="m", messages=ASK, stream=True, extra_body={"id_slot": 0}
+            )
+        )
         assert "id_slot" not in engine.requests[-1].json
     finally:
         peers.id_slot = 1
 
 
 def _raw_stream(gateway, body) -> bytes:
-    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body,
-                      timeout=30) as r:
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=30) as r:
         assert r.status_code == 200
         return b"".join(r.iter_raw())
 
 
 def test_tool_call_deltas_pass_unchanged(gateway, engine):
     engine.clear()
-    reply = tool_reply([("call_a", "recall", '{"id": "r12"}'),
-                        ("call_b", "search", '{"q": "naïve café"}')], split=4, interleave=True)
+    reply = tool_reply(
+        [("call_a", "recall", '{"id": "r12"}'), ("call_b", "search", '{"q": "naïve café"}')],
+        split=4,
+        interleave=True,
+    )
     engine.push(reply)
-    raw = _raw_stream(gateway, {"messages": ASK, "stream": True,
-                                "stream_options": {"include_usage": True}})
-    got = [json.loads(line[6:]) for line in raw.decode().split("\n")
-           if line.startswith("data: {")]
+    raw = _raw_stream(
+        gateway, {"messages": ASK, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    got = [json.loads(line[6:]) for line in raw.decode().split("\n") if line.startswith("data: {")]
     sent = [f for f in reply.frames if isinstance(f, dict)]
     assert got[: len(sent)] == sent  # every chunk, fragments and indexes as sent
 
 
 def test_multibyte_characters_split_across_writes_arrive_intact(oai, engine):
     frame = chunk({"content": "héllo 🌍 wörld"})
-    engine.push(Stream(frames=[chunk({"role": "assistant", "content": None}),
-                               *split_writes(frame, "🌍"), chunk({}, "stop")]))
+    engine.push(
+        Stream(
+            frames=[
+                chunk({"role": "assistant", "content": None}),
+                *split_writes(frame, "🌍"),
+                chunk({}, "stop"),
+            ]
+        )
+    )
     chunks = list(oai.chat.completions.create(model="m", messages=ASK, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "héllo 🌍 wörld"
 
@@ -117,15 +131,21 @@ def test_crlf_events_split_across_writes_are_relayed_whole(gateway, engine):
     first = json.dumps(chunk({"role": "assistant", "content": "ab"}))
     second = json.dumps(chunk({"content": "cd"}))
     cut = len(second) // 2
-    engine.push(Stream(frames=[
-        f"data:{first}\r\n\r\ndata: {second[:cut]}".encode(),
-        f"{second[cut:]}\r".encode(), b"\n\r\n",
-        f"data: {json.dumps(chunk({}, 'stop'))}\r\n\r\n".encode(),
-    ]))
+    engine.push(
+        Stream(
+            frames=[
+                f"data:{first}\r\n\r\ndata: {second[:cut]}".encode(),
+                f"{second[cut:]}\r".encode(),
+                b"\n\r\n",
+                f"data: {json.dumps(chunk({}, 'stop'))}\r\n\r\n".encode(),
+            ]
+        )
+    )
     raw = _raw_stream(gateway, {"messages": ASK, "stream": True})
     # SSE: "data:" then one optional space (relayed as the engine wrote it)
-    datas = [line[5:].removeprefix(" ") for line in raw.decode().split("\n")
-             if line.startswith("data:")]
+    datas = [
+        line[5:].removeprefix(" ") for line in raw.decode().split("\n") if line.startswith("data:")
+    ]
     assert datas[-1] == "[DONE]"
     chunks = [json.loads(d) for d in datas[:-1]]
     assert [c["choices"][0]["delta"].get("content") for c in chunks[:2]] == ["ab", "cd"]
@@ -144,32 +164,45 @@ def test_usage_chunk_only_when_asked_and_timings_move_to_the_finish_chunk(gatewa
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["timings"]["prompt_n"] == 20  # from the dropped usage chunk
     engine.push(text_reply("abc"))
-    raw = _raw_stream(gateway, {"messages": ASK, "stream": True,
-                                "stream_options": {"include_usage": True}})
-    datas = [json.loads(line[6:]) for line in raw.decode().split("\n")
-             if line.startswith("data: {")]
+    raw = _raw_stream(
+        gateway, {"messages": ASK, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    datas = [
+        json.loads(line[6:]) for line in raw.decode().split("\n") if line.startswith("data: {")
+    ]
     assert datas[-1]["choices"] == [] and datas[-1]["usage"]["total_tokens"] == 25
 
 
 def test_mid_stream_engine_error_is_relayed(gateway, engine):
     engine.clear()
-    engine.push(Stream(frames=[chunk({"content": "par"}), error_frame("kv cache full")],
-                       done=False))
+    engine.push(
+        Stream(frames=[chunk({"content": "par"}), error_frame("kv cache full")], done=False)
+    )
     raw = _raw_stream(gateway, {"messages": ASK, "stream": True})
     assert b"kv cache full" in raw and b'"par"' in raw
 
 
 def test_engine_errors_keep_openai_shape(oai, engine):
-    engine.push(HTTPError(400, {"error": {"code": 400, "type": "exceed_context_size_error",
-                                          "message": "request (9000 tokens) exceeds the "
-                                          "available context size (4096 tokens)",
-                                          "n_prompt_tokens": 9000, "n_ctx": 4096}}))
+    engine.push(
+        HTTPError(
+            400,
+            {
+                "error": {
+                    "code": 400,
+                    "type": "exceed_context_size_error",
+                    "message": "request (9000 tokens) exceeds the "
+                    "available context size (4096 tokens)",
+                    "n_prompt_tokens": 9000,
+                    "n_ctx": 4096,
+                }
+            },
+        )
+    )
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(model="m", messages=ASK, stream=True)
     assert err.value.code == "context_length_exceeded"
     assert err.value.body["n_ctx"] == 4096
-    engine.push(HTTPError(500, {"error": {"code": 500, "type": "server_error",
-                                          "message": "boom"}}))
+    engine.push(HTTPError(500, {"error": {"code": 500, "type": "server_error", "message": "boom"}}))
     with pytest.raises(openai.APIStatusError) as err:
         oai.chat.completions.create(model="m", messages=ASK, stream=True)
     assert err.value.status_code == 502 and "boom" in err.value.message
@@ -202,11 +235,16 @@ def test_lease_is_renewed_during_a_long_stream_and_released(oai, engine, peers):
 def test_client_gone_mid_stream_closes_upstream(gateway, engine, peers):
     engine.clear()
     engine.push(text_reply("x" * 200, pieces=100, delay_s=0.05))
-    with httpx.stream("POST", gateway.url + "/v1/chat/completions",
-                      json={"messages": ASK, "stream": True}, timeout=30) as r:
+    with httpx.stream(
+        "POST",
+        gateway.url + "/v1/chat/completions",
+        json={"messages": ASK, "stream": True},
+        timeout=30,
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get(
-                    "content"):
+                "content"
+            ):
                 break
     assert _wait(lambda: engine.disconnects >= 1, 10)
     assert _wait(lambda: peers.held() == 0)
@@ -223,36 +261,68 @@ def test_completions_and_embeddings_pass_through_or_relay_the_refusal(gateway, e
 
 
 def _text_chunk(text: str | None, finish: str | None = None, index: int = 0) -> dict:
-    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "fake",
-            "choices": [{"index": index, "text": text or "", "logprobs": None,
-                         "finish_reason": finish}]}
+    return {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "fake",
+        "choices": [
+            {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        ],
+    }
 
 
 def test_non_streamed_completion_is_assembled_from_an_upstream_stream(oai, engine, peers):
     """A non-streamed legacy completion is asked streamed upstream (so a client that leaves
     frees the slot) and assembled per choice index, with usage and the perf record."""
-    engine.push(Stream(frames=[_text_chunk("Once"), _text_chunk(" upon"), _text_chunk(" a"),
-                               _text_chunk(" time", "length")]))
+    engine.push(
+        Stream(
+            frames=[
+                _text_chunk("Once"),
+                _text_chunk(" upon"),
+                _text_chunk(" a"),
+                _text_chunk(" time", "length"),
+            ]
+        )
+    )
     r = oai.completions.create(model="m", prompt="Tell me", max_tokens=4)
     req = engine.requests[-1].json
     assert req["stream"] is True and req["stream_options"] == {"include_usage": True}
     assert r.object == "text_completion" and r.choices[0].text == "Once upon a time"
     assert r.choices[0].finish_reason == "length" and r.usage.total_tokens == 25
-    assert _wait(lambda: peers.perf_records and peers.perf_records[-1].finish_reason
-                 == "length" and not peers.perf_records[-1].cut)
-    engine.push(Stream(frames=[_text_chunk("a", index=0), _text_chunk("b", index=1),
-                               _text_chunk("c", "stop", 0), _text_chunk("d", "stop", 1)]))
+    assert _wait(
+        lambda: (
+            peers.perf_records
+            and peers.perf_records[-1].finish_reason == "length"
+            and not peers.perf_records[-1].cut
+        )
+    )
+    engine.push(
+        Stream(
+            frames=[
+                _text_chunk("a", index=0),
+                _text_chunk("b", index=1),
+                _text_chunk("c", "stop", 0),
+                _text_chunk("d", "stop", 1),
+            ]
+        )
+    )
     r = oai.completions.create(model="m", prompt=["x", "y"], max_tokens=4)
     assert [(c.index, c.text, c.finish_reason) for c in r.choices] == [
-        (0, "ac", "stop"), (1, "bd", "stop")]
+        (0, "ac", "stop"),
+        (1, "bd", "stop"),
+    ]
 
 
 def test_client_gone_from_a_non_streamed_completion_closes_upstream(gateway, engine, peers):
     engine.clear()
     engine.push(Stream(frames=[_text_chunk("x")] * 100, delay_s=0.05))
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(gateway.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 100},
-                   timeout=httpx.Timeout(30, read=0.5))
+        httpx.post(
+            gateway.url + "/v1/completions",
+            json={"prompt": "hi", "max_tokens": 100},
+            timeout=httpx.Timeout(30, read=0.5),
+        )
     assert _wait(lambda: engine.disconnects >= 1, 10)
     assert _wait(lambda: peers.held() == 0)
 
@@ -260,9 +330,14 @@ def test_client_gone_from_a_non_streamed_completion_closes_upstream(gateway, eng
 def test_non_streamed_answer_is_assembled_from_an_upstream_stream(oai, engine):
     """A non-streamed chat completion is asked streamed upstream (so a client that leaves
     frees the slot) and assembled: text, reasoning, tool calls merged by index, usage."""
-    engine.push(tool_reply([("call_a", "recall", '{"id": "r12"}'),
-                            ("call_b", "search", '{"q": "naïve"}')], content="Let me look.",
-                           split=3, interleave=True))
+    engine.push(
+        tool_reply(
+            [("call_a", "recall", '{"id": "r12"}'), ("call_b", "search", '{"q": "naïve"}')],
+            content="Let me look.",
+            split=3,
+            interleave=True,
+        )
+    )
     r = oai.chat.completions.create(model="m", messages=ASK)
     req = engine.requests[-1].json
     assert req["stream"] is True and req["stream_options"] == {"include_usage": True}
@@ -270,7 +345,9 @@ def test_non_streamed_answer_is_assembled_from_an_upstream_stream(oai, engine):
     assert r.object == "chat.completion" and r.choices[0].finish_reason == "tool_calls"
     assert msg.content == "Let me look."
     assert [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls] == [
-        ("call_a", "recall", '{"id": "r12"}'), ("call_b", "search", '{"q": "naïve"}')]
+        ("call_a", "recall", '{"id": "r12"}'),
+        ("call_b", "search", '{"q": "naïve"}'),
+    ]
     assert r.usage.total_tokens == 25
     engine.push(text_reply("plain answer", reasoning="hmm"))
     r = oai.chat.completions.create(model="m", messages=ASK)

@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import nats
 import nats.js.errors
+from prometheus_client.parser import text_string_to_metric_families
+
 from loki_shared import servers, subjects
 from loki_shared.perf_publish import build_record
-from prometheus_client.parser import text_string_to_metric_families
 
 
 def start_own_nats(data_dir: Path) -> tuple[servers.ManagedProcess, str]:
@@ -31,8 +32,10 @@ def start_own_nats(data_dir: Path) -> tuple[servers.ManagedProcess, str]:
 async def reset_stream(nc) -> None:
     """Delete the perf stream and the metrics checkpoint bucket (a fresh start)."""
     js = nc.jetstream()
-    for delete in (lambda: js.delete_stream(subjects.STREAM_PERF),
-                   lambda: js.delete_key_value(subjects.KV_PERF_TOTALS)):
+    for delete in (
+        lambda: js.delete_stream(subjects.STREAM_PERF),
+        lambda: js.delete_key_value(subjects.KV_PERF_TOTALS),
+    ):
         try:
             await delete()
         except nats.js.errors.NotFoundError:
@@ -46,8 +49,11 @@ class PerfProc:
         self.metrics_port = servers.free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
         env.update(
-            LOKI_NATS_URL=nats_url, LOKI_HOME=str(home), PYTHONUNBUFFERED="1",
-            LOKI_PERF_METRICS_PORT=str(self.metrics_port), LOKI_PERF_CHECKPOINT_S="0.2",
+            LOKI_NATS_URL=nats_url,
+            LOKI_HOME=str(home),
+            PYTHONUNBUFFERED="1",
+            LOKI_PERF_METRICS_PORT=str(self.metrics_port),
+            LOKI_PERF_CHECKPOINT_S="0.2",
             **env_extra,
         )
         if log:
@@ -108,15 +114,37 @@ def conv_messages(conv: str, turns: int) -> list[dict]:
     return out
 
 
-def record(conv: str, turns: int, cache_n: int, prompt_n: int, predicted_n: int = 10,
-           kind: str = "main", **kw):
+def record(
+    conv: str,
+    turns: int,
+    cache_n: int,
+    prompt_n: int,
+    predicted_n: int = 10,
+    kind: str = "main",
+    **kw,
+):
     """A record as the chat service would build it after a turn of ``conv``."""
     return build_record(
-        kind=kind, conversation=conv, model="smol", messages=conv_messages(conv, turns),
-        final={"timings": {"cache_n": cache_n, "prompt_n": prompt_n, "predicted_n": predicted_n,
-                           "prompt_ms": 50.0, "predicted_ms": 100.0},
-               "usage": {"prompt_tokens": cache_n + prompt_n, "completion_tokens": predicted_n,
-                         "prompt_tokens_details": {"cached_tokens": cache_n}},
-               "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-        ttft_ms=30.0, total_ms=150.0, **kw,
+        kind=kind,
+        conversation=conv,
+        model="smol",
+        messages=conv_messages(conv, turns),
+        final={
+            "timings": {
+                "cache_n": cache_n,
+                "prompt_n": prompt_n,
+                "predicted_n": predicted_n,
+                "prompt_ms": 50.0,
+                "predicted_ms": 100.0,
+            },
+            "usage": {
+                "prompt_tokens": cache_n + prompt_n,
+                "completion_tokens": predicted_n,
+                "prompt_tokens_details": {"cached_tokens": cache_n},
+            },
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        },
+        ttft_ms=30.0,
+        total_ms=150.0,
+        **kw,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from loki_perf.decode import DEPTH_NAMES, RecordDecodeError, decode
 
 
@@ -15,16 +16,29 @@ def rec(**kw):
 
 
 LLAMA_TIMINGS = {
-    "cache_n": 300, "prompt_n": 20, "predicted_n": 40, "draft_n": 10, "draft_n_accepted": 7,
-    "prompt_ms": 100.0, "predicted_ms": 800.0,
+    "cache_n": 300,
+    "prompt_n": 20,
+    "predicted_n": 40,
+    "draft_n": 10,
+    "draft_n_accepted": 7,
+    "prompt_ms": 100.0,
+    "predicted_ms": 800.0,
 }
 
 
 def test_llama_final_chunk_figures_are_read():
-    e = decode(rec(timings=LLAMA_TIMINGS, usage={
-        "prompt_tokens": 320, "completion_tokens": 40,
-        "prompt_tokens_details": {"cached_tokens": 300},
-    }), 1, 0.0)
+    e = decode(
+        rec(
+            timings=LLAMA_TIMINGS,
+            usage={
+                "prompt_tokens": 320,
+                "completion_tokens": 40,
+                "prompt_tokens_details": {"cached_tokens": 300},
+            },
+        ),
+        1,
+        0.0,
+    )
     assert (e.cache_n, e.prompt_n, e.predicted_n) == (300, 20, 40)
     assert (e.draft_n, e.draft_n_accepted) == (10, 7)
     assert (e.prompt_tokens, e.completion_tokens, e.cached_tokens) == (320, 40, 300)
@@ -49,21 +63,35 @@ def test_prompt_size_without_cache_figures_keeps_prefill_count_only():
 
 
 def test_wrong_type_counter_is_dropped_alone():
-    t = dict(LLAMA_TIMINGS, cache_n="300", draft_n=True, prompt_ms=-5,
-             predicted_ms=float("nan"))
+    t = dict(LLAMA_TIMINGS, cache_n="300", draft_n=True, prompt_ms=-5, predicted_ms=float("nan"))
     e = decode(rec(timings=t), 7, 0.0)
     assert e.cache_n is None and e.draft_n is None and e.prompt_ms is None
     assert e.predicted_ms is None
     assert e.prompt_n == 20 and e.predicted_n == 40 and e.draft_n_accepted == 7
     assert set(e.dropped) == {
-        "timings.cache_n", "timings.draft_n", "timings.prompt_ms", "timings.predicted_ms"
+        "timings.cache_n",
+        "timings.draft_n",
+        "timings.prompt_ms",
+        "timings.predicted_ms",
     }
     assert e.conversation == "c1" and e.kind == "main"
 
 
 def test_wrong_type_containers_and_fields_do_not_cost_the_record():
-    e = decode(rec(timings=[1, 2], usage="x", slot="0", fingerprints=[1, 2], cut="yes",
-                   ttft_ms="fast", kind="weird", roles=["user", 3]), 3, 42.0)
+    e = decode(
+        rec(
+            timings=[1, 2],
+            usage="x",
+            slot="0",
+            fingerprints=[1, 2],
+            cut="yes",
+            ttft_ms="fast",
+            kind="weird",
+            roles=["user", 3],
+        ),
+        3,
+        42.0,
+    )
     assert e.seq == 3 and e.conversation == "c1"
     assert e.kind == "unknown" and e.slot is None and e.fingerprints is None
     assert e.cut is None  # unknown: treated as cut by the loss rules
@@ -84,10 +112,18 @@ def test_full_hit_reads_n_minus_one_cached_and_one_computed():
 
 
 def test_usage_fills_what_timings_lacks_external_api():
-    e = decode(rec(preset="external", usage={
-        "prompt_tokens": 1000, "completion_tokens": 9,
-        "prompt_tokens_details": {"cached_tokens": 896},
-    }), 1, 0.0)
+    e = decode(
+        rec(
+            preset="external",
+            usage={
+                "prompt_tokens": 1000,
+                "completion_tokens": 9,
+                "prompt_tokens_details": {"cached_tokens": 896},
+            },
+        ),
+        1,
+        0.0,
+    )
     assert e.external and e.cached == 896 and e.computed == 104 and e.generated == 9
 
 

@@ -17,9 +17,9 @@ import json
 
 import httpx
 import pytest
+
 from loki_shared import subjects
 from loki_shared.perf_publish import CompletionClock, build_record, publish_record
-
 from tests.conftest import start_llama
 
 from .perf_helpers import PerfProc, request, wait_summary
@@ -35,10 +35,17 @@ def engine_no_cache_ram(tmp_path_factory):
     server.process.stop()
 
 
-async def complete(client: httpx.AsyncClient, messages: list[dict]) -> tuple[str, dict, CompletionClock]:
+async def complete(
+    client: httpx.AsyncClient, messages: list[dict]
+) -> tuple[str, dict, CompletionClock]:
     """One streamed completion; returns the reply text, the final chunk and the clock."""
-    body = {"messages": messages, "stream": True, "max_tokens": 12, "temperature": 0,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": messages,
+        "stream": True,
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     clock = CompletionClock()
     text, final = "", {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
@@ -64,8 +71,9 @@ async def complete(client: httpx.AsyncClient, messages: list[dict]) -> tuple[str
 async def turn(client, nc, conv: str, history: list[dict], question: str) -> dict:
     history.append({"role": "user", "content": question})
     text, final, clock = await complete(client, history)
-    rec = build_record(kind="main", conversation=conv, model="smollm2", messages=history,
-                       final=final, clock=clock)
+    rec = build_record(
+        kind="main", conversation=conv, model="smollm2", messages=history, final=final, clock=clock
+    )
     assert await publish_record(nc, rec)
     history.append({"role": "assistant", "content": text})
     return final
@@ -78,7 +86,8 @@ async def test_alternating_conversations_lose_to_each_other_extending_one_does_n
     try:
         # No keep-alive: a slow turn may outlive the engine's idle-connection timeout.
         async with httpx.AsyncClient(
-            base_url=engine_no_cache_ram, timeout=300,
+            base_url=engine_no_cache_ram,
+            timeout=300,
             limits=httpx.Limits(max_keepalive_connections=0),
         ) as client:
             a = [{"role": "system", "content": "You answer about gardens. " * 12}]
@@ -87,8 +96,9 @@ async def test_alternating_conversations_lose_to_each_other_extending_one_does_n
                 await turn(client, nc, "conv-a", a, f"Garden question {i}: what grows?")
                 await turn(client, nc, "conv-b", b, f"Ocean question {i}: what floats?")
             c = [{"role": "system", "content": "You answer about mountains. " * 12}]
-            finals = [await turn(client, nc, "conv-c", c, f"Mountain question {i}?")
-                      for i in range(3)]
+            finals = [
+                await turn(client, nc, "conv-c", c, f"Mountain question {i}?") for i in range(3)
+            ]
         summary = await wait_summary(nc, 7)
         losses = (await request(nc, subjects.PERF_LOSSES, {"limit": 100}))["losses"]
         by_conv = {}

@@ -4,6 +4,7 @@ API key, answered by a real perf service over real NATS."""
 from __future__ import annotations
 
 import httpx
+
 from loki_gateway.app import create_app
 from loki_gateway.bus import Bus
 from loki_gateway.settings import Settings as GatewaySettings

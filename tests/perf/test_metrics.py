@@ -6,13 +6,14 @@ import json
 import re
 from pathlib import Path
 
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
 from loki_perf.decode import decode
 from loki_perf.metrics import PREFIX, PerfCollector, Totals, exported_names
 from loki_perf.ring import Ring
 from loki_shared.fingerprint import fingerprints
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import CollectorRegistry
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/loki-prompt-cache.json"
 
@@ -22,14 +23,41 @@ def feed(ring: Ring, totals: Totals) -> None:
     m1 = [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"}]
     m2 = m1 + [{"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
     rows = [
-        {"conversation": "a", "kind": "main", "fingerprints": fingerprints(m1), "ttft_ms": 90,
-         "timings": {"cache_n": 0, "prompt_n": 100, "predicted_n": 20, "prompt_ms": 200,
-                     "predicted_ms": 400, "draft_n": 8, "draft_n_accepted": 5}},
-        {"conversation": "b", "kind": "subagent", "fingerprints": fingerprints(m1), "cut": True,
-         "timings": {"cache_n": 0, "prompt_n": 50, "predicted_n": 2}},
-        {"conversation": "a", "kind": "main", "fingerprints": fingerprints(m2), "ttft_ms": 300,
-         "timings": {"cache_n": 0, "prompt_n": 140, "predicted_n": 3, "prompt_ms": 100,
-                     "predicted_ms": 60}},
+        {
+            "conversation": "a",
+            "kind": "main",
+            "fingerprints": fingerprints(m1),
+            "ttft_ms": 90,
+            "timings": {
+                "cache_n": 0,
+                "prompt_n": 100,
+                "predicted_n": 20,
+                "prompt_ms": 200,
+                "predicted_ms": 400,
+                "draft_n": 8,
+                "draft_n_accepted": 5,
+            },
+        },
+        {
+            "conversation": "b",
+            "kind": "subagent",
+            "fingerprints": fingerprints(m1),
+            "cut": True,
+            "timings": {"cache_n": 0, "prompt_n": 50, "predicted_n": 2},
+        },
+        {
+            "conversation": "a",
+            "kind": "main",
+            "fingerprints": fingerprints(m2),
+            "ttft_ms": 300,
+            "timings": {
+                "cache_n": 0,
+                "prompt_n": 140,
+                "predicted_n": 3,
+                "prompt_ms": 100,
+                "predicted_ms": 60,
+            },
+        },
         {"conversation": "c", "kind": "bench", "timings": {"cache_n": 99, "prompt_n": 1}},
         {"conversation": "d", "kind": "foreign", "usage": {"prompt_tokens": 9}},
     ]
@@ -76,10 +104,16 @@ def test_every_metric_the_dashboard_queries_is_exported():
 def test_dashboard_covers_the_required_views():
     dashboard = json.loads(DASHBOARD.read_text())
     text = json.dumps(dashboard)
-    for needle in ("lokiassist_prompt_tokens_cached_total", "lokiassist_prompt_tokens_computed_total",
-                   "by (cause)", "lokiassist_ttft_seconds_bucket", "by (depth)",
-                   "lokiassist_draft_tokens_accepted_total", "by (kind)",
-                   "lokiassist_ttft_median_seconds"):
+    for needle in (
+        "lokiassist_prompt_tokens_cached_total",
+        "lokiassist_prompt_tokens_computed_total",
+        "by (cause)",
+        "lokiassist_ttft_seconds_bucket",
+        "by (depth)",
+        "lokiassist_draft_tokens_accepted_total",
+        "by (kind)",
+        "lokiassist_ttft_median_seconds",
+    ):
         assert needle in text, needle
     for panel in dashboard["panels"]:
         assert panel["targets"] and all(t["expr"] for t in panel["targets"])
@@ -97,8 +131,10 @@ def test_names_cannot_collide_with_grafana_loki_and_labels_are_fixed():
             labels = set(s.labels) - {"le"}
             assert labels <= {"kind", "model", "cause", "depth"}, (name, labels)
             assert "conversation" not in s.labels
-    by = {(s.labels.get("kind"), s.labels.get("cause")): s.value
-          for s in samples["lokiassist_cache_losses_total"]}
+    by = {
+        (s.labels.get("kind"), s.labels.get("cause")): s.value
+        for s in samples["lokiassist_cache_losses_total"]
+    }
     assert by == {("main", "subagent"): 1.0}  # the sub-agent ran in between
     total = {s.labels["kind"]: s.value for s in samples["lokiassist_completions_total"]}
     assert total == {"main": 2, "subagent": 1, "bench": 1, "foreign": 1}
@@ -106,8 +142,11 @@ def test_names_cannot_collide_with_grafana_loki_and_labels_are_fixed():
     assert full == {"bench": 1}
     cached = {s.labels["kind"]: s.value for s in samples["lokiassist_prompt_tokens_cached_total"]}
     assert cached["bench"] == 100  # a full hit counts its whole prompt as reused
-    ttft = {s.labels.get("le"): s.value for s in samples["lokiassist_ttft_seconds_bucket"]
-            if s.labels["kind"] == "main"}
+    ttft = {
+        s.labels.get("le"): s.value
+        for s in samples["lokiassist_ttft_seconds_bucket"]
+        if s.labels["kind"] == "main"
+    }
     assert ttft["0.1"] == 1 and ttft["0.5"] == 2 and ttft["+Inf"] == 2
     assert samples["lokiassist_perf_rejected_records"][0].value == 2
 
@@ -116,8 +155,9 @@ def test_unknown_figures_are_not_counted_as_zero():
     ring, totals = Ring(), Totals()
     feed(ring, totals)
     samples = scrape(ring, totals)
-    unknown = {s.labels["kind"]: s.value
-               for s in samples["lokiassist_completions_cache_unknown_total"]}
+    unknown = {
+        s.labels["kind"]: s.value for s in samples["lokiassist_completions_cache_unknown_total"]
+    }
     assert unknown == {"foreign": 1}
     prompt = {s.labels["kind"] for s in samples["lokiassist_prompt_tokens_total"]}
     assert "foreign" not in prompt

@@ -12,13 +12,27 @@ from loki_shared.perf_publish import CompletionClock, build_record
 
 
 def test_record_carries_figures_fingerprints_and_roles_but_no_text():
-    messages = [{"role": "system", "content": "SECRET-SYSTEM"},
-                {"role": "user", "content": "SECRET-QUESTION"}]
-    final = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
-             "timings": {"cache_n": 4, "prompt_n": "odd", "predicted_n": 7},
-             "usage": {"prompt_tokens": 20, "completion_tokens": 7}}
-    rec = build_record(kind="main", conversation="c", model="m", messages=messages,
-                       final=final, slot=0, cut=False, ts=12.5, ttft_ms=3.0, total_ms=9.0)
+    messages = [
+        {"role": "system", "content": "SECRET-SYSTEM"},
+        {"role": "user", "content": "SECRET-QUESTION"},
+    ]
+    final = {
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+        "timings": {"cache_n": 4, "prompt_n": "odd", "predicted_n": 7},
+        "usage": {"prompt_tokens": 20, "completion_tokens": 7},
+    }
+    rec = build_record(
+        kind="main",
+        conversation="c",
+        model="m",
+        messages=messages,
+        final=final,
+        slot=0,
+        cut=False,
+        ts=12.5,
+        ttft_ms=3.0,
+        total_ms=9.0,
+    )
     assert rec.fingerprints == fingerprints(messages) and rec.roles == ["system", "user"]
     assert rec.timings == final["timings"]  # passed through undecoded, even the odd value
     assert rec.usage == final["usage"] and rec.finish_reason == "length"

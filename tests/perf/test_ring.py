@@ -24,11 +24,15 @@ class Feed:
         self.ring = ring if ring is not None else Ring(loss_min_tokens=8)
         self.seq = 0
 
-    def add(self, messages, *, cache_n, prompt_n, predicted_n=10, conversation="a",
-            kind="main", **extra):
+    def add(
+        self, messages, *, cache_n, prompt_n, predicted_n=10, conversation="a", kind="main", **extra
+    ):
         self.seq += 1
         data = {
-            "ts": float(self.seq), "conversation": conversation, "kind": kind, "model": "m",
+            "ts": float(self.seq),
+            "conversation": conversation,
+            "kind": kind,
+            "model": "m",
             "timings": {"cache_n": cache_n, "prompt_n": prompt_n, "predicted_n": predicted_n},
             "fingerprints": fingerprints(messages),
             "roles": [m["role"] for m in messages],
@@ -53,8 +57,9 @@ def test_loss_is_previous_total_minus_cache_n_and_names_peer_conversation():
     assert e.loss.tokens == 120 - 5 and e.loss.prev_total == 120
     assert e.loss.cause == "conversation"
     (view,) = f.ring.losses()
-    assert view["between"] == [{"kind": "main", "cause": "conversation", "conversation": "b",
-                                "count": 1}]
+    assert view["between"] == [
+        {"kind": "main", "cause": "conversation", "conversation": "b", "count": 1}
+    ]
 
 
 def test_cause_is_the_last_request_in_between_and_all_are_named():
@@ -67,7 +72,10 @@ def test_cause_is_the_last_request_in_between_and_all_are_named():
     e = f.add(msgs("q1", "a1", "q2"), cache_n=0, prompt_n=150)
     assert e.loss.cause == "foreign"
     assert [(b["kind"], b["count"]) for b in f.ring.losses(1)[0]["between"]] == [
-        ("bench", 1), ("subagent", 2), ("foreign", 1)]
+        ("bench", 1),
+        ("subagent", 2),
+        ("foreign", 1),
+    ]
 
 
 def test_summary_in_between_is_named_summary():
@@ -170,8 +178,12 @@ def test_cache_ram_advice_when_conversation_comes_back_under_half_cached():
     f = Feed()
     f.add(msgs("q1"), cache_n=0, prompt_n=1000)
     f.add(msgs("t"), cache_n=0, prompt_n=800, kind="task", conversation="a")
-    e = f.add(msgs("q1", "a1", "q2"), cache_n=400, prompt_n=700,
-              usage={"prompt_tokens": 1100, "prompt_tokens_details": {"cached_tokens": 400}})
+    e = f.add(
+        msgs("q1", "a1", "q2"),
+        cache_n=400,
+        prompt_n=700,
+        usage={"prompt_tokens": 1100, "prompt_tokens_details": {"cached_tokens": 400}},
+    )
     assert e.advice is not None and e.advice["cached_tokens"] == 400
     assert e.advice["prompt_tokens"] == 1100
     adv = f.ring.advice()
@@ -192,12 +204,36 @@ def test_cache_ram_advice_when_conversation_comes_back_under_half_cached():
 
 def test_summary_fields_and_speeds_by_depth():
     f = Feed()
-    f.add(msgs("q1"), cache_n=0, prompt_n=100, predicted_n=10,
-          timings={"cache_n": 0, "prompt_n": 100, "predicted_n": 10, "prompt_ms": 500,
-                   "predicted_ms": 1000, "draft_n": 10, "draft_n_accepted": 6}, ttft_ms=120)
-    f.add(msgs("q1"), cache_n=5000, prompt_n=100, conversation="b",
-          timings={"cache_n": 5000, "prompt_n": 100, "predicted_n": 10, "prompt_ms": 1000,
-                   "predicted_ms": 500}, ttft_ms=200)
+    f.add(
+        msgs("q1"),
+        cache_n=0,
+        prompt_n=100,
+        predicted_n=10,
+        timings={
+            "cache_n": 0,
+            "prompt_n": 100,
+            "predicted_n": 10,
+            "prompt_ms": 500,
+            "predicted_ms": 1000,
+            "draft_n": 10,
+            "draft_n_accepted": 6,
+        },
+        ttft_ms=120,
+    )
+    f.add(
+        msgs("q1"),
+        cache_n=5000,
+        prompt_n=100,
+        conversation="b",
+        timings={
+            "cache_n": 5000,
+            "prompt_n": 100,
+            "predicted_n": 10,
+            "prompt_ms": 1000,
+            "predicted_ms": 500,
+        },
+        ttft_ms=200,
+    )
     f.add(msgs("n"), cache_n=0, prompt_n=0, conversation="c", timings=None)
     s = f.ring.summary()
     assert s["completions"] == 3 and s["prompt_n"] == 200 and s["cache_n"] == 5000
@@ -218,8 +254,10 @@ def brute_force(entries):
         "prompt_n": sum(e.computed for e in known),
         "cache_n": sum(e.cached for e in known),
         "losses": sum(1 for e in entries if e.loss and e.loss.type == "loss"),
-        "pp": {b: statistics.median([e.pp_tps for e in entries if e.bucket == b and e.pp_tps])
-               for b in {e.bucket for e in entries if e.pp_tps}},
+        "pp": {
+            b: statistics.median([e.pp_tps for e in entries if e.bucket == b and e.pp_tps])
+            for b in {e.bucket for e in entries if e.pp_tps}
+        },
     }
 
 
@@ -232,9 +270,19 @@ def test_incremental_aggregates_match_a_full_recount_after_eviction():
         history[conv] = history[conv] + [{"role": "user", "content": str(rnd.random())}]
         kind = rnd.choice(["main", "main", "subagent", "bench"])
         pn = rnd.randint(1, 3000)
-        f.add(history[conv], cache_n=rnd.randint(0, 20000), prompt_n=pn, conversation=conv,
-              kind=kind, timings={"cache_n": rnd.randint(0, 20000), "prompt_n": pn,
-                                  "predicted_n": 5, "prompt_ms": rnd.randint(1, 900)})
+        f.add(
+            history[conv],
+            cache_n=rnd.randint(0, 20000),
+            prompt_n=pn,
+            conversation=conv,
+            kind=kind,
+            timings={
+                "cache_n": rnd.randint(0, 20000),
+                "prompt_n": pn,
+                "predicted_n": 5,
+                "prompt_ms": rnd.randint(1, 900),
+            },
+        )
     ring = f.ring
     assert len(ring) == 300
     s = ring.summary()
@@ -243,6 +291,7 @@ def test_incremental_aggregates_match_a_full_recount_after_eviction():
     assert s["prompt_n"] == want["prompt_n"] and s["cache_n"] == want["cache_n"]
     assert sum(k["losses"] for k in s["detail"]["by_kind"].values()) == want["losses"]
     from loki_perf.decode import DEPTH_NAMES
+
     got = {r["depth"]: r["prompt_tps_median"] for r in s["detail"]["speeds_by_depth"]}
     assert got == {DEPTH_NAMES[b]: v for b, v in want["pp"].items()}
     assert len(ring.losses(5000)) == sum(1 for e in ring.entries if e.loss)
@@ -254,10 +303,13 @@ def test_chained_prefix_matches_a_linear_scan_on_fingerprints():
 
     rnd = random.Random(3)
     for _ in range(300):
-        base = [{"role": "user", "content": str(rnd.randint(0, 3))} for _ in range(rnd.randint(0, 12))]
+        base = [
+            {"role": "user", "content": str(rnd.randint(0, 3))} for _ in range(rnd.randint(0, 12))
+        ]
         other = list(base[: rnd.randint(0, len(base))])
-        other += [{"role": "user", "content": str(rnd.randint(0, 3))}
-                  for _ in range(rnd.randint(0, 6))]
+        other += [
+            {"role": "user", "content": str(rnd.randint(0, 3))} for _ in range(rnd.randint(0, 6))
+        ]
         a, b = fingerprints(base), fingerprints(other)
         assert chained_prefix(a, b) == common_prefix(a, b)
 
@@ -282,6 +334,7 @@ def test_only_the_latest_record_of_a_conversation_keeps_its_fingerprints():
     kept = [e for e in f.ring.entries if e.fingerprints is not None]
     assert [e.conversation for e in kept] == ["b", "a"]  # one per (conversation, kind)
     # ...and comparisons still work against the latest one.
-    e = f.add(history + [{"role": "user", "content": "more"}], cache_n=0, prompt_n=500,
-              conversation="a")
+    e = f.add(
+        history + [{"role": "user", "content": "more"}], cache_n=0, prompt_n=500, conversation="a"
+    )
     assert e.loss is not None and e.loss.type == "loss"

@@ -7,6 +7,7 @@ import json
 
 import nats
 import pytest
+
 from loki_shared import subjects
 from loki_shared.nats import make_broker
 from loki_shared.perf_publish import publish_record
@@ -51,7 +52,9 @@ async def test_restart_rebuilds_ring_loses_nothing_and_counts_once(perf_nats, nc
         # Rebuilding re-derives the same losses: b's return after a is attributed to a.
         losses = (await request(nc, subjects.PERF_LOSSES, {"limit": 10}))["losses"]
         assert [(x["conversation"], x["cause"]) for x in losses] == [
-            ("b", "conversation"), ("a", "conversation")]
+            ("b", "conversation"),
+            ("a", "conversation"),
+        ]
         assert losses[0]["between"][0]["conversation"] == "a"
         m = svc.scrape()
         assert m[COMPLETIONS] == 5  # not 3 + 5: the rebuilt records are not counted twice
@@ -85,10 +88,15 @@ async def test_bad_payloads_are_refused_alone_and_wrong_types_dropped(perf_nats,
     try:
         js = nc.jetstream()
         await js.publish(subjects.PERF_RECORD, b"not json", stream=subjects.STREAM_PERF)
-        raw = {"ts": 1.0, "kind": "main", "conversation": "x",
-               "timings": {"cache_n": "lots", "prompt_n": 12, "predicted_n": 3}}
-        await js.publish(subjects.PERF_RECORD, json.dumps(raw).encode(),
-                         stream=subjects.STREAM_PERF)
+        raw = {
+            "ts": 1.0,
+            "kind": "main",
+            "conversation": "x",
+            "timings": {"cache_n": "lots", "prompt_n": 12, "predicted_n": 3},
+        }
+        await js.publish(
+            subjects.PERF_RECORD, json.dumps(raw).encode(), stream=subjects.STREAM_PERF
+        )
         assert await publish_record(nc, record("y", 1, cache_n=5, prompt_n=7))
         s = await wait_summary(nc, 2)
         # The record with an unreadable cache_n is kept; its unknown cache is not a 0.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import nats
 import pytest
-from tests.recall.recall_helpers import Client, recall_settings
 
 from loki_recall.service import RecallService
+from tests.recall.recall_helpers import Client, recall_settings
 
 
 @pytest.fixture

@@ -12,8 +12,26 @@ from loki_recall.index import SEGMENT_WORDS, Index
 from loki_recall.text import go_lower, keywords, score
 
 ALPHABET = list("abcaebd09 \n\t_-.") + [
-    "É", "é", "İ", "i", "Σ", "σ", "ς", "ß", "÷", "ÿ", "Ÿ", "ç", "K", "ǅ", "œ", "Ω", "\u0307",
-    "\u00a0", "À", "×",
+    "É",
+    "é",
+    "İ",
+    "i",
+    "Σ",
+    "σ",
+    "ς",
+    "ß",
+    "÷",
+    "ÿ",
+    "Ÿ",
+    "ç",
+    "K",
+    "ǅ",
+    "œ",
+    "Ω",
+    "\u0307",
+    "\u00a0",
+    "À",
+    "×",
 ]
 
 

@@ -13,7 +13,11 @@ from loki_recall import tools
 from loki_recall.service import RecallService
 from loki_shared import subjects
 from loki_shared.messages.recall import (
-    ArchiveReply, ArchiveRequest, Block, ToolReply, ToolRequest,
+    ArchiveReply,
+    ArchiveRequest,
+    Block,
+    ToolReply,
+    ToolRequest,
 )
 from loki_shared.recall_label import recall_label
 from tests.recall.recall_helpers import Client
@@ -30,9 +34,7 @@ def test_journal_shape() -> None:
         assert b["label"] == recall_label(b["role"], b["content"], b["tool_name"])
 
 
-async def test_journal_replayed_through_the_service(
-    recall: RecallService, client: Client
-) -> None:
+async def test_journal_replayed_through_the_service(recall: RecallService, client: Client) -> None:
     for seq, b in enumerate(JOURNAL["blocks"], 1):
         reply = await client.ask(subjects.RECALL_ARCHIVE, ArchiveRequest(**b), ArchiveReply)
         assert (reply.id, reply.seq) == (f"r{seq}", seq)

@@ -28,9 +28,15 @@ def test_derive_check_and_wrong_passphrase() -> None:
     assert memkey.key_id(key) == params.check[:8].hex()
 
 
-@pytest.mark.parametrize("text", ["{}", "not json", '{"v": 2, "kdf": "scrypt"}',
-                                  '{"v": 1, "kdf": "scrypt", "salt": "!!", "check": "", '
-                                  '"n": 2, "r": 1, "p": 1}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",
+        "not json",
+        '{"v": 2, "kdf": "scrypt"}',
+        '{"v": 1, "kdf": "scrypt", "salt": "!!", "check": "", "n": 2, "r": 1, "p": 1}',
+    ],
+)
 def test_bad_kdf_record(text: str) -> None:
     with pytest.raises(memkey.BadKdf):
         memkey.KdfParams.from_json(text)

@@ -12,7 +12,6 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import FastAPI
-from tests.recall.recall_helpers import Client, recall_settings
 from redis.asyncio import Redis
 
 from loki_gateway.bus import Bus
@@ -24,6 +23,7 @@ from loki_recall.archive import BLOCKS_KEY
 from loki_recall.service import RecallService
 from loki_shared import memkey, subjects
 from loki_shared.messages.recall import ArchiveReply, ArchiveRequest, ToolReply, ToolRequest
+from tests.recall.recall_helpers import Client, recall_settings
 
 
 @pytest.fixture
@@ -37,8 +37,9 @@ async def gateway(nats_url: str, redis_db: str) -> AsyncIterator[httpx.AsyncClie
     redis = Redis.from_url(redis_db)
     app.state.memory = MemoryState(redis, app.state.bus.client, n=2**12)
     await app.state.memory.start()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://gateway") as http:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://gateway"
+    ) as http:
         yield http
     await app.state.memory.stop()
     await app.state.bus.close()
@@ -46,14 +47,17 @@ async def gateway(nats_url: str, redis_db: str) -> AsyncIterator[httpx.AsyncClie
 
 
 async def archive(client: Client, content: str, label: str) -> ArchiveReply:
-    return await client.ask(subjects.RECALL_ARCHIVE,
-                            ArchiveRequest(label=label, role="tool", content=content),
-                            ArchiveReply)
+    return await client.ask(
+        subjects.RECALL_ARCHIVE,
+        ArchiveRequest(label=label, role="tool", content=content),
+        ArchiveReply,
+    )
 
 
 async def tool(client: Client, name: str, arguments: dict) -> str:
-    reply = await client.ask(subjects.RECALL_TOOL, ToolRequest(name=name, arguments=arguments),
-                             ToolReply)
+    reply = await client.ask(
+        subjects.RECALL_TOOL, ToolRequest(name=name, arguments=arguments), ToolReply
+    )
     assert reply.error is None
     return reply.text
 
@@ -76,7 +80,10 @@ async def eventually(check, timeout: float = 10.0) -> None:
 
 
 async def test_locked_memory_hides_sealed_blocks(
-    recall: RecallService, client: Client, gateway: httpx.AsyncClient, redis_db: str,
+    recall: RecallService,
+    client: Client,
+    gateway: httpx.AsyncClient,
+    redis_db: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
@@ -95,8 +102,10 @@ async def test_locked_memory_hides_sealed_blocks(
     recall_text, search, status, listed = await four_reads(client, http, 2)
     assert recall_text == "[r2 · tool: secret diary · verbatim]\nmy secret diary entry"
     assert search.splitlines()[1:] == [
-        "- r2 · tool: secret diary", "  my secret diary entry",
-        "- r1 · tool: public", "  public notes about the diary",
+        "- r2 · tool: secret diary",
+        "  my secret diary entry",
+        "- r1 · tool: public",
+        "  public notes about the diary",
     ]
     assert status == 200 and listed == [1, 2]
     block = (await http.get("/api/recall/block", params={"seq": 2})).json()

@@ -19,19 +19,31 @@ from loki_recall.text import keywords
 from loki_recall.tools import reference_search
 from loki_shared import subjects
 from loki_shared.messages.recall import (
-    ArchiveReply, ArchiveRequest, BlockReply, BlockRequest, BlocksReply, BlocksRequest,
-    ToolReply, ToolRequest,
+    ArchiveReply,
+    ArchiveRequest,
+    BlockReply,
+    BlockRequest,
+    BlocksReply,
+    BlocksRequest,
+    ToolReply,
+    ToolRequest,
 )
-
 from tests.recall.recall_helpers import Client, recall_settings
 
 
-async def archive(client: Client, content: str, label: str = "", role: str = "tool",
-                  tool_name: str | None = "read_file", conversation: str | None = "c1") -> int:
+async def archive(
+    client: Client,
+    content: str,
+    label: str = "",
+    role: str = "tool",
+    tool_name: str | None = "read_file",
+    conversation: str | None = "c1",
+) -> int:
     reply = await client.ask(
         subjects.RECALL_ARCHIVE,
-        ArchiveRequest(label=label, role=role, tool_name=tool_name, content=content,
-                       conversation=conversation),
+        ArchiveRequest(
+            label=label, role=role, tool_name=tool_name, content=content, conversation=conversation
+        ),
         ArchiveReply,
     )
     assert reply.error is None, reply.error
@@ -40,8 +52,9 @@ async def archive(client: Client, content: str, label: str = "", role: str = "to
 
 
 async def tool(client: Client, name: str, arguments: object) -> str:
-    reply = await client.ask(subjects.RECALL_TOOL, ToolRequest(name=name, arguments=arguments),
-                             ToolReply)
+    reply = await client.ask(
+        subjects.RECALL_TOOL, ToolRequest(name=name, arguments=arguments), ToolReply
+    )
     assert reply.error is None, reply.error
     return reply.text
 
@@ -49,8 +62,9 @@ async def tool(client: Client, name: str, arguments: object) -> str:
 async def list_blocks(client: Client, max_bytes: int = 512_000) -> list:
     out, after = [], 0
     while after is not None:
-        page = await client.ask(subjects.RECALL_BLOCKS,
-                                BlocksRequest(after=after, max_bytes=max_bytes), BlocksReply)
+        page = await client.ask(
+            subjects.RECALL_BLOCKS, BlocksRequest(after=after, max_bytes=max_bytes), BlocksReply
+        )
         assert page.error is None
         out.extend(page.blocks)
         after = page.next_after
@@ -90,8 +104,9 @@ async def test_blocks_pages_in_seq_order(recall: RecallService, client: Client) 
 
 
 async def test_unknown_tool_is_an_error_reply(recall: RecallService, client: Client) -> None:
-    reply = await client.ask(subjects.RECALL_TOOL, ToolRequest(name="shell", arguments={}),
-                             ToolReply)
+    reply = await client.ask(
+        subjects.RECALL_TOOL, ToolRequest(name="shell", arguments={}), ToolReply
+    )
     assert reply.error is not None and reply.error.type == "invalid_request"
     for subject in (subjects.RECALL_TOOL, subjects.RECALL_ARCHIVE, subjects.RECALL_BLOCK):
         msg = await client.nc.request(subject, b'{"nonsense": true', timeout=10)
@@ -101,15 +116,48 @@ async def test_unknown_tool_is_an_error_reply(recall: RecallService, client: Cli
 
 async def test_indexed_search_equals_full_scan(recall: RecallService, client: Client) -> None:
     rng = random.Random(7)
-    vocab = ["nginx", "Config", "ÉTÉ", "été", "İstanbul", "ΣΟΦΙΑ", "port_80", "café", "Straße",
-             "timeout", "proxy", "fn", "ab", "x", "Ünïcode", "tab\tsep", "<b>&amp;</b>", "ÿes"]
+    vocab = [
+        "nginx",
+        "Config",
+        "ÉTÉ",
+        "été",
+        "İstanbul",
+        "ΣΟΦΙΑ",
+        "port_80",
+        "café",
+        "Straße",
+        "timeout",
+        "proxy",
+        "fn",
+        "ab",
+        "x",
+        "Ünïcode",
+        "tab\tsep",
+        "<b>&amp;</b>",
+        "ÿes",
+    ]
     for _ in range(120):
         text = " ".join(rng.choice(vocab) for _ in range(rng.randint(0, 25)))
         label = "tool: " + " ".join(rng.choice(vocab) for _ in range(rng.randint(0, 3)))
         await archive(client, text, label=label)
     blocks = await list_blocks(client)
-    queries = ["nginx", "été ETE", "istanbul", "σοφια", "port", "80", "or", "ab fn",
-               "amp", "b", "straße stra", "x ab", "COnfig proxy timeout", "ÿe", "nic"]
+    queries = [
+        "nginx",
+        "été ETE",
+        "istanbul",
+        "σοφια",
+        "port",
+        "80",
+        "or",
+        "ab fn",
+        "amp",
+        "b",
+        "straße stra",
+        "x ab",
+        "COnfig proxy timeout",
+        "ÿe",
+        "nic",
+    ]
     for q in queries:
         for limit in (1, 5, 20):
             want = reference_search(blocks, keywords(q), limit)
@@ -124,16 +172,19 @@ async def test_global_sequence_under_concurrency(
 ) -> None:
     """200 concurrent archives from 4 connections, served by 2 recall instances: 200
     distinct ids, exactly 1..200, each stored under its own seq, each instance lists all."""
-    services = [RecallService(recall_settings(nats_url, redis_db, tmp_path / f"h{i}"))
-                for i in range(2)]
+    services = [
+        RecallService(recall_settings(nats_url, redis_db, tmp_path / f"h{i}")) for i in range(2)
+    ]
     for s in services:
         await s.start()
     conns = [Client(await nats.connect(nats_url)) for _ in range(4)]
     try:
-        seqs = await asyncio.gather(*(
-            archive(conns[i % 4], f"concurrent block {i}", label=f"tool: {i}")
-            for i in range(200)
-        ))
+        seqs = await asyncio.gather(
+            *(
+                archive(conns[i % 4], f"concurrent block {i}", label=f"tool: {i}")
+                for i in range(200)
+            )
+        )
         assert len(set(seqs)) == 200 and sorted(seqs) == list(range(1, 201))
         for i, seq in enumerate(seqs):
             block = await services[i % 2].archive.get(seq)
@@ -217,8 +268,12 @@ def test_real_process_serves_restarts_and_stops(
     and a new process serves the same archive."""
 
     def start() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "loki_recall"], env=service_env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "loki_recall"],
+            env=service_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
 
     async def scenario(before: bool) -> str:
         nc = await nats.connect(nats_url)

@@ -9,7 +9,14 @@ import pytest
 
 from loki_recall import tools
 from loki_recall.text import (
-    excerpt, go_lower, keywords, parse_id, parse_limit, quote_id, score, words,
+    excerpt,
+    go_lower,
+    keywords,
+    parse_id,
+    parse_limit,
+    quote_id,
+    score,
+    words,
 )
 from loki_shared.messages.recall import Block
 from loki_shared.recall_label import recall_label
@@ -23,8 +30,17 @@ def blk(seq: int, label: str, content: str) -> Block:
 @pytest.mark.parametrize(
     ("raw", "seq"),
     [
-        ("r7", 7), ("7", 7), ("R7", 7), ("rR7", 7), ("  r7\t", 7), ("r 7", 7), (" rR 7 ", 7),
-        ("r007", 7), ("0", 0), ("r0", 0), ("\u00a0r7\u3000", 7),
+        ("r7", 7),
+        ("7", 7),
+        ("R7", 7),
+        ("rR7", 7),
+        ("  r7\t", 7),
+        ("r 7", 7),
+        (" rR 7 ", 7),
+        ("r007", 7),
+        ("0", 0),
+        ("r0", 0),
+        ("\u00a0r7\u3000", 7),
         (str(2**64 - 1), 2**64 - 1),
     ],
 )
@@ -34,8 +50,28 @@ def test_parse_id_accepts(raw: str, seq: int) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [" r R 7", "Rr7", "rr7", "RR7", "r-7", "-7", "+7", "r+7", "r7x", "7r", "r 7 8", "r", "", "r٣",
-     "r７", str(2**64), "r1e3", "r0x10", 'r"7"', "\x1cr7"],
+    [
+        " r R 7",
+        "Rr7",
+        "rr7",
+        "RR7",
+        "r-7",
+        "-7",
+        "+7",
+        "r+7",
+        "r7x",
+        "7r",
+        "r 7 8",
+        "r",
+        "",
+        "r٣",
+        "r７",
+        str(2**64),
+        "r1e3",
+        "r0x10",
+        'r"7"',
+        "\x1cr7",
+    ],
 )
 def test_parse_id_refuses(raw: str) -> None:
     assert parse_id(raw) is None
@@ -83,9 +119,26 @@ def test_score_label_double_and_substrings() -> None:
 @pytest.mark.parametrize(
     ("value", "limit"),
     [
-        (None, 5), (0, 5), (-3, 5), (1, 1), (2.9, 2), (-0.5, 5), (0.9, 5), (20, 20), (21, 20),
-        (1e300, 20), (10**40, 20), (float("inf"), 5), (float("-inf"), 5), (float("nan"), 5),
-        ("3", 5), (True, 5), (False, 5), ([3], 5), ({"n": 3}, 5), (7, 7),
+        (None, 5),
+        (0, 5),
+        (-3, 5),
+        (1, 1),
+        (2.9, 2),
+        (-0.5, 5),
+        (0.9, 5),
+        (20, 20),
+        (21, 20),
+        (1e300, 20),
+        (10**40, 20),
+        (float("inf"), 5),
+        (float("-inf"), 5),
+        (float("nan"), 5),
+        ("3", 5),
+        (True, 5),
+        (False, 5),
+        ([3], 5),
+        ({"n": 3}, 5),
+        (7, 7),
     ],
 )
 def test_parse_limit(value: object, limit: int) -> None:

@@ -7,6 +7,7 @@ import signal
 
 import httpx
 import redis.asyncio as aioredis
+
 from loki_shared.logsetup import setup_logging
 from loki_shared.nats import make_broker
 from loki_shared.sealing import service_sealer

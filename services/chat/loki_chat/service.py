@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel
+
 from loki_shared import subjects
 from loki_shared.messages.base import ErrorInfo, Reply
 from loki_shared.messages.chat import (
@@ -54,7 +56,6 @@ from loki_shared.messages.engine import (
     RenewRequest,
 )
 from loki_shared.messages.perf import PerfRecord
-from pydantic import BaseModel
 
 from .compaction import CompactionPolicy
 from .context import ContextPolicy, ContextView

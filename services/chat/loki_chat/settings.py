@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from loki_shared.settings import LokiSettings
 from pydantic import Field
+
+from loki_shared.settings import LokiSettings
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Loki, a helpful assistant. Answer in the user's language. "

@@ -23,6 +23,7 @@ import json
 import uuid
 
 import redis.asyncio as aioredis
+
 from loki_shared.sealing import Sealer
 
 from .conversation import Conversation

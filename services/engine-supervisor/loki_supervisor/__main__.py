@@ -7,11 +7,11 @@ import signal
 
 from redis.asyncio import Redis
 
+from loki_shared import subjects
 from loki_shared.logsetup import setup_logging
 from loki_shared.messages.engine import EngineState
 from loki_shared.nats import make_broker
 from loki_shared.sealing import service_sealer
-from loki_shared import subjects
 
 from .service import Supervisor, build_broker
 from .settings import Settings

@@ -180,7 +180,7 @@ class EngineProcess:
             self.proc.terminate()
         try:
             await asyncio.wait_for(self.proc.wait(), grace)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             await self.proc.wait()
@@ -254,7 +254,7 @@ class EngineRunner:
         )
         try:
             await self.on_state(event)
-        except Exception:  # noqa: BLE001 - a failed publish must not kill the engine
+        except Exception:
             log.exception("publishing engine state failed")
 
     @property

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from loki_shared.messages.engine import Preset
-from loki_shared.sealing import SealError, Sealer
+from loki_shared.sealing import Sealer, SealError
 
 from .errors import InvalidRequest, NotFound
 

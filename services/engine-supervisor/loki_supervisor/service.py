@@ -194,7 +194,7 @@ class Supervisor:
             try:
                 cfg, plan = await self.make_plan(preset)
                 binary = servers.find_llama_server()
-            except Exception as exc:  # noqa: BLE001 - any planning failure is a failed engine
+            except Exception as exc:
                 if not isinstance(exc, (SupervisorError, servers.ServerNotFound, OSError)):
                     log.exception("planning the launch failed")
                 await self.runner.stop()
@@ -314,7 +314,7 @@ class Supervisor:
                     reply.erase_skipped = await asyncio.wait_for(
                         self._erase_after_side_job(lease.kind), ERASE_TIMEOUT_S + 0.5
                     )
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     reply.erase_skipped = "erase timed out"
                 finally:
                     self.leases.resume()
@@ -517,6 +517,6 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
             return await sup.presets(req)
         except SupervisorError as exc:
             return PresetsReply(error=error_of(exc))
-        except Exception as exc:  # noqa: BLE001 - reply instead of leaving the caller hanging
+        except Exception as exc:
             log.exception("preset action %s failed", req.action)
             return PresetsReply(error=ErrorInfo(type="internal", message=str(exc)))

@@ -19,8 +19,7 @@ def main() -> None:
     log = setup_logging("gateway", settings.log_level)
     host = settings.listen_host()
     if settings.key() is None and host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("no LOKI_API_KEY and listening on %s: anyone who reaches it can use Loki",
-                    host)
+        log.warning("no LOKI_API_KEY and listening on %s: anyone who reaches it can use Loki", host)
     app = create_app(settings)
     log.info("listening on http://%s:%d", host, settings.web_port)
     uvicorn.run(

@@ -85,7 +85,7 @@ async def _start_memory(app: FastAPI, settings: Settings) -> None:
         memory = MemoryState(redis, app.state.bus.client)
         try:
             await memory.start()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - Redis/NATS not ready: retried below
             log.warning("memory state not started (%s): retrying in 5 s", exc)
             with suppress(Exception):
                 await memory.stop()
@@ -111,8 +111,9 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
             # keep-alive timeout): drop ours a second sooner so a request never goes out on a
             # connection the engine is closing, but keep them long enough that a client
             # pausing between requests does not pay a reconnect.
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=32,
-                                keepalive_expiry=4.0),
+            limits=httpx.Limits(
+                max_connections=256, max_keepalive_connections=32, keepalive_expiry=4.0
+            ),
             trust_env=False,
         )
         memory_task = asyncio.create_task(_start_memory(app, settings))
@@ -152,8 +153,9 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
     async def healthz() -> JSONResponse:
         """Liveness for containers: no auth, no secrets."""
         connected = bool(getattr(app.state, "bus", None) and app.state.bus.client.is_connected)
-        return JSONResponse({"ok": connected, "nats": connected}, status_code=200 if connected
-                            else 503)
+        return JSONResponse(
+            {"ok": connected, "nats": connected}, status_code=200 if connected else 503
+        )
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:

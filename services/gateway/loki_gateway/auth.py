@@ -133,6 +133,7 @@ class BodyLimitMiddleware:
 
     def _body(self) -> dict:
         return error_body(
-            f"request body larger than {self.limit} bytes", "invalid_request_error",
+            f"request body larger than {self.limit} bytes",
+            "invalid_request_error",
             "request_too_large",
         )

@@ -6,7 +6,8 @@ from typing import TypeVar
 
 import nats
 from nats.aio.client import Client
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, ValidationError
 
 from loki_shared.messages.base import Reply
@@ -26,7 +27,7 @@ class Bus:
         self.client = client
 
     @classmethod
-    async def connect(cls, url: str) -> "Bus":
+    async def connect(cls, url: str) -> Bus:
         client = await nats.connect(
             url, name="loki-gateway", max_reconnect_attempts=-1, reconnect_time_wait=0.5
         )

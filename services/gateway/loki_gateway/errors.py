@@ -129,7 +129,9 @@ def describe_validation(errors: list[dict]) -> str:
         loc = ".".join(str(x) for x in err.get("loc", ()))
         kind = err.get("type", "")
         if kind == "json_invalid":
-            parts.append(f"body is not valid JSON ({err.get('ctx', {}).get('error', 'decode error')})")
+            parts.append(
+                f"body is not valid JSON ({err.get('ctx', {}).get('error', 'decode error')})"
+            )
         elif loc == "body" and kind in ("model_attributes_type", "dict_type"):
             parts.append("body must be a JSON object sent with Content-Type: application/json")
         else:

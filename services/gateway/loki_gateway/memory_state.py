@@ -33,7 +33,8 @@ from nats.aio.msg import Msg as NatsMsg
 from redis.asyncio import Redis
 
 from loki_shared import memkey, subjects
-from loki_shared.messages.memory import MemoryKeyEvent, MemoryState as State, MemoryStatusReply
+from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply
+from loki_shared.messages.memory import MemoryState as State
 
 from .errors import BadRequest, GatewayError
 
@@ -59,8 +60,12 @@ class MemoryState:
     """
 
     def __init__(
-        self, redis: Redis, nc: Client,
-        n: int = memkey.DEFAULT_N, r: int = memkey.DEFAULT_R, p: int = memkey.DEFAULT_P,
+        self,
+        redis: Redis,
+        nc: Client,
+        n: int = memkey.DEFAULT_N,
+        r: int = memkey.DEFAULT_R,
+        p: int = memkey.DEFAULT_P,
     ) -> None:
         self.redis = redis
         self.nc = nc

@@ -129,8 +129,10 @@ def normalise_chat(body: dict[str, Any]) -> dict[str, Any]:
         if role == "assistant":
             if tool_calls and message.get("content") is None:
                 message["content"] = ""
-            if not tool_calls and _is_empty(message.get("content")) and not message.get(
-                "reasoning_content"
+            if (
+                not tool_calls
+                and _is_empty(message.get("content"))
+                and not message.get("reasoning_content")
             ):
                 continue  # an empty assistant turn says nothing: dropped
         elif role == "tool" and message.get("content") is None:
@@ -193,8 +195,10 @@ def is_context_overflow(status: int, error: dict[str, Any]) -> bool:
     ):
         return True
     message = str(error.get("message", "")).lower()
-    return status == 400 and "context" in message and (
-        "exceed" in message or "too long" in message or "larger than" in message
+    return (
+        status == 400
+        and "context" in message
+        and ("exceed" in message or "too long" in message or "larger than" in message)
     )
 
 
@@ -225,9 +229,19 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
                 body["error"][extra] = error[extra]
         return 400, body
     if status >= 500:
-        return 502, {"error": {"message": f"engine error: {message}", "type": "upstream_error",
-                               "code": str(error.get("type") or status)}}
+        return 502, {
+            "error": {
+                "message": f"engine error: {message}",
+                "type": "upstream_error",
+                "code": str(error.get("type") or status),
+            }
+        }
     type_ = error.get("type") if isinstance(error.get("type"), str) else "invalid_request_error"
     code = error.get("code")
-    return status, {"error": {"message": message, "type": type_,
-                              "code": code if isinstance(code, str) else None}}
+    return status, {
+        "error": {
+            "message": message,
+            "type": type_,
+            "code": code if isinstance(code, str) else None,
+        }
+    }

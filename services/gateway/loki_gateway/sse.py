@@ -56,7 +56,7 @@ def encode_event(event: ChatEvent) -> bytes:
     """The SSE frame of one event: ``id: <seq>``, then one ``data:`` line of compact JSON
     (non-ASCII kept as UTF-8; JSON never holds a raw newline, so one line is enough)."""
     data = json.dumps(event.sse_data(), ensure_ascii=False, separators=(",", ":"))
-    return f"id: {event.seq}\ndata: {data}\n\n".encode("utf-8")
+    return f"id: {event.seq}\ndata: {data}\n\n".encode()
 
 
 def _text_key(event: ChatEvent) -> str | None:
@@ -211,7 +211,7 @@ class EventHub:
                 if sub is not None:
                     try:
                         await sub.unsubscribe()
-                    except Exception:  # connection closing: nothing to undo
+                    except Exception:  # noqa: BLE001 - connection closing: nothing to undo
                         pass
 
     async def _on_message(self, msg: NatsMsg) -> None:
@@ -229,9 +229,7 @@ class EventHub:
             feed.push(item)
 
 
-async def replay_page(
-    bus: Bus, conversation: str, after_seq: int, limit: int
-) -> ReplayReply:
+async def replay_page(bus: Bus, conversation: str, after_seq: int, limit: int) -> ReplayReply:
     """One ``loki.chat.replay`` page (events with seq > ``after_seq``).
 
     Raises:
@@ -271,8 +269,12 @@ class StreamState:
 
 
 async def _replay_from(
-    bus: Bus, conversation: str, state: StreamState, page: int,
-    first: ReplayReply | None = None, coalesce_min: int = 0,
+    bus: Bus,
+    conversation: str,
+    state: StreamState,
+    page: int,
+    first: ReplayReply | None = None,
+    coalesce_min: int = 0,
 ) -> AsyncIterator[bytes]:
     """Replay the log after ``state.last_seq`` page by page. A long replay (more than
     ``coalesce_min`` events to send, from the first page's ``last_seq``) is coalesced; a
@@ -311,8 +313,9 @@ async def conversation_stream(
     state = StreamState(after_seq)
     try:
         yield b"retry: 2000\n\n"
-        async for chunk in _replay_from(bus, feed.conversation, state, page, first_page,
-                                        coalesce_min):
+        async for chunk in _replay_from(
+            bus, feed.conversation, state, page, first_page, coalesce_min
+        ):
             yield chunk
         while True:
             items = await feed.take(BATCH_MAX_EVENTS, BATCH_MAX_BYTES)
@@ -336,8 +339,9 @@ async def conversation_stream(
                     if batch:
                         yield b"".join(batch)
                         batch = []
-                    async for chunk in _replay_from(bus, feed.conversation, state, page,
-                                                    coalesce_min=coalesce_min):
+                    async for chunk in _replay_from(
+                        bus, feed.conversation, state, page, coalesce_min=coalesce_min
+                    ):
                         yield chunk
                     if item.seq <= state.last_seq:
                         continue

@@ -8,6 +8,7 @@ import signal
 import sys
 
 import nats.errors
+
 from loki_shared.logsetup import setup_logging
 
 from .errors import MetricsPortInUse, PerfError

@@ -46,6 +46,7 @@ def _loads(raw: bytes | str) -> Any:
     except ValueError:  # orjson.JSONDecodeError is a ValueError
         return json.loads(raw)
 
+
 #: Request kinds a record may carry; anything else is read as ``unknown``.
 KINDS = ("main", "subagent", "verify", "task", "compact", "bench", "foreign")
 UNKNOWN_KIND = "unknown"
@@ -276,8 +277,9 @@ def decode(raw: bytes | str | dict, seq: int, ts_fallback: float) -> Entry:
         dropped.append("usage")
         usage = None
     if timings:
-        (e.cache_n, e.prompt_n, e.predicted_n, e.draft_n,
-         e.draft_n_accepted) = _counts(timings, _TIMING_COUNTS, "timings.", dropped)
+        (e.cache_n, e.prompt_n, e.predicted_n, e.draft_n, e.draft_n_accepted) = _counts(
+            timings, _TIMING_COUNTS, "timings.", dropped
+        )
         e.prompt_ms, e.predicted_ms = _durations(timings, _TIMING_MS, "timings.", dropped)
     if usage:
         e.prompt_tokens, e.completion_tokens = _counts(usage, _USAGE_COUNTS, "usage.", dropped)
@@ -286,7 +288,11 @@ def decode(raw: bytes | str | dict, seq: int, ts_fallback: float) -> Entry:
             dropped.append("usage.prompt_tokens_details")
         elif details:
             e.cached_tokens = _take(
-                details, "cached_tokens", _count, dropped, "usage.prompt_tokens_details.cached_tokens"
+                details,
+                "cached_tokens",
+                _count,
+                dropped,
+                "usage.prompt_tokens_details.cached_tokens",
             )
 
     e.ttft_ms = _take(data, "ttft_ms", _ms, dropped, "ttft_ms")
@@ -329,7 +335,8 @@ def _derive(e: Entry) -> None:
     e.cached, e.computed = cached, computed
     if cached is not None and computed is not None:
         e.depth = cached + computed
-        # llama.cpp: a fully cached prompt re-evaluates its last token (cache_n = N-1, prompt_n = 1).
+        # llama.cpp: a fully cached prompt re-evaluates its last token
+        # (cache_n = N-1, prompt_n = 1).
         e.full_hit = computed == 1 and cached >= 1
         e.eff_cached = cached + 1 if e.full_hit else cached
         e.recomputed = 0 if e.full_hit else computed
@@ -356,6 +363,14 @@ def category(kind: str) -> str:
 
 #: Every value the ``cause`` of a loss (and the ``cause`` metric label) can take.
 CAUSES = (
-    "conversation", "subagent", "verify", "task", "summary", "bench", "foreign",
-    UNKNOWN_KIND, "none", "divergence",
+    "conversation",
+    "subagent",
+    "verify",
+    "task",
+    "summary",
+    "bench",
+    "foreign",
+    UNKNOWN_KIND,
+    "none",
+    "divergence",
 )

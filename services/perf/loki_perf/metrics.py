@@ -45,7 +45,9 @@ COUNTERS: dict[str, str] = {
     "completions": "Completions recorded (one per request to the engine).",
     "completions_cache_unknown": "Completions whose engine said nothing of its prompt cache.",
     "prompt_tokens": "Prompt tokens of completions with known cache figures (cache_n + prompt_n).",
-    "prompt_tokens_cached": "Prompt tokens reused from the prompt cache (cache_n; +1 on a full hit).",
+    "prompt_tokens_cached": (
+        "Prompt tokens reused from the prompt cache (cache_n; +1 on a full hit)."
+    ),
     "prompt_tokens_computed": "Prompt tokens the engine prefilled (prompt_n; 0 on a full hit).",
     "prompt_full_hits": "Completions whose whole prompt was cached (cache_n = N-1, prompt_n = 1).",
     "generated_tokens": "Tokens generated (predicted_n, else usage.completion_tokens).",
@@ -56,7 +58,9 @@ COUNTERS: dict[str, str] = {
 #: Labels: kind, model, cause.
 LOSS_COUNTERS: dict[str, str] = {
     "cache_losses": "Completions flagged with a prompt-cache loss or divergence, by cause.",
-    "cache_lost_tokens": "Prompt tokens the slot held and the next request did not reuse, by cause.",
+    "cache_lost_tokens": (
+        "Prompt tokens the slot held and the next request did not reuse, by cause."
+    ),
 }
 #: name -> (help, bucket upper bounds). Labels: kind, model.
 HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
@@ -239,7 +243,9 @@ class PerfCollector(Collector):
         totals: Totals = self._totals_ref()
         with totals.lock:
             counters = {n: dict(d) for n, d in totals.counters.items()}
-            hists = {n: {k: (list(h[0]), h[1]) for k, h in d.items()} for n, d in totals.hists.items()}
+            hists = {
+                n: {k: (list(h[0]), h[1]) for k, h in d.items()} for n, d in totals.hists.items()
+            }
         for n, help_ in COUNTERS.items():
             fam = CounterMetricFamily(PREFIX + n, help_, labels=["kind", "model"])
             for lab, v in sorted(counters[n].items()):
@@ -260,34 +266,47 @@ class PerfCollector(Collector):
                 fam.add_metric(list(lab), buckets, total)
             yield fam
         summary = self._ring_summary()["detail"]
-        yield GaugeMetricFamily(PREFIX + "perf_ring_records", GAUGES["perf_ring_records"],
-                                value=summary["ring"])
-        pp = GaugeMetricFamily(PREFIX + "prompt_speed_median_tokens_per_second",
-                               GAUGES["prompt_speed_median_tokens_per_second"], labels=["depth"])
-        tg = GaugeMetricFamily(PREFIX + "generation_speed_median_tokens_per_second",
-                               GAUGES["generation_speed_median_tokens_per_second"], labels=["depth"])
+        yield GaugeMetricFamily(
+            PREFIX + "perf_ring_records", GAUGES["perf_ring_records"], value=summary["ring"]
+        )
+        pp = GaugeMetricFamily(
+            PREFIX + "prompt_speed_median_tokens_per_second",
+            GAUGES["prompt_speed_median_tokens_per_second"],
+            labels=["depth"],
+        )
+        tg = GaugeMetricFamily(
+            PREFIX + "generation_speed_median_tokens_per_second",
+            GAUGES["generation_speed_median_tokens_per_second"],
+            labels=["depth"],
+        )
         for row in summary["speeds_by_depth"]:
             if row["prompt_tps_median"] is not None:
                 pp.add_metric([row["depth"]], row["prompt_tps_median"])
             if row["gen_tps_median"] is not None:
                 tg.add_metric([row["depth"]], row["gen_tps_median"])
-        ttft = GaugeMetricFamily(PREFIX + "ttft_median_seconds", GAUGES["ttft_median_seconds"],
-                                 labels=["depth"])
+        ttft = GaugeMetricFamily(
+            PREFIX + "ttft_median_seconds", GAUGES["ttft_median_seconds"], labels=["depth"]
+        )
         for row in summary["speeds_by_depth"]:
             if row["ttft_ms_median"] is not None:
                 ttft.add_metric([row["depth"]], row["ttft_ms_median"] / 1000.0)
         yield pp
         yield tg
         yield ttft
-        hit = GaugeMetricFamily(PREFIX + "cache_hit_ratio", GAUGES["cache_hit_ratio"],
-                                labels=["kind"])
+        hit = GaugeMetricFamily(
+            PREFIX + "cache_hit_ratio", GAUGES["cache_hit_ratio"], labels=["kind"]
+        )
         for kind, row in sorted(summary["by_kind"].items()):
             if row["hit_rate"] is not None:
                 hit.add_metric([kind], row["hit_rate"])
         yield hit
-        yield GaugeMetricFamily(PREFIX + "cache_ram_advice_events",
-                                GAUGES["cache_ram_advice_events"],
-                                value=summary["cache_ram"]["count"])
-        yield GaugeMetricFamily(PREFIX + "perf_rejected_records", GAUGES["perf_rejected_records"],
-                                value=self._rejected())
-
+        yield GaugeMetricFamily(
+            PREFIX + "cache_ram_advice_events",
+            GAUGES["cache_ram_advice_events"],
+            value=summary["cache_ram"]["count"],
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "perf_rejected_records",
+            GAUGES["perf_rejected_records"],
+            value=self._rejected(),
+        )

@@ -262,8 +262,15 @@ class Ring:
             if not flagged:
                 return
             cause = category(between[-1][0]) if between else "none"
-            e.loss = Loss("loss", cause, tokens, prev.seq, prev_total,
-                          between=between, between_truncated=truncated)
+            e.loss = Loss(
+                "loss",
+                cause,
+                tokens,
+                prev.seq,
+                prev_total,
+                between=between,
+                between_truncated=truncated,
+            )
         elif e.kind == "main":
             # Only a conversation's own prompt is expected to grow turn after turn; side jobs
             # (sub-agents, verifications, summaries...) start new prompts by design.
@@ -271,9 +278,17 @@ class Ring:
             role = None
             if shared < len(cf) and e.roles is not None and shared < len(e.roles):
                 role = e.roles[shared]
-            e.loss = Loss("divergence", "divergence", tokens, prev.seq, prev_total,
-                          index=shared, role=role,
-                          between=between, between_truncated=truncated)
+            e.loss = Loss(
+                "divergence",
+                "divergence",
+                tokens,
+                prev.seq,
+                prev_total,
+                index=shared,
+                role=role,
+                between=between,
+                between_truncated=truncated,
+            )
 
     def _between(self, e: Entry, prev: Entry) -> tuple[list[list], bool]:
         """What ran on the engine after ``prev``, oldest first, as runs ``[kind, conversation,
@@ -291,8 +306,9 @@ class Ring:
             scanned += 1
             if scanned > self.scan_limit:
                 return runs[::-1], True
-            if other.external or (slot is not None and other.slot is not None
-                                  and other.slot != slot):
+            if other.external or (
+                slot is not None and other.slot is not None and other.slot != slot
+            ):
                 continue
             if runs and runs[-1][0] == other.kind and runs[-1][1] == other.conversation:
                 runs[-1][2] += 1
@@ -346,16 +362,18 @@ class Ring:
             pp, tg, ttft = self._pp[i], self._tg[i], self._ttft_depth[i]
             if not pp and not tg and not ttft:
                 continue
-            speeds.append({
-                "depth": name,
-                "max_tokens": DEPTH_BOUNDS[i] if i < len(DEPTH_BOUNDS) else None,
-                "n_prompt": len(pp),
-                "n_gen": len(tg),
-                "prompt_tps_median": _median(pp),
-                "gen_tps_median": _median(tg),
-                "n_ttft": len(ttft),
-                "ttft_ms_median": _median(ttft),
-            })
+            speeds.append(
+                {
+                    "depth": name,
+                    "max_tokens": DEPTH_BOUNDS[i] if i < len(DEPTH_BOUNDS) else None,
+                    "n_prompt": len(pp),
+                    "n_gen": len(tg),
+                    "prompt_tps_median": _median(pp),
+                    "gen_tps_median": _median(tg),
+                    "n_ttft": len(ttft),
+                    "ttft_ms_median": _median(ttft),
+                }
+            )
         overall = total.as_dict()
         detail = {
             "ring": len(self.entries),

@@ -28,6 +28,10 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
+from nats.js.api import DeliverPolicy, KeyValueConfig
+from prometheus_client import start_http_server
+from prometheus_client.registry import CollectorRegistry
+
 from loki_shared import subjects
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.perf import (
@@ -40,9 +44,6 @@ from loki_shared.messages.perf import (
 )
 from loki_shared.nats import make_broker
 from loki_shared.perf_publish import ensure_perf_stream
-from nats.js.api import DeliverPolicy, KeyValueConfig
-from prometheus_client import start_http_server
-from prometheus_client.registry import CollectorRegistry
 
 from .decode import DEPTH_NAMES, Entry, RecordDecodeError, decode
 from .errors import MetricsPortInUse, StreamUnavailable
@@ -140,10 +141,12 @@ class PerfService:
         @broker.subscriber(subjects.PERF_LOSSES, queue=subjects.QUEUE_PERF)
         async def on_losses(req: LossesRequest) -> LossesReply:
             if not 1 <= req.limit <= subjects.STREAM_PERF_MAX_MSGS:
-                return LossesReply(error=ErrorInfo(
-                    type="invalid_request",
-                    message=f"limit must be 1..{subjects.STREAM_PERF_MAX_MSGS}",
-                ))
+                return LossesReply(
+                    error=ErrorInfo(
+                        type="invalid_request",
+                        message=f"limit must be 1..{subjects.STREAM_PERF_MAX_MSGS}",
+                    )
+                )
             return LossesReply(losses=self.ring.losses(req.limit))
 
         @broker.subscriber(subjects.PERF_CACHERAM, queue=subjects.QUEUE_PERF)
@@ -187,7 +190,9 @@ class PerfService:
         self._tasks.append(asyncio.create_task(self._checkpoint_loop()))
         self.log.info(
             "perf started: stream %s holds up to seq %d, checkpoint at seq %d, metrics on %s",
-            subjects.STREAM_PERF, self._target_seq, self.totals.seq,
+            subjects.STREAM_PERF,
+            self._target_seq,
+            self.totals.seq,
             self.metrics_port if self.metrics_port is not None else "(off)",
         )
 
@@ -228,7 +233,7 @@ class PerfService:
                 self.ring.add(e)
                 if seq > self.totals.seq:
                     self.totals.add(e)
-            except Exception:  # noqa: BLE001 - one bad record must not stop the consumer
+            except Exception:
                 self.rejected += 1
                 self.log.exception("record %d could not be accounted", seq)
             else:
@@ -283,6 +288,7 @@ class PerfService:
     # --- /metrics ------------------------------------------------------------------------------
     def _ring_summary_threadsafe(self) -> dict[str, Any]:
         """The ring summary computed on the event loop (called from the scrape thread)."""
+
         async def compute() -> dict[str, Any]:
             return self.ring.summary()
 

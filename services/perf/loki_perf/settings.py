@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from loki_shared.settings import LokiSettings
 from pydantic import Field
+
+from loki_shared.settings import LokiSettings
 
 
 class Settings(LokiSettings):

@@ -76,10 +76,16 @@ def memory_aad(seq: int) -> bytes:
 def _encode(block: Block) -> bytes:
     # ensure_ascii keeps any str (lone surrogates included) exact through the round trip.
     return json.dumps(
-        {"label": block.label, "role": block.role, "tool_name": block.tool_name,
-         "content": block.content, "created": block.created,
-         "conversation": block.conversation},
-        ensure_ascii=True, separators=(",", ":"),
+        {
+            "label": block.label,
+            "role": block.role,
+            "tool_name": block.tool_name,
+            "content": block.content,
+            "created": block.created,
+            "conversation": block.conversation,
+        },
+        ensure_ascii=True,
+        separators=(",", ":"),
     ).encode("ascii")
 
 
@@ -253,12 +259,14 @@ class Archive:
 
         t0 = time.monotonic()
         await asyncio.to_thread(write)
-        log.info("index snapshot saved: %d blocks, %.1f s", len(self._plain),
-                 time.monotonic() - t0)
+        log.info("index snapshot saved: %d blocks, %.1f s", len(self._plain), time.monotonic() - t0)
 
     def _maybe_snapshot(self) -> None:
-        if (self.snapshot is not None and self._since_snapshot >= SNAPSHOT_EVERY
-                and (self._saving is None or self._saving.done())):
+        if (
+            self.snapshot is not None
+            and self._since_snapshot >= SNAPSHOT_EVERY
+            and (self._saving is None or self._saving.done())
+        ):
             self._saving = asyncio.create_task(self.save_snapshot())
 
     async def close(self) -> None:
@@ -399,16 +407,22 @@ class Archive:
         try:
             # One round trip: refuse (0) when the memory is encrypted and this instance has no
             # key, else INCR the global sequence.
-            seq = int(await self._next_seq(
-                keys=[SEQ_KEY, KDF_REDIS_KEY], args=[1 if memory is None else 0]
-            ))
+            seq = int(
+                await self._next_seq(
+                    keys=[SEQ_KEY, KDF_REDIS_KEY], args=[1 if memory is None else 0]
+                )
+            )
             if seq == 0:
                 raise MemoryLocked("the memory is locked: unlock it to archive")
             block = Block(
-                seq=seq, id=f"r{seq}",
+                seq=seq,
+                id=f"r{seq}",
                 label=req.label or recall_label(req.role, req.content, req.tool_name),
-                role=req.role, tool_name=req.tool_name, content=req.content,
-                created=time.time(), conversation=req.conversation,
+                role=req.role,
+                tool_name=req.tool_name,
+                content=req.content,
+                created=time.time(),
+                conversation=req.conversation,
             )
             body = _encode(block)
             if memory is not None:

@@ -25,8 +25,8 @@ Layout (all numpy, nothing of the texts kept):
 
 from __future__ import annotations
 
-from array import array
 import re
+from array import array
 from itertools import accumulate
 
 import numpy as np
@@ -51,8 +51,9 @@ class _Part:
 
     __slots__ = ("tids", "starts", "lens", "pos", "dense_row", "bits", "width")
 
-    def __init__(self, tids: np.ndarray, starts: np.ndarray, lens: np.ndarray,
-                 pos: np.ndarray) -> None:
+    def __init__(
+        self, tids: np.ndarray, starts: np.ndarray, lens: np.ndarray, pos: np.ndarray
+    ) -> None:
         self.tids, self.starts, self.lens, self.pos = tids, starts, lens, pos
         self.width = int(pos.max()) + 1 if len(pos) else 0
         dense = np.flatnonzero(lens >= max(DENSE_MIN, self.width // DENSE_FRACTION))
@@ -66,16 +67,23 @@ class _Part:
             self.bits[r] = np.packbits(row)
 
     @classmethod
-    def from_pairs(cls, tids: np.ndarray, pos: np.ndarray) -> "_Part":
+    def from_pairs(cls, tids: np.ndarray, pos: np.ndarray) -> _Part:
         """Group (word id, position) pairs by word id (positions keep their order)."""
         order = np.argsort(tids, kind="stable")
         uniq, starts, lens = np.unique(tids[order], return_index=True, return_counts=True)
-        return cls(uniq.astype(np.uint32), starts.astype(np.int64), lens.astype(np.int64),
-                   pos[order])
+        return cls(
+            uniq.astype(np.uint32), starts.astype(np.int64), lens.astype(np.int64), pos[order]
+        )
 
     def nbytes(self) -> int:
-        return (self.tids.nbytes + self.starts.nbytes + self.lens.nbytes + self.pos.nbytes
-                + self.dense_row.nbytes + self.bits.nbytes)
+        return (
+            self.tids.nbytes
+            + self.starts.nbytes
+            + self.lens.nbytes
+            + self.pos.nbytes
+            + self.dense_row.nbytes
+            + self.bits.nbytes
+        )
 
     def mark_into(self, q: np.ndarray, mark: np.ndarray) -> bool:
         """Set ``mark[p]`` for every block p holding one of the word ids ``q`` (sorted
@@ -258,12 +266,18 @@ class Index:
         }
         for name, postings in (("c", self._content), ("l", self._label)):
             part = postings.compact()
-            out.update({f"{name}_tids": part.tids, f"{name}_starts": part.starts,
-                        f"{name}_lens": part.lens, f"{name}_pos": part.pos})
+            out.update(
+                {
+                    f"{name}_tids": part.tids,
+                    f"{name}_starts": part.starts,
+                    f"{name}_lens": part.lens,
+                    f"{name}_pos": part.pos,
+                }
+            )
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "Index":
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Index:
         """Rebuild an index saved by :meth:`to_arrays`.
 
         Raises:
@@ -279,10 +293,12 @@ class Index:
         index._texts = [None] * -(-len(index._words) // SEGMENT_WORDS)
         index._seqs = array("Q", arrays["seqs"].astype(np.uint64).tobytes())
         for name, postings in (("c", index._content), ("l", index._label)):
-            part = _Part(arrays[f"{name}_tids"].astype(np.uint32),
-                         arrays[f"{name}_starts"].astype(np.int64),
-                         arrays[f"{name}_lens"].astype(np.int64),
-                         arrays[f"{name}_pos"].astype(np.uint32))
+            part = _Part(
+                arrays[f"{name}_tids"].astype(np.uint32),
+                arrays[f"{name}_starts"].astype(np.int64),
+                arrays[f"{name}_lens"].astype(np.int64),
+                arrays[f"{name}_pos"].astype(np.uint32),
+            )
             if len(part.pos) and int(part.pos.max()) >= len(index._seqs):
                 raise ValueError("snapshot postings point past its blocks")
             if len(part.tids) and int(part.tids.max()) >= len(index._words):
@@ -299,8 +315,11 @@ class Index:
         if cached is None:
             chunk = self._words[seg * SEGMENT_WORDS : (seg + 1) * SEGMENT_WORDS]
             # "\n" is not a word code point, so a match never spans two words.
-            starts = np.fromiter(accumulate((len(w) + 1 for w in chunk), initial=0),
-                                 dtype=np.int64, count=len(chunk) + 1)
+            starts = np.fromiter(
+                accumulate((len(w) + 1 for w in chunk), initial=0),
+                dtype=np.int64,
+                count=len(chunk) + 1,
+            )
             cached = (b"\n".join(chunk) + b"\n", starts)
             self._texts[seg] = cached
         return cached
@@ -315,8 +334,7 @@ class Index:
             origin = int(starts[first - base]) if first > base else 0
             # Non-overlapping matches still find every word holding kw at least once
             # (a match ends inside its word).
-            pos = np.fromiter((m.start() for m in pattern.finditer(text, origin)),
-                              dtype=np.int64)
+            pos = np.fromiter((m.start() for m in pattern.finditer(text, origin)), dtype=np.int64)
             if len(pos):
                 found.append(base + np.searchsorted(starts, pos, side="right") - 1)
         if not found:
@@ -362,5 +380,10 @@ class Index:
 
     def memory_bytes(self) -> int:
         """Approximate bytes held by the postings and the vocabulary."""
-        return (self._content.nbytes() + self._label.nbytes() + self.vocab_chars
-                + 100 * len(self._words) + 8 * len(self._seqs))
+        return (
+            self._content.nbytes()
+            + self._label.nbytes()
+            + self.vocab_chars
+            + 100 * len(self._words)
+            + 8 * len(self._seqs)
+        )

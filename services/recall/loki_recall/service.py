@@ -14,7 +14,6 @@ import base64
 import binascii
 import logging
 import time
-
 from typing import TypeVar
 
 from faststream.nats import NatsBroker
@@ -26,6 +25,7 @@ from redis.exceptions import RedisError
 from loki_shared import subjects
 from loki_shared.memkey import KDF_REDIS_KEY, BadKdf, KdfParams, key_id
 from loki_shared.messages.base import ErrorInfo
+from loki_shared.messages.events import ArchiveEvent
 from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply, MemoryStatusRequest
 from loki_shared.messages.recall import (
     ArchiveReply,
@@ -37,7 +37,6 @@ from loki_shared.messages.recall import (
     ToolReply,
     ToolRequest,
 )
-from loki_shared.messages.events import ArchiveEvent
 from loki_shared.nats import make_broker
 from loki_shared.sealing import service_sealer
 
@@ -105,8 +104,12 @@ class RecallService:
                 return ArchiveReply(error=_error(exc))
             try:
                 await broker.publish(
-                    ArchiveEvent(id=block.id, seq=block.seq, conversation=block.conversation,
-                                 ts=block.created),
+                    ArchiveEvent(
+                        id=block.id,
+                        seq=block.seq,
+                        conversation=block.conversation,
+                        ts=block.created,
+                    ),
                     subjects.EVENTS_ARCHIVE,
                 )
             except Exception as exc:  # noqa: BLE001 - audit is best effort
@@ -212,7 +215,9 @@ class RecallService:
         stats = self.archive.stats()
         log.info(
             "archive loaded: %d blocks, %d words, %.1f s",
-            stats["blocks"], stats["vocabulary"], time.monotonic() - t0,
+            stats["blocks"],
+            stats["vocabulary"],
+            time.monotonic() - t0,
         )
         await self.broker.start()
         await self._until_routable()

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from loki_shared import subjects
 from loki_shared.messages.chat import ChatMessage, LokiMeta
 from loki_shared.messages.engine import (
@@ -214,15 +215,12 @@ class CompactionPolicy:
             decoded = None
         prompt = (usage or {}).get("prompt_tokens")
         held = (
-            prompt + completion
-            if isinstance(prompt, int) and isinstance(completion, int)
-            else None
+            prompt + completion if isinstance(prompt, int) and isinstance(completion, int) else None
         )
         st.stamp = (
             None
             if lease.external or not isinstance(decoded, dict)
-            else Stamp(decoded, count, lease.model, lease.n_ctx, lease.id_slot, self.epoch,
-                       held)
+            else Stamp(decoded, count, lease.model, lease.n_ctx, lease.id_slot, self.epoch, held)
         )
 
     def _on_perf(self, record: PerfRecord) -> None:
@@ -833,6 +831,7 @@ async def publish_event(broker: Any, event: CompactionEvent) -> bool:
     (created when missing). Best effort: False (logged) when it could not be stored."""
     import nats.errors
     import nats.js.errors
+
     from loki_shared.perf_publish import jetstream_of
 
     try:

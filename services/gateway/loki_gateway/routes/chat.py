@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -91,8 +90,10 @@ async def send(body: SendBody, request: Request, bus: Bus = Depends(get_bus)) ->
     """Start a turn (or queue it behind the running one): 202 with the conversation id."""
     limit = _settings(request).max_message_chars
     if len(body.content) > limit:
-        raise BadRequest(f"content is {len(body.content)} characters, the limit is {limit}",
-                         code="content_too_long")
+        raise BadRequest(
+            f"content is {len(body.content)} characters, the limit is {limit}",
+            code="content_too_long",
+        )
     reply = await bus.request_ok(
         subjects.CHAT_SEND,
         SendRequest(conversation=body.conversation, content=body.content),
@@ -109,8 +110,10 @@ def _resume_from(header: str | None, query: int | None) -> int:
         return 0
     text = header.strip()
     if not text.isdigit() or len(text) > 15:
-        raise BadRequest(f"Last-Event-ID must be a non-negative integer seq, got {text[:40]!r}",
-                         code="invalid_last_event_id")
+        raise BadRequest(
+            f"Last-Event-ID must be a non-negative integer seq, got {text[:40]!r}",
+            code="invalid_last_event_id",
+        )
     return int(text)
 
 
@@ -138,8 +141,9 @@ async def chat_stream(
     except BaseException:
         await hub.detach(feed)
         raise
-    stream = conversation_stream(bus, hub, feed, first, after, settings.sse_replay_page,
-                                 settings.sse_coalesce_min)
+    stream = conversation_stream(
+        bus, hub, feed, first, after, settings.sse_replay_page, settings.sse_coalesce_min
+    )
     shutdown = anyio.Event()
 
     async def on_shutdown() -> AsyncIterator[bytes]:
@@ -220,9 +224,7 @@ async def conversations_list(bus: Bus = Depends(get_bus)) -> Any:
 
 
 @router.post("/api/conversations", status_code=201)
-async def conversations_create(
-    bus: Bus = Depends(get_bus), body: CreateBody | None = None
-) -> Any:
+async def conversations_create(bus: Bus = Depends(get_bus), body: CreateBody | None = None) -> Any:
     """Create an empty conversation: 201 ``{"conversation": {...}}``."""
     reply = await _conversations(bus, action="create", title=body.title if body else None)
     info = reply.conversation.model_dump(mode="json") if reply.conversation else None

@@ -94,7 +94,7 @@ async def test_preset(body: dict[str, Any] = Body(...), bus: Bus = Depends(get_b
 
 @router.get("/api/preset/cacheram")
 async def preset_cacheram(
-    id: str | None = None,  # noqa: A002 - the query parameter's name
+    id: str | None = None,
     ctx: int | None = None,
     ngl: str | None = None,
     parallel: int | None = None,

@@ -15,6 +15,7 @@ No perf service answering is a 503 (OpenAI-shaped error body).
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
+
 from loki_shared import subjects
 from loki_shared.messages.perf import LossesReply, LossesRequest, PerfSummary, SummaryRequest
 
@@ -35,8 +36,6 @@ async def perf_summary(bus: Bus = Depends(get_bus)) -> dict:
 async def perf_losses(limit: str = "100", bus: Bus = Depends(get_bus)) -> dict:
     top = subjects.STREAM_PERF_MAX_MSGS
     if not limit.isascii() or not limit.isdigit() or not 1 <= int(limit) <= top:
-        raise BadRequest(
-            f"limit must be an integer in 1..{top}", code="invalid_limit"
-        )
+        raise BadRequest(f"limit must be an integer in 1..{top}", code="invalid_limit")
     reply = await bus.request_ok(subjects.PERF_LOSSES, LossesRequest(limit=int(limit)), LossesReply)
     return {"losses": reply.losses}

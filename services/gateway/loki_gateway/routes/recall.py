@@ -60,4 +60,3 @@ async def recall_blocks(after: str = "0", bus: Bus = Depends(get_bus)) -> Stream
         yield b"]}"
 
     return StreamingResponse(body(), media_type="application/json")
-

@@ -154,7 +154,7 @@ class LeaseHolder:
             self._renewer = asyncio.create_task(self._renew_loop(lease.ttl_s / 3))
 
     @classmethod
-    async def acquire(cls, bus: Bus, wait_s: float) -> "LeaseHolder":
+    async def acquire(cls, bus: Bus, wait_s: float) -> LeaseHolder:
         """Ask the supervisor for a ``foreign`` lease.
 
         Raises:
@@ -169,8 +169,9 @@ class LeaseHolder:
                 timeout=wait_s + 5.0,
             )
         except ServiceError as exc:
-            raise ServiceUnavailable(f"engine not available: {exc.message}",
-                                     code=f"engine_{exc.code}") from exc
+            raise ServiceUnavailable(
+                f"engine not available: {exc.message}", code=f"engine_{exc.code}"
+            ) from exc
         return cls(bus, lease)
 
     async def _renew_loop(self, every: float) -> None:
@@ -180,7 +181,7 @@ class LeaseHolder:
                 await self.bus.request_ok(
                     subjects.ENGINE_RENEW, RenewRequest(lease_id=self.lease.lease_id), Lease
                 )
-            except Exception as exc:  # expired or supervisor away: the request goes on
+            except Exception as exc:  # noqa: BLE001 - expired or supervisor away: the request goes on
                 log.warning("lease %s renewal failed: %s", self.lease.lease_id, exc)
 
     async def release(self) -> None:
@@ -191,10 +192,11 @@ class LeaseHolder:
             self._renewer.cancel()
         try:
             await self.bus.request(
-                subjects.ENGINE_RELEASE, ReleaseRequest(lease_id=self.lease.lease_id),
+                subjects.ENGINE_RELEASE,
+                ReleaseRequest(lease_id=self.lease.lease_id),
                 ReleaseReply,
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the lease expires by itself
             log.warning("lease %s release failed: %s", self.lease.lease_id, exc)
 
 
@@ -223,8 +225,12 @@ def _publish_perf_later(request: Request, record: PerfRecord) -> None:
 
 
 def _record(
-    body: dict[str, Any], lease: Lease, started: float, ttft: float | None,
-    final: dict[str, Any], cut: bool,
+    body: dict[str, Any],
+    lease: Lease,
+    started: float,
+    ttft: float | None,
+    final: dict[str, Any],
+    cut: bool,
 ) -> PerfRecord:
     messages = body.get("messages") if isinstance(body.get("messages"), list) else []
     now = time.monotonic()
@@ -283,7 +289,8 @@ async def _proxy(
         body["stream_options"] = opts
     try:
         holder = await race_disconnect(
-            request, LeaseHolder.acquire(state.bus, settings.lease_wait_s))
+            request, LeaseHolder.acquire(state.bus, settings.lease_wait_s)
+        )
     except ClientGone:
         return Response(status_code=499)
     lease = holder.lease
@@ -293,7 +300,8 @@ async def _proxy(
         body.pop("id_slot", None)
     started = time.monotonic()
     upstream = client.build_request(
-        "POST", _join(lease.base_url, path),
+        "POST",
+        _join(lease.base_url, path),
         content=json.dumps(body, ensure_ascii=False).encode("utf-8"),
         headers=_upstream_headers(lease),
     )
@@ -314,7 +322,8 @@ async def _proxy(
     if assemble and resp.status_code == 200:
         try:
             status, payload = await race_disconnect(
-                request, _assemble(resp, text=path == "/v1/completions"))
+                request, _assemble(resp, text=path == "/v1/completions")
+            )
         except ClientGone:
             if perf:
                 _publish_perf_later(request, _record(body, lease, started, None, {}, cut=True))
@@ -325,9 +334,12 @@ async def _proxy(
         if status != 200:
             return JSONResponse(payload, status_code=status)
         if perf:
-            final = {"usage": payload.get("usage"), "timings": payload.get("timings"),
-                     "model": payload.get("model"),
-                     "finish_reason": payload["choices"][0].get("finish_reason")}
+            final = {
+                "usage": payload.get("usage"),
+                "timings": payload.get("timings"),
+                "model": payload.get("model"),
+                "finish_reason": payload["choices"][0].get("finish_reason"),
+            }
             _publish_perf_later(request, _record(body, lease, started, None, final, cut=False))
         return JSONResponse(payload)
 
@@ -418,8 +430,10 @@ async def _assemble(resp: httpx.Response, text: bool = False) -> tuple[int, dict
             if isinstance(delta.get("reasoning_content"), str):
                 reasoning.append(delta["reasoning_content"])
             for frag in delta.get("tool_calls") or []:
-                call = calls.setdefault(int(frag.get("index") or 0), {
-                    "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                call = calls.setdefault(
+                    int(frag.get("index") or 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
                 if frag.get("id"):
                     call["id"] = frag["id"]
                 fn = frag.get("function") or {}
@@ -432,25 +446,41 @@ async def _assemble(resp: httpx.Response, text: bool = False) -> tuple[int, dict
     if text:
         texts = texts or {0: []}
         done: dict[str, Any] = {
-            "id": meta.get("id", ""), "object": "text_completion",
-            "created": meta.get("created", int(time.time())), "model": meta.get("model", ""),
-            "choices": [{"index": i, "text": "".join(texts[i]), "logprobs": None,
-                         "finish_reason": finishes.get(i)} for i in sorted(texts)],
+            "id": meta.get("id", ""),
+            "object": "text_completion",
+            "created": meta.get("created", int(time.time())),
+            "model": meta.get("model", ""),
+            "choices": [
+                {
+                    "index": i,
+                    "text": "".join(texts[i]),
+                    "logprobs": None,
+                    "finish_reason": finishes.get(i),
+                }
+                for i in sorted(texts)
+            ],
         }
-        for key, value in (("system_fingerprint", meta.get("system_fingerprint")),
-                           ("usage", usage), ("timings", timings)):
+        for key, value in (
+            ("system_fingerprint", meta.get("system_fingerprint")),
+            ("usage", usage),
+            ("timings", timings),
+        ):
             if value is not None:
                 done[key] = value
         return 200, done
-    message: dict[str, Any] = {"role": "assistant",
-                               "content": "".join(content) if content or not calls else None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(content) if content or not calls else None,
+    }
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     out: dict[str, Any] = {
-        "id": meta.get("id", ""), "object": "chat.completion",
-        "created": meta.get("created", int(time.time())), "model": meta.get("model", ""),
+        "id": meta.get("id", ""),
+        "object": "chat.completion",
+        "created": meta.get("created", int(time.time())),
+        "model": meta.get("model", ""),
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
     }
     if "system_fingerprint" in meta:
@@ -496,8 +526,16 @@ class Relay:
     (close upstream, release the lease, publish the perf record), run exactly once whether
     the stream ends, fails, or the client leaves before it even started."""
 
-    def __init__(self, request: Request, resp: httpx.Response, holder: LeaseHolder,
-                 body: dict[str, Any], started: float, wants_usage: bool, perf: bool) -> None:
+    def __init__(
+        self,
+        request: Request,
+        resp: httpx.Response,
+        holder: LeaseHolder,
+        body: dict[str, Any],
+        started: float,
+        wants_usage: bool,
+        perf: bool,
+    ) -> None:
         self.request = request
         self.resp = resp
         self.holder = holder
@@ -521,9 +559,12 @@ class Relay:
         if self.perf:
             # In the background: the end of the client's response must not wait for the
             # JetStream ack (it would hold the client's connection, and ours to the engine).
-            _publish_perf_later(self.request, _record(
-                self.body, self.holder.lease, self.started, self.ttft, self.final,
-                cut=self.cut))
+            _publish_perf_later(
+                self.request,
+                _record(
+                    self.body, self.holder.lease, self.started, self.ttft, self.final, cut=self.cut
+                ),
+            )
 
     async def _upstream_blocks(self) -> AsyncIterator[list[bytes]]:
         """The engine's SSE events as they arrive: the complete events of each read (the
@@ -595,8 +636,10 @@ class Relay:
                     if held is not None:
                         out.append(_frame(["data: " + _dump(held)]))
                         held = None
-                    if any(isinstance(c, dict) and c.get("finish_reason")
-                           for c in chunk.get("choices") or []):
+                    if any(
+                        isinstance(c, dict) and c.get("finish_reason")
+                        for c in chunk.get("choices") or []
+                    ):
                         held = chunk
                         continue
                     out.append(_frame(["data: " + _dump(chunk)]))
@@ -632,8 +675,9 @@ async def models(request: Request, bus: Bus = Depends(get_bus)) -> Any:
         raise ServiceUnavailable(f"engine is {info.state}", code="engine_not_ready")
     headers = {"Authorization": f"Bearer {info.api_key}"} if info.api_key else {}
     try:
-        resp = await _state(request).http.get(_join(info.base_url, "/v1/models"),
-                                              headers=headers, timeout=10)
+        resp = await _state(request).http.get(
+            _join(info.base_url, "/v1/models"), headers=headers, timeout=10
+        )
     except httpx.HTTPError as exc:
         raise ServiceUnavailable(f"engine unreachable: {type(exc).__name__}") from exc
     if resp.status_code != 200:
@@ -644,8 +688,9 @@ async def models(request: Request, bus: Bus = Depends(get_bus)) -> Any:
 
 @router.post(
     "/v1/chat/completions",
-    openapi_extra={"requestBody": {"required": True,
-                                   "content": {"application/json": {"schema": _CHAT_SCHEMA}}}},
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _CHAT_SCHEMA}}}
+    },
 )
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions, streamed or not (see the module docstring)."""
@@ -655,8 +700,12 @@ async def chat_completions(request: Request) -> Response:
 
 @router.post(
     "/v1/completions",
-    openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": _COMPLETION_SCHEMA}}}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _COMPLETION_SCHEMA}},
+        }
+    },
 )
 async def completions(request: Request) -> Response:
     """OpenAI (legacy) completions, streamed or not (a non-streamed one is asked streamed
@@ -667,8 +716,12 @@ async def completions(request: Request) -> Response:
 
 @router.post(
     "/v1/embeddings",
-    openapi_extra={"requestBody": {"required": True,
-                                   "content": {"application/json": {"schema": _EMBED_SCHEMA}}}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _EMBED_SCHEMA}},
+        }
+    },
 )
 async def embeddings(request: Request) -> Response:
     """OpenAI embeddings, passed through when the engine serves them (llama-server started
