@@ -260,7 +260,8 @@ async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
     import httpx
     import nats
 
-    from loki_chat.compaction import CompactionPolicy
+    from loki_chat.bus import ChatBus
+    from loki_chat.compaction import CompactionDeps, CompactionPolicy
     from loki_chat.context import ContextView
     from loki_chat.conversation import Conversation
     from loki_chat.request import build_payload, encode, wire_messages
@@ -294,7 +295,7 @@ async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
                     compact_continuation=continuation,
                     compact_threshold=0.5,
                 )
-                policy = CompactionPolicy(settings)
+                policy = CompactionPolicy(CompactionDeps(settings, ChatBus(broker), http))
                 work = Conversation(
                     id=f"probe-{int(continuation)}",
                     messages=[m.model_copy() for m in conv.messages],
@@ -332,7 +333,6 @@ async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
                     n_ctx=PROBE_CTX,
                     ctx_used=used,
                     emit=emit,
-                    extra={"broker": broker, "http": http, "settings": settings},
                 )
                 changed = await policy.maybe_compact(view)
                 out["continuation" if continuation else "transcript"] = {
@@ -343,7 +343,7 @@ async def _ratio_probe(nats_url: str, home: Path) -> dict[str, Any]:
                     "prompt_n": (
                         policy.continuation_prompt_n[0]
                         if continuation and policy.continuation_prompt_n
-                        else policy.last_prompt_n
+                        else policy.summaries.last_prompt_n
                     ),
                 }
             cont = out["continuation"]["prompt_n"]

@@ -18,6 +18,7 @@ from fakes.fake_engine import (
     tool_reply,
 )
 
+from loki_chat.context import NoCompaction
 from loki_chat.turn import NO_TOOL_INSTRUCTION
 from loki_shared import subjects
 from loki_shared.messages.recall import ToolReply, ToolRequest
@@ -292,7 +293,7 @@ async def test_500_replay_tool_choice_none_then_no_tools(chat, client, fake_engi
     assert not any(m.tool_calls for m in msgs)
 
 
-class RecordingPolicy:
+class RecordingPolicy(NoCompaction):
     def __init__(self, compact_on: set[str] = frozenset()):
         self.calls: list[tuple[str, int]] = []
         self.compact_on = compact_on

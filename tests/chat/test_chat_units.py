@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from loki_chat.context import ContextMeter
 from loki_chat.errors import EngineHTTPError
+from loki_chat.meter import ContextMeter
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_chat.settings import Settings
 from loki_chat.stream import (

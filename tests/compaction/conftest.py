@@ -17,7 +17,8 @@ import nats
 import pytest
 from fakes.fake_engine import FakeEngine, Stream, default_timings, default_usage
 
-from loki_chat.compaction import CompactionPolicy
+from loki_chat.bus import ChatBus
+from loki_chat.compaction import CompactionDeps, CompactionPolicy
 from loki_chat.context import ContextView
 from loki_chat.conversation import Conversation
 from loki_shared import subjects
@@ -154,7 +155,7 @@ class Harness:
         self.broker = broker
         self.http = http
         self.settings = settings
-        self.policy = CompactionPolicy(settings)
+        self.policy = CompactionPolicy(CompactionDeps(settings, ChatBus(broker), http))
         self.markers: list[dict[str, Any]] = []
 
     def view(
@@ -181,7 +182,6 @@ class Harness:
             ctx_used=used,
             overflow=overflow,
             emit=emit,
-            extra={"broker": self.broker, "http": self.http, "settings": self.settings},
         )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fakes.fake_engine import HTTPError, text_reply, tool_reply
 
-from loki_chat.compaction.policy import REQUEST_HEADER, SUMMARY_HEADER
+from loki_chat.compaction.decide import REQUEST_HEADER, SUMMARY_HEADER
 from loki_chat.compaction.rules import tail_start
 from loki_chat.context import OverflowInfo
 from loki_chat.conversation import Conversation
@@ -487,7 +487,7 @@ async def test_continuation_void_after_another_request(
     h.policy.note_step(conv.id, lease, sent_request(h, conv, lease), None, len(conv.messages))
     js = nc.jetstream()
     await ensure_perf_stream(js)
-    await h.policy._subscribe_perf(h.broker)
+    await h.policy.slots.start()
     assert h.policy._perf_sub is not None
     # a /v1 client's completion left for the engine: the slot no longer holds the prompt
     rec = PerfRecord(ts=0, kind="foreign", conversation=None)

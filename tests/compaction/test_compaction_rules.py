@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from loki_chat.compaction import summariser as S
-from loki_chat.compaction.policy import strip_torso
 from loki_chat.compaction.rules import (
     SummaryError,
     big_parts,
@@ -13,6 +12,7 @@ from loki_chat.compaction.rules import (
     clean_summary,
     is_degenerate,
     last_request,
+    strip_torso,
     tail_start,
 )
 from loki_shared.messages.chat import ChatMessage, LokiMeta, ToolCall, ToolCallFunction

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fakes.fake_engine import HTTPError, default_usage, text_reply
 
 from loki_chat.compaction import CompactionPolicy
-from loki_chat.compaction.policy import SUMMARY_HEADER
+from loki_chat.compaction.decide import SUMMARY_HEADER
 
 from .conftest import summary_requests
 from .test_compaction_policy import SUMMARY, block

@@ -1,102 +1,27 @@
-"""Counting the context, and the seam where compaction plugs into the turn loop.
+"""The seam where a context policy (compaction) plugs into the turn loop.
 
-Counting (``ctx_used``, tokens): the last completion's ``usage.prompt_tokens`` plus the
-tokens it generated that will be sent back; reasoning that is not sent back is not counted
-(only ``reasoning_content`` pieces separated by the server are subtracted, each at most one
-token — an under-estimate of reasoning, so an over-estimate of the context: the safe
-direction). Messages added since that measure (the new user message, queued ones, tool
-results the engine has not seen yet) are added as estimates (characters / 4 + 4 per message).
+The loop (:mod:`loki_chat.turn`) calls :meth:`ContextPolicy.maybe_compact` at turn start,
+between steps (after tool results), at turn end, on a manual ``compact`` control and
+reactively on a recognised context overflow; and :meth:`ContextPolicy.note_step` after every
+accepted completion step. The chat service's default policy is
+:class:`loki_chat.compaction.CompactionPolicy`; :class:`NoCompaction` never changes anything.
+A policy gets its dependencies (NATS, HTTP client, settings) when it is built; a
+:class:`ContextView` carries only the facts of one call.
 
-Compaction (a later issue) implements :class:`ContextPolicy`; the loop calls
-:meth:`ContextPolicy.maybe_compact` at turn start, between steps, at turn end, on a manual
-``compact`` control, and reactively on a context-overflow refusal. :class:`NoCompaction`,
-the default, never changes anything.
+Counting the context (``ctx_used``) is :mod:`loki_chat.meter`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
-from loki_shared.canonical import canonical_json
-from loki_shared.messages.chat import ChatMessage
+from loki_shared.messages.engine import Lease
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .conversation import Conversation
+from .conversation import Conversation
 
 Trigger = Literal["start", "mid", "end", "manual", "reactive"]
-
-
-def estimate_tokens(message: ChatMessage | dict[str, Any] | str) -> int:
-    """Rough token estimate of one message: characters of its JSON / 4, plus 4."""
-    if isinstance(message, str):
-        return len(message) // 4 + 4
-    if isinstance(message, ChatMessage):
-        message = message.model_dump(exclude_none=True, exclude={"loki", "reasoning_model"})
-    return len(canonical_json(message).decode("utf-8")) // 4 + 4
-
-
-@dataclass
-class ContextMeter:
-    """``measured``: tokens of the model view as of the last completion (None: never
-    measured, or invalidated by a rewrite of the history); ``measured_count``: how many
-    messages of the model view that measure covers."""
-
-    measured: int | None = None
-    measured_count: int = 0
-    n_ctx: int | None = None  # the window of the last lease (tokens)
-
-    def record(
-        self,
-        usage: dict[str, Any] | None,
-        reasoning_pieces: int,
-        reasoning_sent_back: bool,
-        count: int,
-    ) -> None:
-        """Take the measure of a completion whose reply is now message ``count - 1``.
-        Without ``usage.prompt_tokens`` the measure is dropped (estimates take over)."""
-        prompt = (usage or {}).get("prompt_tokens")
-        if not isinstance(prompt, int):
-            self.measured = None
-            self.measured_count = 0
-            return
-        completion = (usage or {}).get("completion_tokens")
-        generated = completion if isinstance(completion, int) else 0
-        if not reasoning_sent_back:
-            generated = max(0, generated - reasoning_pieces)
-        self.measured = prompt + generated
-        self.measured_count = count
-
-    def invalidate(self) -> None:
-        """The history was rewritten (compaction, reset): estimates only until the next
-        completion."""
-        self.measured = None
-        self.measured_count = 0
-
-    def used(self, system_prompt: str, messages: list[ChatMessage]) -> int:
-        """``ctx_used`` in tokens (see the module docstring)."""
-        if self.measured is None or self.measured_count > len(messages):
-            return estimate_tokens({"role": "system", "content": system_prompt}) + sum(
-                estimate_tokens(m) for m in messages
-            )
-        return self.measured + sum(estimate_tokens(m) for m in messages[self.measured_count :])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "measured": self.measured,
-            "measured_count": self.measured_count,
-            "n_ctx": self.n_ctx,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> ContextMeter:
-        data = data or {}
-        return cls(
-            measured=data.get("measured"),
-            measured_count=data.get("measured_count", 0),
-            n_ctx=data.get("n_ctx"),
-        )
 
 
 @dataclass
@@ -112,18 +37,16 @@ class OverflowInfo:
 
 @dataclass
 class ContextView:
-    """What a :class:`ContextPolicy` gets.
+    """What a :class:`ContextPolicy` gets on each call.
 
     Attributes:
         conversation: the conversation (its ``messages`` may be rewritten in place; call
             ``conversation.meter.invalidate()`` after doing so).
         trigger: why the policy is called.
         n_ctx: the window in tokens (0 when unknown).
-        ctx_used: :meth:`ContextMeter.used` right now.
+        ctx_used: :meth:`~loki_chat.meter.ContextMeter.used` right now (tokens).
         overflow: set when ``trigger == "reactive"``.
         emit: ``await emit(delta, loki)`` adds a display event (e.g. a compaction marker).
-        extra: the service's handles for the policy (``broker``, ``http``, ``lease``
-            (async context manager yielding a Lease), ``settings``).
     """
 
     conversation: Conversation
@@ -132,20 +55,35 @@ class ContextView:
     ctx_used: int
     overflow: OverflowInfo | None = None
     emit: Callable[[dict[str, Any], dict[str, Any] | None], Awaitable[Any]] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ContextPolicy(Protocol):
-    """The compaction seam."""
+    """The compaction seam (see the module docstring)."""
 
     async def maybe_compact(self, view: ContextView) -> bool:
         """Compact ``view.conversation`` when the policy decides to; return True when the
         model view changed (the loop then persists it and, reactively, replays the step)."""
         ...
 
+    def note_step(
+        self,
+        cid: str,
+        lease: Lease,
+        body: bytes,
+        usage: dict[str, Any] | None,
+        count: int,
+        generated_chars: int = 0,
+    ) -> None:
+        """An accepted completion step of conversation ``cid`` (not stopped, no error) left
+        for the engine under ``lease`` with the request ``body`` (the exact bytes sent),
+        carrying ``count`` model-view messages; ``usage`` is the final chunk's (decoded, None
+        when absent) and ``generated_chars`` the length of the text it generated. A policy
+        that subclasses :class:`ContextPolicy` and needs none of it inherits this no-op."""
+        return None
 
-class NoCompaction:
-    """The default policy: never compacts."""
+
+class NoCompaction(ContextPolicy):
+    """The policy that never compacts (and ignores the steps it is told about)."""
 
     async def maybe_compact(self, view: ContextView) -> bool:
         return False

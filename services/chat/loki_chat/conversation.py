@@ -12,7 +12,7 @@ from typing import Any
 
 from loki_shared.messages.chat import ChatEvent, ChatMessage
 
-from .context import ContextMeter
+from .meter import ContextMeter
 
 BLOB_VERSION = 1
 

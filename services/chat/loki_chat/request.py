@@ -17,6 +17,13 @@ Rules:
 - What is sent never holds two consecutive ``user`` messages (strict-alternation templates
   reject them): consecutive ones are merged into one, and an ephemeral instruction is put at
   the end of the last message instead of after it.
+
+Where later additions go: a block given once at the head of the conversation (a project
+context) is joined at the head of the first user message in :func:`wire_messages`, so the
+system message stays byte-identical; how one stored message is written on the wire (image
+parts among its content parts) is :func:`wire_message`; a request of another kind (subagent,
+verify, task, prewarm) is built by these same functions and leased with its kind
+(:meth:`loki_chat.leases.EngineLeases.lease`).
 """
 
 from __future__ import annotations
@@ -48,23 +55,7 @@ def wire_messages(
     """
     out: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}]
     for message in messages:
-        item: dict[str, Any] = {"role": message.role}
-        if message.role == "assistant":
-            item["content"] = message.content if message.content is not None else ""
-            if message.tool_calls:
-                item["tool_calls"] = [c.model_dump(exclude_none=True) for c in message.tool_calls]
-            if (
-                echo_model
-                and message.reasoning_content
-                and message.reasoning_model == echo_model
-                and (message.content or message.tool_calls)
-            ):
-                item["reasoning_content"] = message.reasoning_content
-        elif message.role == "tool":
-            item["content"] = message.content if message.content is not None else ""
-            item["tool_call_id"] = message.tool_call_id or ""
-        else:
-            item["content"] = message.content if message.content is not None else ""
+        item = wire_message(message, echo_model=echo_model)
         prev = out[-1]
         if item["role"] == "user" and prev["role"] == "user" and len(out) > 1:
             prev["content"] = _join(prev["content"], item["content"])
@@ -73,6 +64,30 @@ def wire_messages(
     if suffix:
         out[-1]["content"] = _join(out[-1].get("content") or "", suffix)
     return out
+
+
+def wire_message(message: ChatMessage, *, echo_model: str | None = None) -> dict[str, Any]:
+    """One stored message as the engine gets it: OpenAI fields only (``role``, ``content``
+    — text or content parts as stored —, ``tool_calls``, ``tool_call_id``), Loki's marks
+    left out; ``reasoning_content`` only by the echo rule (see the module docstring)."""
+    item: dict[str, Any] = {"role": message.role}
+    if message.role == "assistant":
+        item["content"] = message.content if message.content is not None else ""
+        if message.tool_calls:
+            item["tool_calls"] = [c.model_dump(exclude_none=True) for c in message.tool_calls]
+        if (
+            echo_model
+            and message.reasoning_content
+            and message.reasoning_model == echo_model
+            and (message.content or message.tool_calls)
+        ):
+            item["reasoning_content"] = message.reasoning_content
+    elif message.role == "tool":
+        item["content"] = message.content if message.content is not None else ""
+        item["tool_call_id"] = message.tool_call_id or ""
+    else:
+        item["content"] = message.content if message.content is not None else ""
+    return item
 
 
 def _join(a: Any, b: Any) -> Any:

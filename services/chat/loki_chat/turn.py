@@ -54,6 +54,7 @@ from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
 from .errors import LeaseError, StepError, StreamError
+from .meter import estimate_tokens
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
@@ -82,7 +83,7 @@ MAX_COMPACTIONS_PER_STEP = 2
 
 
 class TurnHost(Protocol):
-    """What the loop needs from the conversation's owner (the service's actor)."""
+    """What the loop needs from the conversation's owner (:class:`loki_chat.actor.Actor`)."""
 
     conv: Conversation
     settings: Settings
@@ -97,7 +98,6 @@ class TurnHost(Protocol):
     async def release(self, lease: Lease, usage: dict[str, Any] | None = None) -> None: ...
     def publish_perf(self, record: PerfRecord) -> None: ...
     async def total_slots(self) -> int | None: ...
-    def policy_extra(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -234,7 +234,7 @@ class TurnRunner:
                 echo_model=echo_model,
                 suffix=self.plan.suffix,
             )
-            tools = self.host.toolbox.schemas() if self.plan.mode != "no_tools" else None
+            tools = self.offered_tools()
             payload = build_payload(
                 self.settings,
                 lease,
@@ -275,9 +275,9 @@ class TurnRunner:
             await host.release(lease, self.result.acc.usage if self.result else None)
         if self.result.responded:
             self.publish_perf(lease, wire)
-        note = getattr(host.policy, "note_step", None)  # compaction: the slot holds this prompt
-        if note is not None and self.result.error is None and not self.result.stopped:
-            note(
+        if self.result.error is None and not self.result.stopped:
+            # compaction: the slot now holds this prompt
+            host.policy.note_step(
                 self.conv.id,
                 lease,
                 body,
@@ -439,6 +439,14 @@ class TurnRunner:
         await self.host.persist()
 
     # -- helpers --------------------------------------------------------------------------
+    def offered_tools(self) -> list[dict[str, Any]] | None:
+        """The tool schemas offered to the next step (None: no ``tools`` key): the host's
+        tool box, none in the no-tools fallback. Every rule that takes tools away for a
+        step or a model (``self.model``, the lease's) belongs here."""
+        if self.plan.mode == "no_tools":
+            return None
+        return self.host.toolbox.schemas()
+
     async def refused(self, error: StepError) -> State:
         """The engine refused the request before streaming (HTTP error or unreachable)."""
         kind, info = classify_refusal(error, self.ctx_used(), self.lease_n_ctx)
@@ -546,7 +554,6 @@ class TurnRunner:
             ctx_used=self.ctx_used(),
             overflow=overflow,
             emit=lambda delta, meta: self.host.emit(delta, loki=meta),
-            extra=self.host.policy_extra(),
         )
         try:
             return bool(await self.host.policy.maybe_compact(view))
@@ -556,8 +563,6 @@ class TurnRunner:
 
     def ctx_used(self) -> int:
         """``ctx_used`` plus estimates of the user messages queued behind this turn."""
-        from .context import estimate_tokens
-
         # begin() moved this turn's message out of ``pending``: what is left waits behind it
         queued = sum(estimate_tokens({"role": "user", "content": t}) for t in self.conv.pending)
         return self.conv.meter.used(self.settings.system_prompt, self.conv.messages) + queued

@@ -1,12 +1,19 @@
 """Compaction: the chat service's default :class:`~loki_chat.context.ContextPolicy`.
 
-- :mod:`.rules` — tail selection, big parts, summary cleaning, budget (pure);
+- :mod:`.policy` — :class:`CompactionPolicy`: puts the parts below together;
+- :mod:`.decide` — when to compact, where to cut, which summary path fits (pure);
+- :mod:`.rules` — tail selection, big parts, stripping, summary cleaning, budget (pure);
 - :mod:`.summariser` — the summariser prompt and the transcript / continuation requests;
-- :mod:`.policy` — when to compact, archive-then-summarise, fallbacks, shrink, events.
+- :mod:`.state` — what the policy remembers per conversation (in memory);
+- :mod:`.slot_watch` — whether a slot still holds a conversation's last request;
+- :mod:`.archive` — big blocks archived verbatim through the recall service;
+- :mod:`.summary_client` — the summary request to the engine (lease, POST, answer);
+- :mod:`.shrink` — the last resort when the engine still refuses;
+- :mod:`.events` — the marker, audit event and log line of each compaction.
 
 See docs/behaviour.md (compaction) for every rule and the test that shows it.
 """
 
-from .policy import CompactionPolicy
+from .policy import CompactionDeps, CompactionPolicy
 
-__all__ = ["CompactionPolicy"]
+__all__ = ["CompactionDeps", "CompactionPolicy"]

@@ -1,12 +1,14 @@
-"""Pure rules of compaction: where the tail starts, which parts are big, how a summary is
-cleaned, what counts as degenerate, and the summary budget.
+"""Pure rules of compaction: where the tail starts, which parts are big, how a torso is
+stripped of them, how a summary is cleaned, what counts as degenerate, and the summary
+budget.
 
 Everything here works on the model view (``list[ChatMessage]`` without the system message)
-and on estimated tokens (:func:`loki_chat.context.estimate_tokens`); nothing does I/O.
+and on estimated tokens (:func:`loki_chat.meter.estimate_tokens`); nothing does I/O.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from collections import Counter
@@ -15,7 +17,7 @@ from typing import Any
 
 from loki_shared.messages.chat import ChatMessage
 
-from ..context import estimate_tokens
+from ..meter import estimate_tokens
 
 #: A message part of at least this many characters is archived verbatim before summarising.
 BIG_BLOCK_CHARS = 800
@@ -145,6 +147,37 @@ def excerpt(text: str, block_id: str | None) -> str:
     if block_id:
         return f"{head} […] (archived verbatim as recall:{block_id})"
     return f"{head} […]"
+
+
+def strip_torso(
+    torso: list[ChatMessage],
+    ids: dict[tuple[int, str], str | None],
+) -> list[ChatMessage]:
+    """The torso with each archived big part replaced by its excerpt and id (a part that
+    could not be archived stays whole: nothing is lost)."""
+    out: list[ChatMessage] = []
+    for i, message in enumerate(torso):
+        text = text_of(message)
+        update: dict[str, Any] = {}
+        block = ids.get((i, text))
+        if block and isinstance(message.content, str):
+            update["content"] = excerpt(text, block)
+        if message.tool_calls:
+            calls = []
+            for call in message.tool_calls:
+                cid = ids.get((i, call.function.arguments))
+                if cid:
+                    # arguments stay valid JSON (templates re-parse them)
+                    args = json.dumps(
+                        {"archived": f"recall:{cid}", "excerpt": call.function.arguments[:400]}
+                    )
+                    call = call.model_copy(
+                        update={"function": call.function.model_copy(update={"arguments": args})}
+                    )
+                calls.append(call)
+            update["tool_calls"] = calls
+        out.append(message.model_copy(update=update) if update else message)
+    return out
 
 
 # --------------------------------------------------------------------------- cleaning

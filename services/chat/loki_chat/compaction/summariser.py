@@ -131,12 +131,7 @@ def transcript_request(
     }
     if model:
         body["model"] = model
-    if local:
-        if template_kwargs:
-            body["chat_template_kwargs"] = template_kwargs
-        if id_slot is not None:
-            body["id_slot"] = id_slot
-    return body
+    return _with_llama_fields(body, local, id_slot, template_kwargs)
 
 
 _SAMPLING = (
@@ -185,6 +180,14 @@ def continuation_request(
     body["max_tokens"] = budget
     if body.get("tools"):
         body["tool_choice"] = "none"
+    return _with_llama_fields(body, local, id_slot, template_kwargs)
+
+
+def _with_llama_fields(
+    body: dict[str, Any], local: bool, id_slot: int | None, template_kwargs: dict[str, Any] | None
+) -> dict[str, Any]:
+    """``body`` with llama.cpp's own fields (``chat_template_kwargs``, ``id_slot``) when the
+    engine is a local llama-server; never for an external API (it refuses unknown fields)."""
     if local:
         if template_kwargs:
             body["chat_template_kwargs"] = template_kwargs

@@ -1,4 +1,4 @@
-"""Tools the model can call, and the rules applied to every call.
+"""The tool box: the tools offered to the model, and the rules applied to every call.
 
 Rules:
 
@@ -9,23 +9,15 @@ Rules:
   result tells the model exactly what to resend. Empty arguments are valid (``{}``).
 - A result longer than ``tool_result_max`` characters (30,000) is cut in the model's view,
   with a note inviting a targeted call; the display log keeps the whole result.
-- Recall tools (``recall``, ``recall_search``) are served by the recall service over
-  ``loki.recall.tool`` with a short timeout; unreachable, the result says so and invites a
-  retry, and the turn goes on.
+- A tool's own failure (an exception) is a result the model sees, never a failed turn.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-
-from loki_shared import subjects
-from loki_shared.messages.recall import ToolReply, ToolRequest
-
-log = logging.getLogger("loki.chat.tools")
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -69,8 +61,10 @@ def parse_arguments(text: str) -> tuple[dict[str, Any] | None, str]:
         return {}, ""
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return None, f"JSON error: {exc.msg} at character {exc.pos}"
+    except ValueError as exc:  # valid syntax the decoder still refuses (a huge integer)
+        return None, f"JSON error: {exc}"
     if not isinstance(value, dict):
         return None, f"expected a JSON object, got {type(value).__name__}"
     return value, ""
@@ -134,64 +128,3 @@ def cut_for_model(text: str, limit: int) -> str:
         text[:limit] + f"\n\n[Result cut at {limit} of {len(text)} characters. "
         "Make a more targeted call (a narrower query, a range or a part) to see the rest.]"
     )
-
-
-UNREACHABLE = (
-    "The archive (recall service) is unreachable right now; nothing was "
-    "recalled. Try the call again in a moment."
-)
-
-
-def recall_tools(
-    request: Callable[[str, ToolRequest, type[ToolReply], float], Awaitable[ToolReply]],
-    timeout_s: float,
-) -> list[ToolSpec]:
-    """``recall`` and ``recall_search``, forwarded to ``loki.recall.tool``.
-
-    ``request(subject, message, reply_type, timeout)`` sends the NATS request and returns
-    the decoded reply; any exception from it (no responders, timeout, bad reply) becomes
-    the "unreachable" result.
-    """
-
-    def make(name: str) -> ToolFn:
-        async def run(args: dict[str, Any]) -> str:
-            try:
-                reply = await request(
-                    subjects.RECALL_TOOL,
-                    ToolRequest(name=name, arguments=args),
-                    ToolReply,
-                    timeout_s,
-                )
-            except Exception as exc:  # noqa: BLE001 - unreachable for any reason
-                log.warning("recall tool %s unreachable: %r", name, exc)
-                return UNREACHABLE
-            if reply.error is not None:
-                return f"Error: {reply.error.message}"
-            return reply.text
-
-        return run
-
-    return [
-        ToolSpec(
-            name="recall",
-            description=(
-                "Bring back, verbatim, an archived block cited as recall:r<seq> in a summary."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {"id": {"type": "string", "description": "the block id, e.g. r12"}},
-                "required": ["id"],
-            },
-            run=make("recall"),
-        ),
-        ToolSpec(
-            name="recall_search",
-            description="Find archived blocks of earlier conversation by keywords.",
-            parameters={
-                "type": "object",
-                "properties": {"query": {"type": "string", "description": "keywords"}},
-                "required": ["query"],
-            },
-            run=make("recall_search"),
-        ),
-    ]

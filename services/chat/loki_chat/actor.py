@@ -1,0 +1,213 @@
+"""The owner-side state of one conversation: its queue, its worker, its events.
+
+An :class:`Actor` exists for each conversation this instance owns (see
+:mod:`loki_chat.ownership`); it is the turn loop's host (:class:`~loki_chat.turn.TurnHost`).
+
+Queue: a send while a turn runs is queued (FIFO, persisted with the blob) and runs next;
+it is never refused. Display events get their seq here: seqs are reserved in Redis ahead of
+publication (blocks of :data:`SEQ_BLOCK`), so an owner that dies never leaves a seq for the
+next owner to reuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from loki_shared import subjects
+from loki_shared.messages.chat import ChatEvent
+from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, Lease
+from loki_shared.messages.perf import PerfRecord
+
+from .bus import ChatBus
+from .context import ContextPolicy
+from .conversation import Conversation
+from .engine import EngineClient
+from .errors import FencedWrite
+from .leases import EngineLeases
+from .settings import Settings
+from .store import Store
+from .tools import ToolBox
+from .turn import TurnRunner
+
+log = logging.getLogger("loki.chat.service")
+
+#: Display seqs reserved in Redis at a time (one small write per block of events).
+SEQ_BLOCK = 64
+
+
+@dataclass
+class Shared:
+    """What every actor of one chat instance uses (built once by the service).
+
+    An actor takes ``toolbox`` and ``policy`` when it is created: replace them before the
+    first conversation is served. ``closing`` is set when the service stops (workers then
+    start no new turn).
+    """
+
+    settings: Settings
+    store: Store
+    bus: ChatBus
+    leases: EngineLeases
+    engine: EngineClient
+    toolbox: ToolBox
+    policy: ContextPolicy
+    closing: bool = False
+
+
+class Actor:
+    """The owner-side state of one conversation (implements the turn loop's host).
+
+    Args:
+        shared: the instance's shared parts.
+        conv: the conversation, loaded from its blob.
+        lock_value: the fencing token of this instance's lock on it (every write carries it).
+    """
+
+    def __init__(self, shared: Shared, conv: Conversation, lock_value: str) -> None:
+        self.shared = shared
+        self.conv = conv
+        self.lock_value = lock_value
+        self.settings = shared.settings
+        self.toolbox = shared.toolbox
+        self.engine = shared.engine
+        self.policy = shared.policy
+        self.stop = asyncio.Event()
+        self.worker: asyncio.Task[None] | None = None
+        self.lost = False
+        self.last_access = time.monotonic()
+        self._emit_lock = asyncio.Lock()
+        self._persist_lock = asyncio.Lock()
+        self.reserved = 0  # seqs up to this one are reserved in Redis
+
+    @property
+    def busy(self) -> bool:
+        return self.worker is not None and not self.worker.done()
+
+    # -- TurnHost -------------------------------------------------------------------------
+    async def emit(self, delta: dict[str, Any] | None = None, **fields: Any) -> ChatEvent:
+        """Append a display event to the Log and publish it (in seq order). Seqs are
+        reserved in Redis ahead of publication (blocks of :data:`SEQ_BLOCK`)."""
+        async with self._emit_lock:
+            if self.conv.seq + 1 > self.reserved and not self.lost:
+                try:
+                    self.reserved = self.conv.seq + SEQ_BLOCK
+                    await self.shared.store.reserve_seq(
+                        self.conv.id, self.lock_value, self.reserved
+                    )
+                except FencedWrite:
+                    self.lost = True
+                    self.stop.set()
+            event = self.conv.new_event(delta, **fields)
+            await self._publish(event)
+            return event
+
+    async def _publish(self, event: ChatEvent) -> None:
+        try:
+            await self.shared.bus.publish(event, subjects.chat_events(event.conversation))
+        except Exception:  # noqa: BLE001 - the Log keeps it; replay will deliver it
+            log.warning("event %s of %s not published", event.seq, event.conversation)
+
+    async def persist(self) -> None:
+        """Write the conversation's blob (fenced: a lost lock stops the actor)."""
+        if self.lost:
+            return
+        async with self._persist_lock:
+            self.conv.updated = time.time()
+            try:
+                await self.shared.store.save(self.conv, self.lock_value)
+            except FencedWrite:
+                log.error("conversation %s: lock lost, stopping", self.conv.id)
+                self.lost = True
+                self.stop.set()
+
+    async def lease(self) -> Lease:
+        """A ``main`` lease for this conversation (see :class:`~loki_chat.leases.EngineLeases`).
+
+        Raises:
+            LeaseError: none came.
+        """
+        return await self.shared.leases.lease(self.conv.id)
+
+    async def release(self, lease: Lease, usage: dict[str, Any] | None = None) -> None:
+        await self.shared.leases.release(lease, usage)
+
+    def publish_perf(self, record: PerfRecord) -> None:
+        self.shared.bus.publish_perf(record)
+
+    async def total_slots(self) -> int | None:
+        """The engine's slot count (``loki.engine.info``), None when unknown."""
+        try:
+            info = await self.shared.bus.request(
+                subjects.ENGINE_INFO, EngineInfoRequest(), EngineInfo, 2.0
+            )
+        except Exception:  # noqa: BLE001 - unknown: the caller does not replay
+            return None
+        return info.total_slots or None
+
+    # -- queue ----------------------------------------------------------------------------
+    async def recover(self) -> None:
+        """After taking the conversation over: close a turn a dead owner left open, then run
+        what was queued."""
+        if self.conv.turn_open:
+            self.conv.turn_open = False
+            while (
+                self.conv.messages
+                and self.conv.messages[-1].loki
+                and self.conv.messages[-1].loki.injected in ("budget", "act")
+            ):
+                self.conv.messages.pop()
+            await self.emit(
+                {},
+                finish_reason="error",
+                loki={
+                    "event": "turn_end",
+                    "error": "interrupted: the chat service serving this turn stopped",
+                    "interrupted": True,
+                },
+            )
+            await self.persist()
+        if self.conv.pending:
+            self._ensure_worker()
+
+    async def enqueue(self, text: str) -> bool:
+        """Queue a user message; return True when it waits behind a running turn."""
+        busy = self.busy
+        self.conv.pending.append(text)
+        await self.persist()
+        self._ensure_worker()
+        return busy
+
+    def _ensure_worker(self) -> None:
+        if not self.busy:
+            self.worker = asyncio.create_task(self._work(), name=f"turns-{self.conv.id}")
+
+    async def _work(self) -> None:
+        while self.conv.pending and not self.lost and not self.shared.closing:
+            self.stop.clear()
+            text = self.conv.pending[0]
+            try:
+                await TurnRunner(self, text).run()
+            except Exception:
+                log.exception("turn failed in %s", self.conv.id)
+                if self.conv.pending and self.conv.pending[0] == text:
+                    self.conv.pending.pop(0)
+                self.conv.turn_open = False
+                try:
+                    await self.persist()
+                except Exception:
+                    log.exception("could not persist %s", self.conv.id)
+                    await asyncio.sleep(1)
+            self.last_access = time.monotonic()
+
+    async def halt(self, timeout: float = 10.0) -> None:
+        """Stop the running turn and wait for the worker (queued messages stay queued)."""
+        worker = self.worker
+        if worker is not None and not worker.done():
+            self.stop.set()
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(worker), timeout)

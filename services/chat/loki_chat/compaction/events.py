@@ -1,0 +1,138 @@
+"""What each compaction leaves behind: a display marker, an audit event, a log line.
+
+- the marker: a display event ``{"event": "compaction", "trigger", "path", "tokens_before",
+  "tokens_after", "archived"[, "summary"][, "failure"]}`` in the conversation's Log;
+- the audit event: a :class:`~loki_shared.messages.events.CompactionEvent` on
+  ``loki.events.compaction``, stored in the JetStream stream ``LOKI_EVENTS`` (created when
+  missing; best effort: a failure is logged, never raised). A refusal (path ``refused``)
+  gets the event only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from loki_shared import subjects
+from loki_shared.messages.events import CompactionEvent
+from loki_shared.nats import events_stream
+
+from ..bus import ChatBus
+from ..context import ContextView
+
+log = logging.getLogger("loki.chat.compaction")
+
+
+def _events_config() -> Any:
+    return dataclasses.replace(
+        events_stream().config, subjects=[subjects.EVENTS_COMPACTION, subjects.EVENTS_ARCHIVE]
+    )
+
+
+class CompactionEvents:
+    """Publishes the compaction events of one chat instance.
+
+    Args:
+        bus: the NATS bus (the events go to JetStream through its connection).
+    """
+
+    def __init__(self, bus: ChatBus) -> None:
+        self.bus = bus
+        self._stream_ready: set[int] = set()  # JetStream contexts whose stream was declared
+
+    async def mark(
+        self,
+        view: ContextView,
+        path: str,
+        before: int,
+        after: int,
+        archived: list[str],
+        t0: float,
+        summary: str | None = None,
+        failure: str | None = None,
+    ) -> None:
+        """The display marker, the audit event and the log line of one compaction of
+        ``view.conversation`` by ``path`` (``summary``, ``continuation``, ``fallback``,
+        ``shrink``) from ``before`` to ``after`` tokens, begun at ``t0`` (monotonic)."""
+        meta: dict[str, Any] = {
+            "event": "compaction",
+            "trigger": view.trigger,
+            "path": path,
+            "tokens_before": before,
+            "tokens_after": after,
+            "archived": archived,
+        }
+        if summary is not None:
+            meta["summary"] = summary
+        if failure is not None:
+            meta["failure"] = failure
+        if view.emit is not None:
+            try:
+                await view.emit({}, meta)
+            except Exception:
+                log.warning("[compact] marker not emitted", exc_info=True)
+        await self.audit(view, path, before, after, archived, t0)
+        log.info(
+            "[compact] %s: %s via %s, %d -> %d tokens, archived %s",
+            view.conversation.id,
+            view.trigger,
+            path,
+            before,
+            after,
+            archived,
+        )
+
+    async def audit(
+        self, view: ContextView, path: str, before: int, after: int, archived: list[str], t0: float
+    ) -> None:
+        """Publish the audit event of one compaction (or refusal) of ``view.conversation``."""
+        event = CompactionEvent(
+            conversation=view.conversation.id,
+            ts=time.time(),
+            trigger=view.trigger,
+            tokens_before=before,
+            tokens_after=after,
+            archived=archived,
+            path=path,
+            duration_s=time.monotonic() - t0,
+        )
+        await self.publish(event)
+
+    async def publish(self, event: CompactionEvent) -> bool:
+        """Publish ``event`` on ``loki.events.compaction`` into the ``LOKI_EVENTS`` stream
+        (created when missing). Best effort: False (logged) when it could not be stored."""
+        import nats.js.errors
+
+        try:
+            js = self.bus.jetstream()
+        except Exception:  # noqa: BLE001 - not connected: nothing to publish through
+            return False
+        payload = event.model_dump_json().encode()
+        if id(js) not in self._stream_ready:
+            # created when missing (idempotent); a core subscriber on the subject would
+            # otherwise turn a missing stream into a timeout instead of a "no stream" answer
+            try:
+                await js.add_stream(config=_events_config())
+            except Exception:  # noqa: BLE001 - exists with another configuration: publish anyway
+                pass
+            self._stream_ready.add(id(js))
+        for attempt in (1, 2):
+            try:
+                await js.publish(
+                    subjects.EVENTS_COMPACTION, payload, timeout=2.0, stream=subjects.STREAM_EVENTS
+                )
+                return True
+            except (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError):
+                if attempt == 2:
+                    break
+                try:
+                    await js.add_stream(config=_events_config())
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("compaction event not published: %s", exc)
+                    return False
+            except Exception as exc:  # noqa: BLE001
+                log.warning("compaction event not published: %s", exc)
+                return False
+        return False

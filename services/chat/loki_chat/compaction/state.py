@@ -1,0 +1,44 @@
+"""What the compaction policy remembers of each conversation (in memory only, per instance).
+
+A restart forgets it: the generation guard starts from an empty history, a refusal may be
+tried again, and no slot is assumed to hold a conversation's prompt.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Generations remembered for the generation guard.
+RECENT_GENERATIONS = 8
+
+
+@dataclass
+class Stamp:
+    """The slot holds this conversation's prompt: the request ``body`` as sent (decoded),
+    ``count`` model-view messages it carried, the engine it went to (``model``, ``n_ctx``,
+    ``id_slot``), the :attr:`~.slot_watch.SlotWatch.epoch` it was taken at, and ``tokens``:
+    what the slot held after it (``usage.prompt_tokens + completion_tokens``; None when the
+    engine did not say)."""
+
+    body: dict[str, Any]
+    count: int
+    model: str
+    n_ctx: int
+    id_slot: int | None
+    epoch: int
+    tokens: int | None = None
+
+
+@dataclass
+class ConvState:
+    """One conversation's memory: the last generations' sizes (tokens), the context size at
+    the last refusal for lack of reduction, compactions since the last accepted step,
+    whether a reactive compaction already ran since, and the slot stamp."""
+
+    generations: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_GENERATIONS))
+    refused_at: int | None = None
+    since_step: int = 0
+    reactive_done: bool = False
+    stamp: Stamp | None = None

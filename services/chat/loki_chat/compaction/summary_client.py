@@ -1,0 +1,258 @@
+"""Asking the engine for a summary: lease, request, answer, perf record.
+
+One summary request is one ``compact`` lease (:mod:`loki_chat.leases`, renewed while the
+request runs), one ``POST {base_url}/v1/chat/completions`` without streaming (the request
+shapes are :mod:`.summariser`'s), an answer cleaned by :func:`~.rules.clean_summary`, and a
+``compact`` perf record. Nothing here raises for engine, NATS or HTTP trouble: the outcome
+says what failed (:class:`SummaryOutcome`) and the policy falls back.
+
+- continuation path: only when the slot still holds the conversation's last request as the
+  stored view rebuilds it (``sent_view_mismatch`` otherwise) and the lease goes to the same
+  local engine (``engine_changed`` otherwise); the request carries that request, the messages
+  accepted since (less the trailing user messages) and the demand;
+- transcript path: the summariser prompt and the rendered transcript.
+
+An HTTP error mentioning the chat template, or a summary that calls a tool, asks for the
+continuation path to be suspended for the model (``suspend``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from loki_shared import subjects
+from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, Lease
+from loki_shared.perf_publish import build_record
+
+from ..bus import ChatBus
+from ..conversation import Conversation
+from ..leases import EngineLeases
+from ..request import wire_messages
+from ..settings import Settings
+from . import summariser as S
+from .decide import continued
+from .rules import SummaryError, clean_summary, text_of
+from .slot_watch import SlotWatch
+from .state import Stamp
+
+log = logging.getLogger("loki.chat.compaction")
+
+#: Continuation failures found before any request left (they never count toward suspension).
+NOT_SENT = ("view_changed", "sent_view_mismatch", "no_lease", "engine_changed")
+#: Seconds a ``loki.engine.info`` answer is reused.
+INFO_TTL_S = 30.0
+
+
+@dataclass
+class SummaryOutcome:
+    """The result of one summary attempt: ``text`` on success, ``failure`` otherwise;
+    ``suspend``: the continuation path should be suspended for the model; ``prompt_n``: the
+    engine's ``timings.prompt_n`` (tokens prefilled) when it answered."""
+
+    text: str | None = None
+    failure: str | None = None
+    suspend: bool = False
+    prompt_n: int | None = None
+
+
+def _template_knows(info: EngineInfo | None) -> bool:
+    return bool(info and info.chat_template and "enable_thinking" in info.chat_template)
+
+
+class SummaryClient:
+    """Sends summary requests for the compaction policy.
+
+    Args:
+        settings: ``system_prompt``, ``chat_template_kwargs``, ``engine_timeout_s``.
+        bus: the NATS bus (engine info, perf records).
+        http: the HTTP client for the engine.
+        leases: the instance's engine leases.
+        slots: the slot watch (a summary request leaving voids every stamp).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        bus: ChatBus,
+        http: httpx.AsyncClient,
+        leases: EngineLeases,
+        slots: SlotWatch,
+    ) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.http = http
+        self.leases = leases
+        self.slots = slots
+        self._info: EngineInfo | None = None
+        self._info_at = 0.0
+        #: ``timings.prompt_n`` of the last summary request answered (figures)
+        self.last_prompt_n: int | None = None
+
+    async def engine_info(self) -> EngineInfo | None:
+        """``loki.engine.info`` (cached :data:`INFO_TTL_S`; None when the supervisor does
+        not answer)."""
+        now = time.monotonic()
+        if now - self._info_at < INFO_TTL_S and self._info_at:
+            return self._info
+        self._info_at = now
+        try:
+            self._info = await self.bus.request(
+                subjects.ENGINE_INFO, EngineInfoRequest(), EngineInfo, 2.0
+            )
+        except Exception:  # noqa: BLE001 - unknown: the caller does without
+            self._info = None
+        return self._info
+
+    async def continuation(
+        self, conv: Conversation, stamp: Stamp, boundary: int, budget: int, archived: list[str]
+    ) -> SummaryOutcome:
+        """The continuation path for ``conv``, cut at ``boundary`` (``archived``: the ids of
+        the blocks archived, named in the demand)."""
+        system = self.settings.system_prompt
+        sent = stamp.body
+        messages = conv.messages
+        if stamp.count > len(messages) or boundary > len(messages):
+            return SummaryOutcome(failure="view_changed")
+        # the boundary is re-aligned on the view that was sent: messages one for one
+        rebuilt = wire_messages(system, messages[: stamp.count])
+        sent_msgs = sent.get("messages") or []
+        if len(rebuilt) != len(sent_msgs) or any(
+            a.get("role") != s.get("role") or a.get("content") != s.get("content")
+            for a, s in zip(rebuilt, sent_msgs)
+        ):
+            return SummaryOutcome(failure="sent_view_mismatch")
+        after = wire_messages(system, continued(messages[stamp.count :]))[1:]
+        first = messages[boundary]
+        demand = S.CONTINUATION_DEMAND.format(
+            boundary=boundary + 1,
+            role=first.role,
+            start=S.quote_start(text_of(first) or "(tool call)"),
+            kept=len(messages) - boundary,
+            archived=S.archived_line(archived),
+        )
+        lease = await self.leases.compact_lease(conv.id, continuation=True)
+        if lease is None:
+            return SummaryOutcome(failure="no_lease")
+        try:
+            if (
+                lease.external
+                or lease.model != stamp.model
+                or (stamp.n_ctx and lease.n_ctx and lease.n_ctx != stamp.n_ctx)
+            ):
+                return SummaryOutcome(failure="engine_changed")
+            info = await self.engine_info()
+            kwargs = S.thinking_kwargs(
+                sent.get("chat_template_kwargs"), True, _template_knows(info)
+            )
+            body = S.continuation_request(
+                sent,
+                after,
+                demand,
+                budget=budget,
+                local=True,
+                id_slot=lease.id_slot,
+                template_kwargs=kwargs,
+            )
+            return await self._send(conv.id, lease, body, budget)
+        finally:
+            await self.leases.compact_release(lease)
+
+    async def transcript(self, cid: str, budget: int, transcript: str) -> SummaryOutcome:
+        """The transcript path for conversation ``cid``."""
+        lease = await self.leases.compact_lease(cid, continuation=False)
+        if lease is None:
+            return SummaryOutcome(failure="no_lease")
+        try:
+            info = await self.engine_info()
+            kwargs = S.thinking_kwargs(
+                self.settings.chat_template_kwargs, not lease.external, _template_knows(info)
+            )
+            body = S.transcript_request(
+                transcript=transcript,
+                model=lease.model,
+                budget=budget,
+                local=not lease.external,
+                id_slot=lease.id_slot,
+                template_kwargs=kwargs,
+            )
+            return await self._send(cid, lease, body, budget)
+        finally:
+            await self.leases.compact_release(lease)
+
+    async def _send(
+        self, cid: str, lease: Lease, body: dict[str, Any], budget: int
+    ) -> SummaryOutcome:
+        """POST one summary request (not streamed); clean the answer; publish its perf
+        record."""
+        self.slots.request_left()  # the slot no longer holds any conversation's prompt
+        url = lease.base_url.rstrip("/") + "/v1/chat/completions"
+        headers = {"Content-Type": "application/json"}
+        if lease.api_key:
+            headers["Authorization"] = f"Bearer {lease.api_key}"
+        t0 = time.monotonic()
+        raw = S.encode(body)
+        renew = self.leases.compact_renewer(lease)
+        try:
+            resp = await self.http.post(
+                url, content=raw, headers=headers, timeout=float(self.settings.engine_timeout_s)
+            )
+        except httpx.HTTPError as exc:
+            return SummaryOutcome(failure=f"network: {type(exc).__name__}")
+        finally:
+            if renew:
+                renew.cancel()
+        total_ms = (time.monotonic() - t0) * 1000
+        if resp.status_code != 200:
+            text = resp.text[:300]
+            template = "template" in text.lower() or "jinja" in text.lower()
+            return SummaryOutcome(failure=f"HTTP {resp.status_code}: {text}", suspend=template)
+        try:
+            data = resp.json()
+            choice = (data.get("choices") or [{}])[0]
+            message = choice.get("message") or {}
+        except (ValueError, AttributeError, IndexError):
+            return SummaryOutcome(failure="undecodable answer")
+        self._publish_perf(cid, lease, body, data, total_ms)
+        timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
+        self.last_prompt_n = (
+            timings.get("prompt_n") if isinstance(timings.get("prompt_n"), int) else None
+        )
+        try:
+            cleaned = clean_summary(
+                message.get("content"),
+                reasoning=message.get("reasoning_content"),
+                tool_calls=message.get("tool_calls"),
+                finish_reason=choice.get("finish_reason"),
+                budget=budget,
+            )
+        except SummaryError as exc:
+            return SummaryOutcome(
+                failure=exc.reason, suspend=exc.reason == "tool_call", prompt_n=self.last_prompt_n
+            )
+        if cleaned.cut:
+            log.warning("[compact] %s: summary cut (%s), kept and marked […]", cid, cleaned.cut)
+        return SummaryOutcome(text=cleaned.text, prompt_n=self.last_prompt_n)
+
+    def _publish_perf(
+        self, cid: str, lease: Lease, body: dict[str, Any], data: dict[str, Any], total_ms: float
+    ) -> None:
+        try:
+            record = build_record(
+                kind="compact",
+                messages=body["messages"],
+                final=data,
+                conversation=cid,
+                model=lease.model,
+                preset="external" if lease.external else "local",
+                slot=lease.id_slot,
+                total_ms=total_ms,
+            )
+        except Exception:
+            log.warning("[compact] perf record not built", exc_info=True)
+            return
+        self.bus.publish_perf(record)

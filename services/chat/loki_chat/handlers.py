@@ -1,0 +1,321 @@
+"""The chat service's request handlers, one per subject, and their error mapping.
+
+Subjects served (queue group ``chat``): ``loki.chat.send``, ``loki.chat.control``,
+``loki.chat.state``, ``loki.chat.replay``, ``loki.chat.conversations``; plus this instance's
+own ``loki.chat.instance.<id>`` where other instances forward requests for conversations it
+owns (:mod:`loki_chat.ownership`). A :class:`~loki_chat.errors.ChatError` becomes the reply's
+``error`` (:meth:`ChatHandlers.guarded`); nothing a handler raises reaches NATS.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from loki_shared import subjects
+from loki_shared.messages.base import ErrorInfo, Reply
+from loki_shared.messages.chat import (
+    ChatMessage,
+    ControlReply,
+    ControlRequest,
+    ConversationInfo,
+    ConversationsReply,
+    ConversationsRequest,
+    ForwardRequest,
+    ReplayReply,
+    ReplayRequest,
+    SendReply,
+    SendRequest,
+    StateReply,
+    StateRequest,
+)
+
+from .actor import Actor, Shared
+from .context import ContextView
+from .conversation import Conversation
+from .errors import ChatError, ConversationNotFound, NotOwner
+from .ownership import Ownership
+from .store import new_conversation_id
+
+log = logging.getLogger("loki.chat.service")
+
+R = TypeVar("R", bound=BaseModel)
+
+#: Bound of one replay reply's events, in bytes of JSON (below NATS's 1 MiB default).
+REPLAY_MAX_BYTES = 700_000
+
+
+@dataclass(frozen=True)
+class Route:
+    """One kind of chat request: ``op`` names its handler (a :class:`ChatHandlers` method)
+    and its :class:`~loki_shared.messages.chat.ForwardRequest` op; served on ``subject``
+    (queue group ``chat``) with at most ``max_workers`` at once."""
+
+    op: str
+    subject: str
+    request: type[BaseModel]
+    reply: type[Reply]
+    max_workers: int
+
+
+ROUTES = (
+    Route("send", subjects.CHAT_SEND, SendRequest, SendReply, 32),
+    Route("control", subjects.CHAT_CONTROL, ControlRequest, ControlReply, 16),
+    Route("state", subjects.CHAT_STATE, StateRequest, StateReply, 16),
+    Route("replay", subjects.CHAT_REPLAY, ReplayRequest, ReplayReply, 16),
+    Route(
+        "conversations", subjects.CHAT_CONVERSATIONS, ConversationsRequest, ConversationsReply, 16
+    ),
+)
+ROUTES_BY_OP = {route.op: route for route in ROUTES}
+
+
+class ChatHandlers:
+    """What each chat subject does, run in the conversation's owner.
+
+    Args:
+        shared: the instance's shared parts.
+        ownership: this instance's owned conversations (and forwarding to the others).
+    """
+
+    def __init__(self, shared: Shared, ownership: Ownership) -> None:
+        self.shared = shared
+        self.settings = shared.settings
+        self.store = shared.store
+        self.ownership = ownership
+
+    def register(self, broker: Any) -> None:
+        """Declare the subscribers on ``broker`` (a FastStream ``NatsBroker``, not yet
+        started): one per :data:`ROUTES` entry, and this instance's forward subject."""
+        for route in ROUTES:
+            subscriber = broker.subscriber(
+                route.subject, queue=subjects.QUEUE_CHAT, max_workers=route.max_workers
+            )
+            subscriber(self._serve(route))
+
+        @broker.subscriber(subjects.chat_instance(self.ownership.instance), max_workers=32)
+        async def on_forward(msg: ForwardRequest) -> dict[str, Any]:
+            return await self.forwarded(msg)
+
+    def _serve(self, route: Route) -> Callable[[Any], Awaitable[Any]]:
+        handler = getattr(self, route.op)
+
+        async def serve(msg: Any) -> Any:
+            return await self.guarded(handler(msg), route.reply)
+
+        # FastStream decodes the message into the type its handler's parameter names
+        serve.__annotations__ = {"msg": route.request, "return": route.reply}
+        serve.__name__ = serve.__qualname__ = f"on_{route.op}"
+        return serve
+
+    async def guarded(self, coro: Awaitable[R], reply_type: type[R]) -> R:
+        """Await a handler; turn an exception into the reply's ``error``:
+        ``not_found`` (:class:`ConversationNotFound`), ``busy`` (:class:`NotOwner`),
+        ``unavailable`` (any other :class:`ChatError`), ``internal`` (anything else, logged
+        with its traceback)."""
+        try:
+            return await coro
+        except ConversationNotFound as exc:
+            return reply_type(error=ErrorInfo(type="not_found", message=str(exc)))
+        except NotOwner as exc:
+            return reply_type(error=ErrorInfo(type="busy", message=str(exc)))
+        except ChatError as exc:
+            return reply_type(error=ErrorInfo(type="unavailable", message=str(exc)))
+        except Exception as exc:
+            log.exception("handler failed")
+            return reply_type(error=ErrorInfo(type="internal", message=str(exc)))
+
+    async def forwarded(self, msg: ForwardRequest) -> dict[str, Any]:
+        """Serve a request another instance forwarded to this owner (an unknown ``op`` is
+        an ``invalid_request`` reply)."""
+        route = ROUTES_BY_OP.get(msg.op)
+        if route is None:
+            return Reply(error=ErrorInfo(type="invalid_request", message=msg.op)).model_dump()
+        handler = getattr(self, route.op)
+        reply = await self.guarded(
+            handler(route.request.model_validate(msg.payload), forwarded=True), route.reply
+        )
+        return reply.model_dump()
+
+    # -- handlers -------------------------------------------------------------------------
+    async def send(self, req: SendRequest, forwarded: bool = False) -> SendReply:
+        """Start a turn, or queue it behind the running one (never refused)."""
+        cid = req.conversation or new_conversation_id()
+        subjects.chat_events(cid)  # validates the id
+
+        async def local(actor: Actor) -> SendReply:
+            queued = await actor.enqueue(req.content)
+            return SendReply(conversation=cid, queued=queued)
+
+        return await self.ownership.owned(
+            cid,
+            "send",
+            req.model_copy(update={"conversation": cid}),
+            SendReply,
+            local,
+            create=True,
+            forwarded=forwarded,
+        )
+
+    async def control(self, req: ControlRequest, forwarded: bool = False) -> ControlReply:
+        """``stop`` the running turn (partial reply kept, marked stopped); ``reset`` the
+        conversation (turn stopped, queue, Messages and Log emptied; seq goes on);
+        ``compact`` it through the compaction policy."""
+
+        async def local(actor: Actor) -> ControlReply:
+            if req.action == "stop":
+                was = actor.busy
+                actor.stop.set()
+                return ControlReply(ok=True, detail="stopping" if was else "idle")
+            if req.action == "reset":
+                actor.conv.pending.clear()
+                await actor.halt()
+                actor.conv.messages.clear()
+                actor.conv.log.clear()
+                actor.conv.meter.invalidate()
+                actor.conv.turn_open = False
+                await actor.emit({}, loki={"event": "reset"})
+                await actor.persist()
+                return ControlReply(ok=True, detail="reset")
+            if actor.busy:
+                return ControlReply(ok=False, detail="a turn is running")
+            conv = actor.conv
+            view = ContextView(
+                conversation=conv,
+                trigger="manual",
+                n_ctx=conv.meter.n_ctx or 0,
+                ctx_used=conv.meter.used(self.settings.system_prompt, conv.messages),
+                emit=lambda delta, meta: actor.emit(delta, loki=meta),
+            )
+            changed = await self.shared.policy.maybe_compact(view)
+            if changed:
+                await actor.persist()
+            return ControlReply(
+                ok=bool(changed), detail="compacted" if changed else "nothing compacted"
+            )
+
+        return await self.ownership.owned(
+            req.conversation, "control", req, ControlReply, local, forwarded=forwarded
+        )
+
+    async def state(self, req: StateRequest, forwarded: bool = False) -> StateReply:
+        """Model-view messages (system first), ``ctx_used``, and the turn's status."""
+        actor, conv = await self.ownership.read(req.conversation)
+        if actor is None and (conv.turn_open or conv.pending):
+            # a dead owner left a turn or a queue to finish: take the conversation over
+            return await self.ownership.owned(
+                req.conversation,
+                "state",
+                req,
+                StateReply,
+                lambda a: self._state_of(a, a.conv),
+                forwarded=forwarded,
+            )
+        return await self._state_of(actor, conv)
+
+    async def _state_of(self, actor: Actor | None, conv: Conversation) -> StateReply:
+        system = ChatMessage(role="system", content=self.settings.system_prompt)
+        return StateReply(
+            conversation=conv.id,
+            messages=[system, *conv.messages],
+            ctx_used=conv.meter.used(self.settings.system_prompt, conv.messages),
+            n_ctx=conv.meter.n_ctx,
+            generating=bool(actor and actor.busy),
+            queued=len(conv.pending),  # the running turn's message already left the queue
+            last_seq=conv.seq,
+        )
+
+    async def replay(self, req: ReplayRequest, forwarded: bool = False) -> ReplayReply:
+        """Display events after ``after_seq``: the owner's in-memory Log (asked of the
+        owner when another instance owns the conversation), else the stored one."""
+        actor, conv = await self.ownership.read(req.conversation)
+        if actor is None:
+            owner = await self.store.owner(req.conversation)
+            elsewhere = bool(owner and owner != self.ownership.instance and not forwarded)
+            # owned elsewhere: its Log is ahead of the blob; a dead owner's unfinished turn
+            # or queue: taken over here
+            if elsewhere or conv.turn_open or conv.pending:
+                return await self.ownership.owned(
+                    req.conversation,
+                    "replay",
+                    req,
+                    ReplayReply,
+                    lambda a: self._replay_of(a.conv, req),
+                    forwarded=forwarded,
+                )
+        return await self._replay_of(conv, req)
+
+    async def _replay_of(self, conv: Conversation, req: ReplayRequest) -> ReplayReply:
+        """Events after ``after_seq``, at most ``limit``, and at most about
+        :data:`REPLAY_MAX_BYTES` of JSON (NATS caps a message at 1 MiB by default): ``more``
+        tells the caller to ask again from the last seq it got."""
+        events, more = conv.events_after(req.after_seq, req.limit)
+        page: list[Any] = []
+        size = 0
+        for event in events:
+            n = len(event.model_dump_json())
+            if page and size + n > REPLAY_MAX_BYTES:
+                more = True
+                break
+            page.append(event)
+            size += n
+        return ReplayReply(events=page, last_seq=conv.seq, more=more)
+
+    async def conversations(
+        self, req: ConversationsRequest, forwarded: bool = False
+    ) -> ConversationsReply:
+        """``list`` (newest first), ``create``, ``rename``, ``delete`` (the stored blob is
+        removed), ``export`` (messages and log)."""
+        if req.action == "list":
+            infos = await self.store.list_infos()
+            return ConversationsReply(conversations=[ConversationInfo(**i) for i in infos])
+        if req.action == "create":
+            cid = new_conversation_id()
+
+            async def created(actor: Actor) -> ConversationsReply:
+                if req.title:
+                    actor.conv.title = req.title
+                    await actor.persist()
+                return ConversationsReply(conversation=ConversationInfo(**actor.conv.info()))
+
+            return await self.ownership.owned(
+                cid,
+                "conversations",
+                req,
+                ConversationsReply,
+                created,
+                create=True,
+                forwarded=forwarded,
+            )
+        if not req.conversation:
+            raise ChatError("conversation id required")
+        cid = req.conversation
+        if req.action == "export":
+            _, conv = await self.ownership.read(cid)
+            return ConversationsReply(
+                conversation=ConversationInfo(**conv.info()),
+                export={
+                    "id": conv.id,
+                    "title": conv.title,
+                    "created": conv.created,
+                    "system": self.settings.system_prompt,
+                    "messages": [m.model_dump(exclude_none=True) for m in conv.messages],
+                    "log": [e.model_dump(exclude_none=True) for e in conv.log],
+                },
+            )
+
+        async def local(actor: Actor) -> ConversationsReply:
+            if req.action == "rename":
+                actor.conv.title = req.title or ""
+                await actor.persist()
+                return ConversationsReply(conversation=ConversationInfo(**actor.conv.info()))
+            await self.ownership.delete(actor)
+            return ConversationsReply(conversation=ConversationInfo(**actor.conv.info()))
+
+        return await self.ownership.owned(
+            cid, "conversations", req, ConversationsReply, local, forwarded=forwarded
+        )
