@@ -1,0 +1,145 @@
+"""The compaction decisions alone (pure functions, no NATS, no engine): when, where to cut,
+which summary path fits, how far the last resort shrinks."""
+
+from __future__ import annotations
+
+from loki_chat.compaction import summariser as S
+from loki_chat.compaction.decide import (
+    MAX_PER_STEP,
+    REQUEST_HEADER,
+    SUMMARY_HEADER,
+    continuation_allowed,
+    continuation_fits,
+    continued,
+    decide,
+    overflow_factor,
+    plan_cut,
+    shrink_target,
+    still_too_big,
+    summary_message,
+)
+from loki_chat.compaction.state import Stamp
+from loki_chat.context import OverflowInfo
+from loki_chat.meter import estimate_tokens
+from loki_shared.messages.chat import ChatMessage, LokiMeta
+
+
+def U(text: str, injected: str | None = None) -> ChatMessage:
+    return ChatMessage(
+        role="user", content=text, loki=LokiMeta(injected=injected) if injected else None
+    )
+
+
+def A(text: str) -> ChatMessage:
+    return ChatMessage(role="assistant", content=text)
+
+
+def why(trigger: str, used: int, n_ctx: int = 4096, **kw) -> str | None:
+    args = {"threshold": 0.75, "since_step": 0, "refused_at": None, "generations": ()}
+    args.update(kw)
+    return decide(trigger, used, n_ctx, **args).why
+
+
+def test_threshold_and_generation_guard():
+    assert why("end", 3000) is None and why("end", 3100) == "threshold"
+    # 1.2 x the longest generation no longer fits what is left, from half the window on
+    assert why("start", 2000, generations=[1800]) is None  # below half: never
+    assert why("start", 2200, generations=[100, 1800]) == "generation"
+    assert why("start", 2200, generations=[1500]) is None  # 1800 fits in 1896
+
+
+def test_manual_and_reactive_always_try_the_rest_never_without_a_window_or_past_the_cap():
+    assert why("manual", 10) == "manual" and why("reactive", 10, n_ctx=0) == "reactive"
+    assert why("end", 4000, n_ctx=0) is None
+    assert why("mid", 4000, since_step=MAX_PER_STEP) is None
+    assert why("mid", 4000, since_step=MAX_PER_STEP - 1) == "threshold"
+
+
+def test_refusal_memory():
+    # held off until the context grows 10% more ...
+    assert why("end", 3500, refused_at=3300) is None
+    assert why("end", 3640, refused_at=3300) == "threshold"
+    # ... except at 90% of the window
+    assert why("end", 3700, refused_at=3600) == "threshold"
+    # a drop below the refusal forgets it
+    d = decide("end", 3100, 4096, threshold=0.75, since_step=0, refused_at=3300, generations=())
+    assert d.forget_refusal and d.why == "threshold"
+    d = decide("end", 3500, 4096, threshold=0.75, since_step=0, refused_at=3300)
+    assert not d.forget_refusal
+
+
+def test_cut_keeps_the_tail_and_reinjects_the_request_only_when_the_tail_has_none():
+    msgs = [U("a" * 4000), A("b" * 400), U("c" * 400), A("d" * 2000)]
+    cut = plan_cut(msgs)
+    assert cut is not None and cut.tail == msgs[3:] and cut.torso == msgs[:3]
+    assert cut.request is msgs[2] and cut.reinject
+    installed = summary_message(cut, "S")
+    assert installed.content == SUMMARY_HEADER + "S" + REQUEST_HEADER + "c" * 400
+    assert installed.loki is not None and installed.loki.injected == "summary"
+    # the tail holds a user request: no re-injection
+    cut = plan_cut([*msgs, U("e"), A("f")])
+    assert cut is not None and not cut.reinject
+    assert summary_message(cut, "S").content == SUMMARY_HEADER + "S"
+    assert plan_cut([U("only")]) is None
+
+
+def test_cut_refused_when_an_empty_summary_saves_under_a_fifth():
+    cut = plan_cut([U("hi"), A("hello"), U("x" * 12000), A("ok")])
+    assert cut is not None and not cut.saves_enough(3300)
+    cut = plan_cut([U("x" * 12000), A("hello"), U("hi"), A("ok")])
+    assert cut is not None and cut.saves_enough(3300)
+
+
+def test_continued_leaves_out_the_trailing_user_messages():
+    msgs = [A("a"), U("tool?"), A("b"), U("q1"), U("q2")]
+    assert continued(msgs) == msgs[:3]
+    assert continued([U("q")]) == []
+
+
+def test_continuation_fits_on_the_engines_count_or_the_estimate():
+    msgs = [U("q" * 400), A("a" * 400), U("next")]
+    demand = estimate_tokens(S.CONTINUATION_DEMAND) + 40
+    counted = Stamp({}, 1, "m", 4096, None, 1, tokens=3000)
+    accepted = estimate_tokens(msgs[1])
+    need = 3000 + (accepted + demand) * 1.05 + 256
+    assert continuation_fits(counted, msgs, 0, int(need) + 1, 256)
+    assert not continuation_fits(counted, msgs, 0, int(need) - 1, 256)
+    # no count from the engine: ctx_used less what was accepted since and the trailing user
+    uncounted = Stamp({}, 1, "m", 4096, None, 1)
+    held = 3500 - estimate_tokens(msgs[2]) - accepted
+    need = held + (accepted + demand) * 1.05 + 256
+    assert continuation_fits(uncounted, msgs, 3500, int(need) + 1, 256)
+    assert not continuation_fits(uncounted, msgs, 3500, int(need) - 1, 256)
+
+
+def test_continuation_allowed_only_on_a_live_stamp():
+    msgs = [U("q"), A("a")]
+    stamp = Stamp({}, 2, "m", 4096, 0, epoch=3, tokens=100)
+    args = dict(
+        enabled=True,
+        trigger="end",
+        stamp=stamp,
+        epoch=3,
+        suspended=set(),
+        messages=msgs,
+        ctx_used=100,
+        n_ctx=4096,
+        budget=256,
+    )
+    assert continuation_allowed(**args)
+    assert not continuation_allowed(**{**args, "enabled": False})
+    assert not continuation_allowed(**{**args, "trigger": "manual"})
+    assert not continuation_allowed(**{**args, "trigger": "reactive"})
+    assert not continuation_allowed(**{**args, "epoch": 4})  # another request left since
+    assert not continuation_allowed(**{**args, "suspended": {"m"}})
+    assert not continuation_allowed(**{**args, "n_ctx": 8192})  # the window changed
+    assert not continuation_allowed(**{**args, "messages": msgs[:1]})  # the view shrank
+
+
+def test_shrink_aims_at_sixty_percent_corrected_by_the_real_size():
+    overflow = OverflowInfo(status=400, body="", n_prompt_tokens=6000)
+    assert overflow_factor(overflow, 4000) == 1.5
+    assert overflow_factor(overflow, 8000) == 1.0  # never below 1
+    assert overflow_factor(None, 4000) == 1.0
+    assert shrink_target(4000, 1.5) == 1600
+    assert still_too_big(1700, 1.5, 4000) and not still_too_big(1600, 1.5, 4000)
