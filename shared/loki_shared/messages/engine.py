@@ -1,11 +1,12 @@
 """Messages of the engine supervisor (``loki.engine.*``).
 
-The lease protocol (what every caller of llama-server does around ONE completion request):
+The lease protocol (what every caller of llama-server does around ONE completion request;
+:mod:`loki_shared.lease` is the one client that does it, as ``async with lease(...)``):
 
 1. request ``loki.engine.lease`` with :class:`LeaseRequest` (NATS timeout > ``wait_s``);
    the reply :class:`Lease` says where to send the request (``base_url``, ``api_key``) and
    with which ``id_slot`` (``None``: do not set ``id_slot`` in the body);
-2. while the request runs longer than ``ttl_s / 3``, request ``loki.engine.renew`` with
+2. every ``ttl_s / 3`` while the request runs, request ``loki.engine.renew`` with
    :class:`RenewRequest` (a lease not renewed expires after ``ttl_s``: its slot is given to
    the next waiter, so a dead holder never blocks the engine);
 3. request ``loki.engine.release`` with :class:`ReleaseRequest` when the response is read

@@ -1,0 +1,315 @@
+"""The one client of the engine lease: ``async with lease(...)`` around every engine request.
+
+Protocol (the supervisor's side is ``loki_supervisor.lease``; messages in
+:mod:`loki_shared.messages.engine`):
+
+1. ``loki.engine.lease`` with a :class:`LeaseRequest` (NATS timeout longer than its
+   ``wait_s``); the reply :class:`Lease` says where to send the request (``base_url``,
+   ``api_key``, ``id_slot``) and how long it lives unrenewed (``ttl_s``);
+2. while held: ``loki.engine.renew`` every ``ttl_s / 3`` (:func:`renew_interval`; two
+   renewals may be lost before the lease expires). A renewal answered with an error (the lease
+   expired: the holder was presumed dead and the slot given away) stops the renewals and sets
+   :attr:`EngineLease.lost`;
+3. on leaving the ``async with``, whatever the way out — the body returned, raised, or was
+   cancelled (a client gone, a stop) — ``loki.engine.release`` is sent once, with the
+   ``prompt_tokens`` / ``cached_tokens`` given to :meth:`EngineLease.report`. A release that
+   cannot be sent is logged: the lease expires by itself after ``ttl_s``.
+
+A task cancelled while it waits for the lease does not leave a lease behind: when the
+supervisor grants it after the waiter gave up, it is released at once.
+
+Usage::
+
+    async with lease(nc, LeaseRequest(kind="foreign", wait_s=60)) as held:
+        url = held.lease.base_url + "/v1/chat/completions"
+        ...                                   # the engine request
+        held.report(prompt_tokens=..., cached_tokens=...)   # optional ("main" leases)
+
+Raises (on entry): :class:`LeaseError` (no answer, refused, or a reply without
+``base_url``), :class:`LeaseStopped` (the ``stop`` event fired while waiting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from . import subjects
+from .messages.engine import Lease, LeaseRequest, ReleaseReply, ReleaseRequest, RenewRequest
+
+log = logging.getLogger("loki.lease")
+
+#: Renew every ``ttl_s * RENEW_FRACTION``: the one renewal rule (a lease survives two lost
+#: renewals before its TTL runs out).
+RENEW_FRACTION = 1 / 3
+#: NATS timeout of a renew or release request (s).
+CONTROL_TIMEOUT_S = 5.0
+
+Request = Callable[[str, bytes, float], Awaitable[bytes]]
+
+#: Releases still running after their holder was cancelled (kept referenced until done).
+_BACKGROUND: set[asyncio.Task[Any]] = set()
+
+
+def renew_interval(ttl_s: float) -> float | None:
+    """Seconds between renewals of a lease living ``ttl_s`` unrenewed: ``ttl_s / 3``; None
+    (no renewal) when ``ttl_s`` is not positive."""
+    return ttl_s * RENEW_FRACTION if ttl_s and ttl_s > 0 else None
+
+
+class LeaseError(Exception):
+    """No lease. ``type``: the supervisor's error type (``busy``, ``unavailable``, ...),
+    ``no_answer`` when nobody answered in time, ``bad_reply`` for a malformed reply."""
+
+    def __init__(self, message: str, type_: str = "unavailable") -> None:
+        super().__init__(message)
+        self.type = type_
+        self.message = message
+
+
+class LeaseStopped(Exception):
+    """The ``stop`` event fired while the lease was awaited (nothing is held)."""
+
+
+def requester(target: Any) -> Request:
+    """A ``request(subject, payload, timeout) -> reply bytes`` over ``target``: a nats-py
+    ``Client`` or a started FastStream ``NatsBroker`` (its nats-py connection is used, so
+    the payload travels as the raw JSON bytes in both cases).
+
+    Raises:
+        TypeError: ``target`` is neither.
+    """
+    from nats.aio.client import Client
+
+    if isinstance(target, Client):
+        client: Client = target
+
+        async def request(subject: str, payload: bytes, timeout: float) -> bytes:
+            return (await client.request(subject, payload, timeout=timeout)).data
+
+        return request
+    if getattr(getattr(target, "config", None), "connection_state", None) is None:
+        raise TypeError(f"no NATS connection in a {type(target).__name__}")
+
+    async def via_broker(subject: str, payload: bytes, timeout: float) -> bytes:
+        # looked up at each request: a broker not connected (yet, or any more) fails this
+        # request (no lease: LeaseError "no_answer"), not the code that built the lease
+        connection: Client = target.config.connection_state.connection
+        return (await connection.request(subject, payload, timeout=timeout)).data
+
+    return via_broker
+
+
+def _is_function(value: Any) -> bool:
+    return inspect.isfunction(value) or inspect.ismethod(value) or isinstance(value, partial)
+
+
+def _encode(message: BaseModel) -> bytes:
+    return message.model_dump_json().encode()
+
+
+def _spawn(coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    task = asyncio.ensure_future(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    return task
+
+
+class EngineLease:
+    """One engine lease, as an async context manager (see the module docstring).
+
+    Args:
+        nats: a nats-py ``Client`` or a started FastStream ``NatsBroker``, or a request
+            function (:data:`Request`).
+        request: what to ask (``kind``, ``conversation``, ``wait_s``, ...).
+        timeout: NATS timeout of the lease request (default ``wait_s + 5``).
+        stop: when set while the lease is awaited, entry gives up with :class:`LeaseStopped`.
+
+    Attributes:
+        renewals: renewals the supervisor accepted.
+        lost: a renewal was refused (the lease had expired); the request may go on, but the
+            slot is no longer reserved for it.
+        released: the release was acknowledged.
+        release_reply: the supervisor's answer to the release (``slot_erased``,
+            ``advice``), None when it did not answer.
+    """
+
+    def __init__(
+        self,
+        nats: Any,
+        request: LeaseRequest,
+        *,
+        timeout: float | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        self._request: Request = nats if _is_function(nats) else requester(nats)
+        self.request = request
+        self.timeout = timeout if timeout is not None else float(request.wait_s) + 5.0
+        self._stop = stop
+        self._lease: Lease | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._usage: tuple[int | None, int | None] = (None, None)
+        self._job_done = False
+        self._exited = False
+        self.renewals = 0
+        self.lost = False
+        self.released = False
+        self.release_reply: ReleaseReply | None = None
+
+    @property
+    def lease(self) -> Lease:
+        """The lease granted (only inside the ``async with``)."""
+        if self._lease is None:
+            raise RuntimeError("the lease is not held")
+        return self._lease
+
+    def report(
+        self,
+        prompt_tokens: int | None = None,
+        cached_tokens: int | None = None,
+        *,
+        job_done: bool = False,
+    ) -> None:
+        """What the release will tell the supervisor: ``usage.prompt_tokens`` and
+        ``prompt_tokens_details.cached_tokens`` of a ``main`` completion; ``job_done``: the
+        last request of a side job (the supervisor may then erase slot 0)."""
+        self._usage = (prompt_tokens, cached_tokens)
+        self._job_done = job_done
+
+    async def __aenter__(self) -> EngineLease:
+        asking = asyncio.ensure_future(
+            self._request(subjects.ENGINE_LEASE, _encode(self.request), self.timeout)
+        )
+        stopper = asyncio.ensure_future(self._stop.wait()) if self._stop is not None else None
+        try:
+            done, _ = await asyncio.wait(
+                {asking} if stopper is None else {asking, stopper},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        except asyncio.CancelledError:
+            self._abandon(asking)
+            raise
+        finally:
+            if stopper is not None:
+                stopper.cancel()
+        if asking not in done:
+            self._abandon(asking)
+            raise LeaseStopped("stopped while waiting for the engine lease")
+        lease = self._granted(asking)
+        self._lease = lease
+        every = renew_interval(lease.ttl_s)
+        if every is not None:
+            self._renewer = asyncio.create_task(self._renew_loop(lease.lease_id, every))
+        return self
+
+    def _granted(self, asking: asyncio.Future[bytes]) -> Lease:
+        try:
+            raw = asking.result()
+        except Exception as exc:  # every transport failure means "no answer"
+            raise LeaseError(
+                f"no lease from the engine supervisor ({type(exc).__name__})", "no_answer"
+            ) from exc
+        try:
+            lease = Lease.model_validate_json(raw)
+        except ValidationError as exc:
+            raise LeaseError(f"bad lease reply: {exc.errors()[:1]}", "bad_reply") from exc
+        if lease.error is not None:
+            raise LeaseError(lease.error.message, lease.error.type)
+        if not lease.base_url:
+            if lease.lease_id:
+                _spawn(self._send_release(lease.lease_id))
+            raise LeaseError("lease without base_url", "bad_reply")
+        return lease
+
+    def _abandon(self, asking: asyncio.Future[bytes]) -> None:
+        """The waiter gave up: a lease granted after that is released at once."""
+
+        def late(fut: asyncio.Future[bytes]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                return
+            try:
+                lease = Lease.model_validate_json(fut.result())
+            except ValidationError:
+                return
+            if lease.lease_id and lease.error is None:
+                log.info("lease %s granted after its waiter left: released", lease.lease_id)
+                _spawn(self._send_release(lease.lease_id))
+
+        asking.add_done_callback(late)
+
+    async def _renew_loop(self, lease_id: str, every: float) -> None:
+        payload = _encode(RenewRequest(lease_id=lease_id))
+        while True:
+            await asyncio.sleep(every)
+            try:
+                reply = Lease.model_validate_json(
+                    await self._request(subjects.ENGINE_RENEW, payload, CONTROL_TIMEOUT_S)
+                )
+            except Exception as exc:  # noqa: BLE001 - supervisor away: try again next time
+                log.warning("lease %s renewal failed: %s", lease_id, type(exc).__name__)
+                continue
+            if reply.error is not None:
+                self.lost = True
+                log.warning("lease %s lost: %s", lease_id, reply.error.message)
+                return
+            self.renewals += 1
+
+    async def _send_release(self, lease_id: str) -> bool:
+        prompt_tokens, cached_tokens = self._usage
+        req = ReleaseRequest(
+            lease_id=lease_id,
+            job_done=self._job_done,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+        )
+        try:
+            reply = ReleaseReply.model_validate_json(
+                await self._request(subjects.ENGINE_RELEASE, _encode(req), CONTROL_TIMEOUT_S)
+            )
+        except Exception as exc:  # noqa: BLE001 - the lease expires by itself
+            log.warning("lease %s not released (%s)", lease_id, type(exc).__name__)
+            return False
+        self.release_reply = reply
+        if reply.error is not None:
+            log.info("lease %s release: %s", lease_id, reply.error.message)
+            return False
+        return True
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._exited or self._lease is None:
+            return
+        self._exited = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+        releasing = _spawn(self._send_release(self._lease.lease_id))
+        # Shielded: a cancelled holder (client gone, stop) still releases; the release
+        # goes on in the background when the cancellation arrives during it.
+        self.released = await asyncio.shield(releasing)
+
+
+def lease(
+    nats: Any,
+    request: LeaseRequest,
+    *,
+    timeout: float | None = None,
+    stop: asyncio.Event | None = None,
+) -> EngineLease:
+    """An engine lease to hold with ``async with`` (see :class:`EngineLease`)."""
+    return EngineLease(nats, request, timeout=timeout, stop=stop)
+
+
+__all__ = [
+    "RENEW_FRACTION",
+    "EngineLease",
+    "LeaseError",
+    "LeaseStopped",
+    "lease",
+    "renew_interval",
+    "requester",
+]
