@@ -9,7 +9,6 @@ from loki_chat.meter import ContextMeter
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_chat.settings import Settings
 from loki_chat.stream import (
-    SSEDecoder,
     StepAccumulator,
     decode_timings,
     decode_usage,
@@ -19,27 +18,6 @@ from loki_chat.tools import EMPTY_PARAMETERS, ToolSpec, cut_for_model, parse_arg
 from loki_chat.turn import classify_refusal
 from loki_shared.messages.chat import ChatMessage, LokiMeta
 from loki_shared.messages.engine import Lease
-
-
-def test_sse_multibyte_split_byte_by_byte():
-    frame = (
-        "data: "
-        + json.dumps({"choices": [{"delta": {"content": "héllo 🙂 世界"}}]}, ensure_ascii=False)
-        + "\n\n"
-    ).encode()
-    dec = SSEDecoder()
-    out = []
-    for i in range(len(frame)):
-        out += dec.feed(frame[i : i + 1])
-    assert len(out) == 1
-    assert json.loads(out[0])["choices"][0]["delta"]["content"] == "héllo 🙂 世界"
-
-
-def test_sse_crlf_comments_and_multiline_data():
-    dec = SSEDecoder()
-    out = dec.feed(b": ping\r\n\r\ndata: a\r\ndata: b\r\n\r\ndata: [DONE]\n\n")
-    assert out == ["a\nb", "[DONE]"]
-    assert dec.feed(b"data: tail") == [] and dec.flush() == ["tail"]
 
 
 def test_tool_calls_assembled_by_index_name_replaces():

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from loki_shared import subjects
+from loki_shared.lease import EngineLease
 from loki_shared.messages.chat import ChatEvent
-from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, Lease
+from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
 from loki_shared.messages.perf import PerfRecord
 
 from .bus import ChatBus
@@ -125,16 +126,11 @@ class Actor:
                 self.lost = True
                 self.stop.set()
 
-    async def lease(self) -> Lease:
-        """A ``main`` lease for this conversation (see :class:`~loki_chat.leases.EngineLeases`).
-
-        Raises:
-            LeaseError: none came.
-        """
-        return await self.shared.leases.lease(self.conv.id)
-
-    async def release(self, lease: Lease, usage: dict[str, Any] | None = None) -> None:
-        await self.shared.leases.release(lease, usage)
+    def lease(self) -> EngineLease:
+        """A ``main`` lease for this conversation's next step, to hold with ``async with``
+        (see :class:`~loki_chat.leases.EngineLeases`); waiting for it ends when the turn is
+        stopped."""
+        return self.shared.leases.lease(self.conv.id, stop=self.stop)
 
     def publish_perf(self, record: PerfRecord) -> None:
         self.shared.bus.publish_perf(record)

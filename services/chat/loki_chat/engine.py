@@ -24,8 +24,10 @@ from typing import Any
 
 import httpx
 
+from loki_shared.sse import SSEDecoder, StreamEvent
+
 from .errors import EngineHTTPError, EngineUnreachable, StepError, StreamError
-from .stream import DONE, SSEDecoder, StepAccumulator, StreamErrorPayload
+from .stream import StepAccumulator
 
 log = logging.getLogger("loki.chat.engine")
 
@@ -172,54 +174,47 @@ class EngineClient:
     async def _consume(
         self, resp: httpx.Response, result: StepResult, on_delta: DeltaSink, t0: float
     ) -> None:
+        """Read the stream to its end, an error event or ``[DONE]``
+        (:class:`loki_shared.sse.SSEDecoder`: an ``error:`` field, ``event: error`` and
+        ``data: {"error": ...}`` are the same error)."""
         decoder = SSEDecoder()
-        acc = result.acc
         async for data in resp.aiter_bytes():
             if not data:
                 continue
             result.responded = True
-            for payload in decoder.feed(data):
-                done, deltas = self._handle(payload, result, t0)
-                if deltas:
-                    await on_delta(deltas)
-                if done:
-                    acc.done = True
-                    break
-                if result.error is not None:
+            for event in decoder.feed(data):
+                if await self._handle(event, result, on_delta, t0):
+                    result.total_ms = (time.monotonic() - t0) * 1000
                     return
-            if acc.done or result.error is not None:
+        for event in decoder.close():
+            if await self._handle(event, result, on_delta, t0):
                 break
-        if not acc.done and result.error is None:
-            for payload in decoder.flush():
-                done, deltas = self._handle(payload, result, t0)
-                if deltas:
-                    await on_delta(deltas)
-                acc.done = acc.done or done
         result.total_ms = (time.monotonic() - t0) * 1000
-        if result.error is None and not acc.done:
+        if result.error is None and not result.acc.done:
             result.cut = True
             result.error = StreamError("the stream ended without data: [DONE]")
 
-    def _handle(
-        self, payload: str, result: StepResult, t0: float
-    ) -> tuple[bool, list[dict[str, Any]]]:
-        """Apply one SSE data payload; return (``[DONE]`` seen, display deltas)."""
-        if payload.strip() == DONE:
-            return True, []
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            log.warning("undecodable SSE data ignored: %.120r", payload)
-            return False, []
-        try:
-            deltas = result.acc.apply(obj)
-        except StreamErrorPayload as exc:
+    async def _handle(
+        self, event: StreamEvent, result: StepResult, on_delta: DeltaSink, t0: float
+    ) -> bool:
+        """Apply one decoded event; True when the stream is over (``[DONE]`` or an error)."""
+        if event.kind == "done":
+            result.acc.done = True
+            return True
+        if event.kind == "error":
+            error = event.error or {}
             result.cut = True
-            result.total_ms = (time.monotonic() - t0) * 1000
             result.error = StreamError(
-                f"engine error mid-stream: {exc}", body=json.dumps(exc.error, ensure_ascii=False)
+                f"engine error mid-stream: {error.get('message')}",
+                body=json.dumps(error, ensure_ascii=False),
             )
-            return False, []
-        if deltas and result.ttft_ms is None:
-            result.ttft_ms = (time.monotonic() - t0) * 1000
-        return False, deltas
+            return True
+        if event.kind == "invalid":
+            log.warning("undecodable SSE data ignored: %.120r", event.data)
+            return False
+        deltas = result.acc.apply(event.chunk)
+        if deltas:
+            if result.ttft_ms is None:
+                result.ttft_ms = (time.monotonic() - t0) * 1000
+            await on_delta(deltas)
+        return False

@@ -27,10 +27,6 @@ class FencedWrite(NotOwner):
     """A write was refused because the lock's fencing token is no longer this instance's."""
 
 
-class LeaseError(ChatError):
-    """The engine supervisor gave no lease (unreachable, refused, or timed out)."""
-
-
 class StepError(ChatError):
     """A completion step failed.
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loki_shared.fingerprint import fingerprints
+from loki_shared.lease import EngineLease, LeaseError, LeaseStopped
 from loki_shared.messages.chat import ChatEvent, ChatMessage, LokiMeta, ToolCall, ToolCallFunction
 from loki_shared.messages.engine import Lease
 from loki_shared.messages.perf import PerfRecord
@@ -53,7 +54,7 @@ from loki_shared.messages.perf import PerfRecord
 from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
-from .errors import LeaseError, StepError, StreamError
+from .errors import StepError, StreamError
 from .meter import estimate_tokens
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
@@ -94,8 +95,7 @@ class TurnHost(Protocol):
 
     async def emit(self, delta: dict[str, Any] | None = None, **fields: Any) -> ChatEvent: ...
     async def persist(self) -> None: ...
-    async def lease(self) -> Lease: ...
-    async def release(self, lease: Lease, usage: dict[str, Any] | None = None) -> None: ...
+    def lease(self) -> EngineLease: ...
     def publish_perf(self, record: PerfRecord) -> None: ...
     async def total_slots(self) -> int | None: ...
 
@@ -210,69 +210,74 @@ class TurnRunner:
         host = self.host
         self.result = None
         try:
-            lease = await self.wait_or_stop(host.lease())
+            async with host.lease() as held:
+                lease = held.lease
+                self.lease_n_ctx = lease.n_ctx
+                if lease.n_ctx:
+                    self.conv.meter.n_ctx = lease.n_ctx
+                self.model = lease.model
+                self.external = lease.external
+                echo_model = (
+                    lease.model
+                    if self.settings.reasoning_echo and not lease.external and self.plan.echo
+                    else None
+                )
+                wire = wire_messages(
+                    self.settings.system_prompt,
+                    self.conv.messages,
+                    echo_model=echo_model,
+                    suffix=self.plan.suffix,
+                )
+                tools = self.offered_tools()
+                payload = build_payload(
+                    self.settings,
+                    lease,
+                    wire,
+                    tools,
+                    tool_choice="none" if self.plan.mode == "none" else None,
+                )
+                body = encode(payload)
+                self.sent_wire = wire
+                self.estimate_at_send = self.ctx_used()
+                self.sent_tools = bool(tools)
+                self.sent_echo = any("reasoning_content" in m for m in wire)
+                first = True
+
+                async def on_delta(deltas: list[dict[str, Any]]) -> None:
+                    nonlocal first
+                    for delta in deltas:
+                        if first:
+                            delta = {"role": "assistant", **delta}
+                            first = False
+                        await host.emit(delta)
+
+                async def on_retry(attempt: int, delay: float, reason: str) -> None:
+                    await host.emit(
+                        {},
+                        loki={
+                            "event": "retry",
+                            "attempt": attempt,
+                            "delay_s": delay,
+                            "reason": reason,
+                        },
+                    )
+
+                self.result = await host.engine.stream(
+                    lease.base_url,
+                    body,
+                    api_key=lease.api_key,
+                    stop=host.stop,
+                    on_delta=on_delta,
+                    on_retry=on_retry,
+                )
+                usage = self.result.acc.usage or {}
+                held.report(usage.get("prompt_tokens"), usage.get("cached_tokens"))
+        except LeaseStopped:
+            self.outcome.stopped = True
+            return self.finish
         except LeaseError as exc:
             self.outcome.error = f"engine unavailable: {exc}"
             return self.finish
-        if lease is None:
-            self.outcome.stopped = True
-            return self.finish
-        try:
-            self.lease_n_ctx = lease.n_ctx
-            if lease.n_ctx:
-                self.conv.meter.n_ctx = lease.n_ctx
-            self.model = lease.model
-            self.external = lease.external
-            echo_model = (
-                lease.model
-                if self.settings.reasoning_echo and not lease.external and self.plan.echo
-                else None
-            )
-            wire = wire_messages(
-                self.settings.system_prompt,
-                self.conv.messages,
-                echo_model=echo_model,
-                suffix=self.plan.suffix,
-            )
-            tools = self.offered_tools()
-            payload = build_payload(
-                self.settings,
-                lease,
-                wire,
-                tools,
-                tool_choice="none" if self.plan.mode == "none" else None,
-            )
-            body = encode(payload)
-            self.sent_wire = wire
-            self.estimate_at_send = self.ctx_used()
-            self.sent_tools = bool(tools)
-            self.sent_echo = any("reasoning_content" in m for m in wire)
-            first = True
-
-            async def on_delta(deltas: list[dict[str, Any]]) -> None:
-                nonlocal first
-                for delta in deltas:
-                    if first:
-                        delta = {"role": "assistant", **delta}
-                        first = False
-                    await host.emit(delta)
-
-            async def on_retry(attempt: int, delay: float, reason: str) -> None:
-                await host.emit(
-                    {},
-                    loki={"event": "retry", "attempt": attempt, "delay_s": delay, "reason": reason},
-                )
-
-            self.result = await host.engine.stream(
-                lease.base_url,
-                body,
-                api_key=lease.api_key,
-                stop=host.stop,
-                on_delta=on_delta,
-                on_retry=on_retry,
-            )
-        finally:
-            await host.release(lease, self.result.acc.usage if self.result else None)
         if self.result.responded:
             self.publish_perf(lease, wire)
         if self.result.error is None and not self.result.stopped:

@@ -1,8 +1,9 @@
 """Asking the engine for a summary: lease, request, answer, perf record.
 
-One summary request is one ``compact`` lease (:mod:`loki_chat.leases`, renewed while the
-request runs), one ``POST {base_url}/v1/chat/completions`` without streaming (the request
-shapes are :mod:`.summariser`'s), an answer cleaned by :func:`~.rules.clean_summary`, and a
+One summary request is one ``compact`` lease (:mod:`loki_chat.leases`: one ``async with``
+of the shared lease, renewed every ``ttl_s / 3`` while held), one
+``POST {base_url}/v1/chat/completions`` without streaming (the request shapes are
+:mod:`.summariser`'s), an answer cleaned by :func:`~.rules.clean_summary`, and a
 ``compact`` perf record. Nothing here raises for engine, NATS or HTTP trouble: the outcome
 says what failed (:class:`SummaryOutcome`) and the policy falls back.
 
@@ -26,6 +27,7 @@ from typing import Any
 import httpx
 
 from loki_shared import subjects
+from loki_shared.lease import LeaseError
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, Lease
 from loki_shared.perf_publish import build_record
 
@@ -135,54 +137,54 @@ class SummaryClient:
             kept=len(messages) - boundary,
             archived=S.archived_line(archived),
         )
-        lease = await self.leases.compact_lease(conv.id, continuation=True)
-        if lease is None:
-            return SummaryOutcome(failure="no_lease")
         try:
-            if (
-                lease.external
-                or lease.model != stamp.model
-                or (stamp.n_ctx and lease.n_ctx and lease.n_ctx != stamp.n_ctx)
-            ):
-                return SummaryOutcome(failure="engine_changed")
-            info = await self.engine_info()
-            kwargs = S.thinking_kwargs(
-                sent.get("chat_template_kwargs"), True, _template_knows(info)
-            )
-            body = S.continuation_request(
-                sent,
-                after,
-                demand,
-                budget=budget,
-                local=True,
-                id_slot=lease.id_slot,
-                template_kwargs=kwargs,
-            )
-            return await self._send(conv.id, lease, body, budget)
-        finally:
-            await self.leases.compact_release(lease)
+            async with self.leases.compact_lease(conv.id, continuation=True) as held:
+                lease = held.lease
+                if (
+                    lease.external
+                    or lease.model != stamp.model
+                    or (stamp.n_ctx and lease.n_ctx and lease.n_ctx != stamp.n_ctx)
+                ):
+                    return SummaryOutcome(failure="engine_changed")
+                info = await self.engine_info()
+                kwargs = S.thinking_kwargs(
+                    sent.get("chat_template_kwargs"), True, _template_knows(info)
+                )
+                body = S.continuation_request(
+                    sent,
+                    after,
+                    demand,
+                    budget=budget,
+                    local=True,
+                    id_slot=lease.id_slot,
+                    template_kwargs=kwargs,
+                )
+                return await self._send(conv.id, lease, body, budget)
+        except LeaseError as exc:
+            log.warning("[compact] no lease (%s)", exc)
+            return SummaryOutcome(failure="no_lease")
 
     async def transcript(self, cid: str, budget: int, transcript: str) -> SummaryOutcome:
         """The transcript path for conversation ``cid``."""
-        lease = await self.leases.compact_lease(cid, continuation=False)
-        if lease is None:
-            return SummaryOutcome(failure="no_lease")
         try:
-            info = await self.engine_info()
-            kwargs = S.thinking_kwargs(
-                self.settings.chat_template_kwargs, not lease.external, _template_knows(info)
-            )
-            body = S.transcript_request(
-                transcript=transcript,
-                model=lease.model,
-                budget=budget,
-                local=not lease.external,
-                id_slot=lease.id_slot,
-                template_kwargs=kwargs,
-            )
-            return await self._send(cid, lease, body, budget)
-        finally:
-            await self.leases.compact_release(lease)
+            async with self.leases.compact_lease(cid, continuation=False) as held:
+                lease = held.lease
+                info = await self.engine_info()
+                kwargs = S.thinking_kwargs(
+                    self.settings.chat_template_kwargs, not lease.external, _template_knows(info)
+                )
+                body = S.transcript_request(
+                    transcript=transcript,
+                    model=lease.model,
+                    budget=budget,
+                    local=not lease.external,
+                    id_slot=lease.id_slot,
+                    template_kwargs=kwargs,
+                )
+                return await self._send(cid, lease, body, budget)
+        except LeaseError as exc:
+            log.warning("[compact] no lease (%s)", exc)
+            return SummaryOutcome(failure="no_lease")
 
     async def _send(
         self, cid: str, lease: Lease, body: dict[str, Any], budget: int
@@ -196,16 +198,12 @@ class SummaryClient:
             headers["Authorization"] = f"Bearer {lease.api_key}"
         t0 = time.monotonic()
         raw = S.encode(body)
-        renew = self.leases.compact_renewer(lease)
         try:
             resp = await self.http.post(
                 url, content=raw, headers=headers, timeout=float(self.settings.engine_timeout_s)
             )
         except httpx.HTTPError as exc:
             return SummaryOutcome(failure=f"network: {type(exc).__name__}")
-        finally:
-            if renew:
-                renew.cancel()
         total_ms = (time.monotonic() - t0) * 1000
         if resp.status_code != 200:
             text = resp.text[:300]
