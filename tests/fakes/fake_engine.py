@@ -21,7 +21,10 @@ Usage::
 Responses (played in FIFO order, one per completion request; ``engine.default`` when the
 script is empty, a plain "ok" reply unless changed). A request without ``"stream": true``
 gets the scripted :class:`Stream` aggregated into one ``chat.completion`` JSON
-(:func:`aggregate`). ``GET /v1/models`` lists ``fake-model``.
+(:func:`aggregate`). ``GET /v1/models`` lists ``engine.model_id`` (``fake-model``; set a path
+to play llama-server started with ``-m <path>``); ``POST /v1/embeddings`` answers 501 as
+llama-server does without ``--embeddings``, or one small vector per input once
+``engine.embeddings`` is True.
 
 - :class:`Stream` — SSE ``data:`` frames written one network write each (``delay_s`` between
   writes), optionally ending with ``data: [DONE]`` (``done``), or cut (``end="abort"`` closes
@@ -52,6 +55,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from loki_shared.tool_calls import ToolCallAssembler
+
 __all__ = [
     "Drop",
     "FakeEngine",
@@ -68,6 +73,15 @@ __all__ = [
 ]
 
 _ids = itertools.count(1)
+
+#: llama-server's answer to ``/v1/embeddings`` when it was started without ``--embeddings``.
+NO_EMBEDDINGS = {
+    "error": {
+        "code": 501,
+        "message": "This server does not support embeddings. Start it with `--embeddings`",
+        "type": "not_supported_error",
+    }
+}
 
 
 def sse(obj: dict[str, Any] | str) -> bytes:
@@ -302,6 +316,8 @@ class FakeEngine:
         self.port = port
         self.n_ctx = n_ctx
         self.total_slots = total_slots
+        self.model_id = "fake-model"
+        self.embeddings = False
         self.url = ""
         self.requests: list[RecordedRequest] = []
         self.script: deque[Response] = deque()
@@ -502,9 +518,29 @@ class FakeEngine:
                 writer,
                 200,
                 {
+                    "models": [{"name": self.model_id, "model": self.model_id}],
                     "object": "list",
-                    "data": [{"id": "fake-model", "object": "model", "owned_by": "llamacpp"}],
+                    "data": [{"id": self.model_id, "object": "model", "owned_by": "llamacpp"}],
                 },
+            )
+            return True
+        if method == "POST" and path_only in ("/v1/embeddings", "/embeddings"):
+            if not self.embeddings:  # llama-server started without --embeddings
+                await self._send_json(writer, 501, NO_EMBEDDINGS)
+                return True
+            try:
+                value = json.loads(body or b"{}").get("input", "")
+            except (ValueError, AttributeError):
+                value = ""
+            inputs = value if isinstance(value, list) else [value]
+            data = [
+                {"object": "embedding", "index": i, "embedding": [0.0, 0.5, 1.0]}
+                for i in range(len(inputs))
+            ]
+            await self._send_json(
+                writer,
+                200,
+                {"object": "list", "data": data, "model": self.model_id, "usage": default_usage()},
             )
             return True
         if method == "GET" and path_only == "/slots":
@@ -612,7 +648,7 @@ def aggregate(stream: Stream) -> dict[str, Any]:
     llama-server answers when the request has no ``stream: true``): content, reasoning and
     tool calls joined, ``finish_reason``, ``usage`` and ``timings``."""
     content, reasoning = "", ""
-    calls: dict[int, dict[str, Any]] = {}
+    calls = ToolCallAssembler()
     finish = None
     for frame in stream.frames:
         if not isinstance(frame, dict):
@@ -621,21 +657,13 @@ def aggregate(stream: Stream) -> dict[str, Any]:
             delta = choice.get("delta") or {}
             content += delta.get("content") or ""
             reasoning += delta.get("reasoning_content") or ""
-            for tc in delta.get("tool_calls") or []:
-                call = calls.setdefault(
-                    tc["index"],
-                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
-                )
-                call["id"] = tc.get("id") or call["id"]
-                fn = tc.get("function") or {}
-                call["function"]["name"] = fn.get("name") or call["function"]["name"]
-                call["function"]["arguments"] += fn.get("arguments") or ""
+            calls.add_all(delta.get("tool_calls"))
             finish = choice.get("finish_reason") or finish
     message: dict[str, Any] = {"role": "assistant", "content": content or None}
     if reasoning:
         message["reasoning_content"] = reasoning
     if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        message["tool_calls"] = calls.as_openai()
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",

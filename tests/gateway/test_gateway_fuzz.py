@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def engine():
     with FakeEngine() as fake:
+        fake.embeddings = True  # every generated body reaches an engine that serves it
         yield fake
 
 

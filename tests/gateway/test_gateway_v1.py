@@ -59,6 +59,19 @@ ASK = [{"role": "user", "content": "Reply with one word: pong"}]
 def test_models(oai):
     models = oai.models.list()
     assert len(models.data) >= 1 and models.data[0].id
+    # llama-server names the model by its path; the gateway shows the file name
+    assert models.data[0].id.endswith(".gguf") and "/" not in models.data[0].id
+
+
+def test_embeddings_without_engine_support_is_501(gateway, peers):
+    """The bundled engine runs without ``--embeddings``: its 501 reaches the client in
+    OpenAI's shape, marked not to be retried (issue 17)."""
+    r = httpx.post(gateway.url + "/v1/embeddings", json={"input": "hello"}, timeout=60)
+    assert r.status_code == 501, r.text
+    error = r.json()["error"]
+    assert error["type"] == "not_supported_error" and "embeddings" in error["message"]
+    assert r.headers["x-should-retry"] == "false"
+    assert _wait(lambda: peers.held() == 0)
 
 
 def test_chat_not_streamed_under_a_released_lease_with_a_perf_record(oai, peers):

@@ -254,8 +254,8 @@ def test_client_gone_mid_stream_closes_upstream(gateway, engine, peers):
 def test_completions_and_embeddings_pass_through_or_relay_the_refusal(gateway, engine):
     engine.clear()
     r = httpx.post(gateway.url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
-    # the fake engine (like llama-server without --embeddings) refuses: relayed, 4xx shape
-    assert r.status_code == 404 and r.json()["error"]["message"] == "not found"
+    # the fake engine (like llama-server without --embeddings) refuses: relayed, its status
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
     r = httpx.post(gateway.url + "/v1/completions", json={"prompt": 5}, timeout=30)
     assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
 

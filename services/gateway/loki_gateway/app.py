@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -164,7 +165,20 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    # Outermost first: size limit, then auth (middleware added last runs first).
+    # Outermost first: CORS, size limit, then auth (middleware added last runs first).
     app.add_middleware(ApiKeyMiddleware, key=settings.key())
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    origins = settings.cors()
+    if origins:
+        # Starlette's CORS middleware answers a preflight (OPTIONS with
+        # Access-Control-Request-Method) itself, before the key check: a browser never
+        # sends the key on a preflight. Real answers (401s included) get
+        # Access-Control-Allow-Origin. The key is a header, not a cookie: no credentials.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            max_age=600,
+        )
     return app

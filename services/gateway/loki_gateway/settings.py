@@ -28,6 +28,8 @@ class Settings(LokiSettings):
       (consecutive text deltas merged); a shorter one is sent event by event.
     - ``LOKI_LEASE_WAIT_S`` (60): how long a ``/v1`` request may wait for an engine lease.
     - ``LOKI_UPSTREAM_TIMEOUT_S`` (600): read timeout towards the engine.
+    - ``LOKI_CORS_ORIGINS``: origins (comma-separated, ``*`` for any) whose web pages may
+      call Loki (``/v1``, ``/api``) from a browser; unset: no CORS answer at all.
     """
 
     web_port: int = Field(default=8090, ge=1, le=65535)
@@ -41,12 +43,18 @@ class Settings(LokiSettings):
     sse_coalesce_min: int = Field(default=256, ge=0)
     lease_wait_s: float = Field(default=60.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0)
+    cors_origins: str = ""
 
     def listen_host(self) -> str:
         """The address uvicorn binds: ``LOKI_WEB_HOST``, else loopback without a key."""
         if self.web_host:
             return self.web_host
         return "0.0.0.0" if self.key() else LOOPBACK
+
+    def cors(self) -> list[str]:
+        """``LOKI_CORS_ORIGINS`` as a list (empty: CORS off); an origin's trailing ``/`` is
+        dropped (browsers send ``Origin`` without it)."""
+        return [o.strip().rstrip("/") for o in self.cors_origins.split(",") if o.strip()]
 
     def key(self) -> str | None:
         """The API key as text, or None when unset or empty."""

@@ -1,31 +1,85 @@
-"""Checks and normalisation of OpenAI request bodies before they reach the engine, and the
-translation of the engine's errors into OpenAI's.
+"""The ``/v1`` protocol: request checks, the documented rewrites, OpenAI's error shape.
 
-Rules (each shown by a test named in ``docs/behaviour.md (gateway)``):
+The client's body reaches the engine as the client wrote it, except these rewrites (each
+shown by a test named in ``docs/behaviour.md``, gateway section); nothing else is touched, a
+valid OpenAI body keeps every other field and value:
 
-- the body must be a JSON object; ``messages`` a non-empty list of objects whose ``role`` is
-  ``system``, ``developer``, ``user``, ``assistant`` or ``tool``;
-- ``n`` above 1 is refused with 400 ``unsupported_value`` (llama-server answers one choice);
-- an assistant message with ``content: null`` and ``tool_calls`` gets ``content: ""``
-  (some chat templates index the content as a string);
-- ``tool_calls[].function.arguments`` given as a JSON object is serialised to its JSON text
-  (OpenAI's type is a string);
-- a tool without ``parameters`` gets the empty object schema
-  ``{"type": "object", "properties": {}}``;
-- an empty assistant turn (no content, no tool calls) is removed;
-- the engine's context-overflow error (llama.cpp ``exceed_context_size_error``, 400) becomes
-  OpenAI's ``context_length_exceeded`` (400, ``invalid_request_error``).
+- ``id_slot``: the lease's, or removed when the lease names none (:func:`upstream_body`);
+- ``stream: true`` and ``stream_options.include_usage: true``: every completion is streamed
+  upstream (a non-streamed one is assembled by the gateway) with the usage asked for the perf
+  record (:func:`upstream_body`);
+- leniencies for bodies OpenAI itself would take or that clients send (issue 8): an empty
+  assistant turn (no content, no tool calls, no reasoning) is removed; a tool without
+  ``parameters`` gets ``{"type": "object", "properties": {}}``; ``tool_calls[].function.
+  arguments`` given as a JSON object becomes its JSON text (OpenAI's type is a string), absent
+  or null becomes ``"{}"``; a ``tool`` message with ``content: null`` gets ``""``; ``type:
+  "function"`` is added to a tool call or a tool that lacks it; an empty ``tools`` list is
+  removed (:func:`normalise_chat`).
+
+An assistant message with ``content: null`` and ``tool_calls`` is sent as is (llama-server
+takes it; rewriting it to ``""`` broke clients that compare what they sent, litellm #37711).
+
+Checks: the body must be a JSON object; ``messages`` a non-empty list of objects whose
+``role`` is ``system``, ``developer``, ``user``, ``assistant`` or ``tool``; ``n`` above 1 is
+refused with 400 ``unsupported_value`` (llama-server answers one choice).
+
+Errors: the engine's context-overflow error (llama.cpp ``exceed_context_size_error``, 400)
+becomes OpenAI's ``context_length_exceeded``; 501 (a feature the engine was not started
+with, e.g. embeddings) stays 501; other 5xx become 502 ``upstream_error`` (:func:`engine_error`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
-from .errors import BadRequest
+from loki_shared.messages.engine import Lease
+from loki_shared.sse import json_object
+
+from ...errors import BadRequest
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 EMPTY_SCHEMA = {"type": "object", "properties": {}}
+
+#: OpenAPI request schemas of the routes (what the fuzz test draws bodies from; the route
+#: checks more than this, see :func:`normalise_chat`).
+CHAT_SCHEMA = {
+    "type": "object",
+    "required": ["messages"],
+    "properties": {
+        "model": {"type": "string"},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "role": {"type": "string"},
+                    "content": {"type": ["string", "null"]},
+                },
+            },
+        },
+        "stream": {"type": "boolean"},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 16},
+        "n": {"type": "integer"},
+    },
+}
+COMPLETION_SCHEMA = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {
+        "prompt": {"type": "string"},
+        "stream": {"type": "boolean"},
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 16},
+    },
+}
+EMBED_SCHEMA = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {"input": {"type": "string"}},
+}
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:
@@ -79,7 +133,8 @@ def _is_empty(content: Any) -> bool:
 
 
 def normalise_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """Check and normalise a ``/v1/chat/completions`` body in place; returns it.
+    """Check a ``/v1/chat/completions`` body and apply the leniencies of the module
+    docstring, in place; returns it.
 
     Raises:
         BadRequest: ``messages``, ``tools``, ``n``, ``stream`` malformed (message says which).
@@ -123,12 +178,7 @@ def normalise_chat(body: dict[str, Any]) -> dict[str, Any]:
                 elif not isinstance(args, str):
                     fn["arguments"] = json.dumps(args, ensure_ascii=False)
                 call.setdefault("type", "function")
-            if not tool_calls:
-                del message["tool_calls"]
-                tool_calls = None
         if role == "assistant":
-            if tool_calls and message.get("content") is None:
-                message["content"] = ""
             if (
                 not tool_calls
                 and _is_empty(message.get("content"))
@@ -205,13 +255,12 @@ def is_context_overflow(status: int, error: dict[str, Any]) -> bool:
 def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
     """Translate an engine error answer into (status, OpenAI error body).
 
-    4xx keep their status; 5xx become 502 (the engine, not the gateway, failed).
+    4xx keep their status; 501 stays 501 (llama-server: a feature it was not started with,
+    e.g. ``/v1/embeddings`` without ``--embeddings``: SDKs must not retry it); other 5xx
+    become 502 (the engine, not the gateway, failed).
     """
-    try:
-        payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        payload = None
-    error = payload.get("error") if isinstance(payload, dict) else None
+    payload = json_object(raw)
+    error = payload.get("error") if payload is not None else None
     if not isinstance(error, dict):
         error = {"message": raw[:500].decode("utf-8", "replace") or f"engine status {status}"}
     message = str(error.get("message") or f"engine status {status}")
@@ -228,6 +277,14 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
             if extra in error:
                 body["error"][extra] = error[extra]
         return 400, body
+    if status == 501:  # not implemented (llama-server: a feature it was not started with)
+        return 501, {
+            "error": {
+                "message": message,
+                "type": str(error.get("type") or "not_supported_error"),
+                "code": error.get("code") if isinstance(error.get("code"), str) else None,
+            }
+        }
     if status >= 500:
         return 502, {
             "error": {
@@ -245,3 +302,70 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
             "code": code if isinstance(code, str) else None,
         }
     }
+
+
+def upstream_body(body: dict[str, Any], lease: Lease) -> bytes:
+    """The bytes sent to the engine for a completion: the client's body with the protocol
+    rewrites only — ``stream: true``, ``stream_options.include_usage: true`` (other
+    ``stream_options`` kept), ``id_slot`` the lease's (removed when it names none). The
+    client's body is not modified."""
+    out = dict(body)
+    out["stream"] = True
+    opts = body.get("stream_options")
+    out["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+    if lease.id_slot is not None:
+        out["id_slot"] = lease.id_slot
+    else:
+        out.pop("id_slot", None)
+    return json.dumps(out, ensure_ascii=False).encode("utf-8")
+
+
+def passthrough_body(body: dict[str, Any], lease: Lease) -> bytes:
+    """The bytes sent to the engine for a request that is not a completion (embeddings):
+    the client's body, ``id_slot`` the lease's (removed when it names none)."""
+    out = dict(body)
+    if lease.id_slot is not None:
+        out["id_slot"] = lease.id_slot
+    else:
+        out.pop("id_slot", None)
+    return json.dumps(out, ensure_ascii=False).encode("utf-8")
+
+
+def wants_usage(body: dict[str, Any]) -> bool:
+    """Whether the client asked for the usage chunk (``stream_options.include_usage``)."""
+    opts = body.get("stream_options")
+    return isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+
+def model_id(value: Any) -> Any:
+    """A model id as ``/v1/models`` shows it: llama-server names a model by the path it was
+    started with (``-m /models/x/Qwen3-8B-Q4_K_M.gguf``); the id is the file name
+    (``Qwen3-8B-Q4_K_M.gguf``), so the server's directories are not shown and clients keep a
+    short, stable name. Anything else is returned unchanged."""
+    if isinstance(value, str) and ("/" in value or "\\" in value):
+        return os.path.basename(value.replace("\\", "/")) or value
+    return value
+
+
+def models_reply(payload: Any) -> Any:
+    """llama-server's ``/v1/models`` answer with every model id made a file name
+    (:func:`model_id`): ``data[].id`` (OpenAI) and ``models[].name`` / ``models[].model``
+    (llama-server's own list)."""
+    if not isinstance(payload, dict):
+        return payload
+    for item in payload.get("data") or []:
+        if isinstance(item, dict) and "id" in item:
+            item["id"] = model_id(item["id"])
+    for item in payload.get("models") or []:
+        if isinstance(item, dict):
+            for key in ("name", "model"):
+                if key in item:
+                    item[key] = model_id(item[key])
+    return payload
+
+
+def error_frame(message: str, type_: str = "upstream_error", code: str | None = None) -> bytes:
+    """A mid-stream SSE error event in OpenAI's shape: ``data: {"error": {"message",
+    "type", "code"}}`` (what the ``openai`` SDKs raise on)."""
+    payload = {"error": {"message": message, "type": type_, "code": code}}
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
