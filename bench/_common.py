@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loki_shared.sse import SSEDecoder, StreamEvent, json_object
+from loki_shared.tool_calls import ToolCallAssembler
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
@@ -591,17 +594,20 @@ class RecordingProxy:
                 return Response(body, status_code=upstream.status_code, headers=out_headers)
 
             async def relay() -> Any:
-                buffer = b""
+                decoder = SSEDecoder()
+                calls = ToolCallAssembler()
                 try:
                     async for chunk in upstream.aiter_raw():
-                        buffer += chunk
-                        *lines, buffer = buffer.split(b"\n")
-                        for line in lines:
-                            _absorb_sse_line(record, line)
+                        for event in decoder.feed(chunk):
+                            _absorb_event(record, event, calls)
                         yield chunk
-                    _absorb_sse_line(record, buffer)
+                    for event in decoder.close():
+                        _absorb_event(record, event, calls)
                 finally:
                     await upstream.aclose()
+                    record.timings = decoder.figures.timings
+                    record.usage = decoder.figures.usage
+                    record.tool_calls = calls.as_openai() or None
 
             return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
 
@@ -640,37 +646,24 @@ class RecordingProxy:
             self._thread.join(timeout=10)
 
 
-def _absorb_sse_line(record: Exchange, line: bytes) -> None:
-    line = line.strip()
-    if not line.startswith(b"data:"):
+def _absorb_event(record: Exchange, event: StreamEvent, calls: ToolCallAssembler) -> None:
+    """One decoded event of a streamed answer: its text, reasoning and tool-call fragments
+    (``/v1/chat/completions``) or ``content`` (llama-server's ``/completion``)."""
+    chunk = event.chunk
+    if event.kind != "chunk" or chunk is None:
         return
-    data = line[5:].strip()
-    if not data or data == b"[DONE]":
-        return
-    try:
-        chunk = json.loads(data)
-    except ValueError:
-        return
-    if chunk.get("timings"):
-        record.timings = chunk["timings"]
-    if chunk.get("usage"):
-        record.usage = chunk["usage"]
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
-        record.content += delta.get("content") or ""
+        record.content += delta.get("content") or choice.get("text") or ""
         record.reasoning += delta.get("reasoning_content") or ""
-        if delta.get("tool_calls"):
-            record.tool_calls = (record.tool_calls or []) + list(delta["tool_calls"])
-    if "content" in chunk and isinstance(chunk.get("content"), str):  # /completion stream
+        calls.add_all(delta.get("tool_calls"))
+    if isinstance(chunk.get("content"), str):  # /completion stream
         record.content += chunk["content"]
 
 
 def _absorb_response(record: Exchange, body: bytes) -> None:
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return
-    if not isinstance(doc, dict):
+    doc = json_object(body)
+    if doc is None:
         return
     record.timings = doc.get("timings")
     record.usage = doc.get("usage")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -46,6 +45,7 @@ import httpx
 
 from bench import _common
 from loki_shared import servers
+from loki_shared.sse import SSEDecoder
 from tests.fakes.fake_engine import FakeEngine, Stream, chunk
 from tests.gateway.gw_fakes import FakePeers
 
@@ -111,20 +111,19 @@ def _one_stream(client: httpx.Client, url: str, prompt: str, max_tokens: int) ->
     start = time.perf_counter()
     first = last = None
     n = 0
+    decoder = SSEDecoder()
     with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise _common.BenchError(f"{url}: status {r.status_code}: {r.read()[:200]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            choices = chunk.get("choices") or []
-            if choices and choices[0].get("delta", {}).get("content"):
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                last = now
-                n += 1
+        for data in r.iter_bytes():
+            for event in decoder.feed(data):
+                choices = (event.chunk or {}).get("choices") or []
+                if choices and choices[0].get("delta", {}).get("content"):
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                    last = now
+                    n += 1
     if first is None or last is None or n < 2:
         raise _common.BenchError(f"{url}: no content streamed")
     return {"ttft_s": first - start, "tps": (n - 1) / (last - first), "tokens": n}
@@ -194,9 +193,12 @@ async def _sse_client(
             counter[0] += 1
             if counter[0] == counter[1]:
                 ready.set()
-            async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    data = json.loads(line[6:])
+            decoder = SSEDecoder()
+            async for raw in r.aiter_bytes():
+                for event in decoder.feed(raw):
+                    if event.chunk is None:
+                        continue
+                    data = event.chunk
                     out.append((data["seq"], time.time() - data["ts"]))
                     if data["seq"] >= n_events:
                         return

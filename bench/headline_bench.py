@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _common
+from loki_shared.sse import decode_all
 
 TIMEOUT_S = {"quick": 2700, "full": 5400}
 
@@ -505,11 +506,9 @@ class NaiveClient:
         )
         r.raise_for_status()
         content = ""
-        for line in r.text.splitlines():
-            if line.startswith("data:") and "[DONE]" not in line:
-                chunk = json.loads(line[5:])
-                for choice in chunk.get("choices") or []:
-                    content += (choice.get("delta") or {}).get("content") or ""
+        for event in decode_all(r.content)[0]:
+            for choice in (event.chunk or {}).get("choices") or []:
+                content += (choice.get("delta") or {}).get("content") or ""
         self.history.append({"role": "assistant", "content": content})
 
     def side(self, kind: str, index: int) -> None:
@@ -646,58 +645,48 @@ class LokiClient:
     async def _bench_request(self, index: int) -> None:
         """A ``bench`` request as Loki's own bench tooling sends one: a lease of kind
         ``bench`` from the supervisor, the request on the slot it names, the release."""
-        import httpx
         import nats
 
-        from loki_shared import subjects
-        from loki_shared.messages.engine import Lease, LeaseRequest, ReleaseRequest
+        from loki_shared.lease import LeaseError, lease
+        from loki_shared.messages.engine import LeaseRequest
 
         nc = await nats.connect(self.nats_url)
         try:
-            msg = await nc.request(
-                subjects.ENGINE_LEASE,
-                LeaseRequest(kind="bench", wait_s=600).model_dump_json().encode(),
-                timeout=610,
-            )
-            lease = Lease.model_validate_json(msg.data)
-            if getattr(lease, "error", None):
-                raise _common.BenchError(f"lease refused: {lease.error}")
-            body: dict[str, Any] = {"messages": side_messages("bench", index), "max_tokens": 12}
-            if lease.id_slot is not None:
-                body["id_slot"] = lease.id_slot
-            headers = {"Authorization": f"Bearer {lease.api_key}"} if lease.api_key else {}
-            async with httpx.AsyncClient(timeout=900) as http:
-                r = await http.post(
-                    f"{lease.base_url}/v1/chat/completions", json=body, headers=headers
-                )
-            answer = r.json()
-            usage = answer.get("usage") or {}
-            try:  # a bench request is measured like any other completion (perf issue)
-                from loki_shared.perf_publish import build_record, publish_record
-
-                await publish_record(
-                    nc,
-                    build_record(
-                        kind="bench",
-                        messages=body["messages"],
-                        final=answer,
-                        model=lease.model,
-                        slot=lease.id_slot,
-                    ),
-                )
-            except ImportError:
-                pass
-            await nc.request(
-                subjects.ENGINE_RELEASE,
-                ReleaseRequest(
-                    lease_id=lease.lease_id, job_done=True, prompt_tokens=usage.get("prompt_tokens")
-                )
-                .model_dump_json()
-                .encode(),
-                timeout=30,
-            )
+            try:
+                async with lease(nc, LeaseRequest(kind="bench", wait_s=600)) as held:
+                    answer = await self._bench_completion(nc, held.lease, index)
+                    usage = answer.get("usage") or {}
+                    held.report(usage.get("prompt_tokens"), job_done=True)
+            except LeaseError as exc:
+                raise _common.BenchError(f"lease refused: {exc}") from exc
         finally:
             await nc.close()
+
+    async def _bench_completion(self, nc: Any, lease: Any, index: int) -> dict[str, Any]:
+        """The bench request on the leased slot; its perf record published."""
+        import httpx
+
+        body: dict[str, Any] = {"messages": side_messages("bench", index), "max_tokens": 12}
+        if lease.id_slot is not None:
+            body["id_slot"] = lease.id_slot
+        headers = {"Authorization": f"Bearer {lease.api_key}"} if lease.api_key else {}
+        async with httpx.AsyncClient(timeout=900) as http:
+            r = await http.post(f"{lease.base_url}/v1/chat/completions", json=body, headers=headers)
+        answer = r.json()
+        # a bench request is measured like any other completion (perf issue)
+        from loki_shared.perf_publish import build_record, publish_record
+
+        await publish_record(
+            nc,
+            build_record(
+                kind="bench",
+                messages=body["messages"],
+                final=answer,
+                model=lease.model,
+                slot=lease.id_slot,
+            ),
+        )
+        return answer
 
 
 def _perf_summary(client: LokiClient, wait_s: float = 10.0) -> dict[str, Any] | None:

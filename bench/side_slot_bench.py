@@ -43,13 +43,13 @@ if __package__ in (None, ""):
 
 from bench import _common
 from loki_shared import servers, subjects
+from loki_shared.lease import LeaseError
+from loki_shared.lease import lease as engine_lease
 from loki_shared.messages.engine import (
     EngineInfo,
     EngineInfoRequest,
     Lease,
     LeaseRequest,
-    ReleaseReply,
-    ReleaseRequest,
 )
 
 TIMEOUT_S = {"quick": 900, "full": 2400}
@@ -133,28 +133,19 @@ async def conversation(nc, turns: int) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=600) as client:
         for i in range(turns):
             messages.append({"role": "user", "content": user_message(i)})
-            lease = await request(
-                nc,
-                subjects.ENGINE_LEASE,
-                LeaseRequest(kind="main", conversation="bench", wait_s=120),
-                Lease,
-                130,
-            )
-            if lease.error:
-                raise _common.BenchError(f"lease: {lease.error.message}")
-            data = await completion(client, lease, messages)
+            main = LeaseRequest(kind="main", conversation="bench", wait_s=120)
+            try:
+                async with engine_lease(nc, main) as held:
+                    lease = held.lease
+                    data = await completion(client, lease, messages)
+                    usage = data.get("usage") or {}
+                    held.report(
+                        usage.get("prompt_tokens"),
+                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                    )
+            except LeaseError as exc:
+                raise _common.BenchError(f"lease: {exc}") from exc
             t = data.get("timings") or {}
-            usage = data.get("usage") or {}
-            await request(
-                nc,
-                subjects.ENGINE_RELEASE,
-                ReleaseRequest(
-                    lease_id=lease.lease_id,
-                    prompt_tokens=usage.get("prompt_tokens"),
-                    cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-                ),
-                ReleaseReply,
-            )
             rows.append(
                 {
                     "turn": i,
@@ -173,24 +164,17 @@ async def conversation(nc, turns: int) -> dict[str, Any]:
             )
             if i == turns - 1:
                 break
-            side = await request(
-                nc,
-                subjects.ENGINE_LEASE,
-                LeaseRequest(kind="verify", conversation="bench", wait_s=120),
-                Lease,
-                130,
-            )
-            if side.error:
-                raise _common.BenchError(f"side lease: {side.error.message}")
-            await completion(client, side, [{"role": "user", "content": side_prompt(i)}])
-            rel = await request(
-                nc,
-                subjects.ENGINE_RELEASE,
-                ReleaseRequest(lease_id=side.lease_id, job_done=True),
-                ReleaseReply,
-            )
+            verify = LeaseRequest(kind="verify", conversation="bench", wait_s=120)
+            try:
+                async with engine_lease(nc, verify) as side_held:
+                    side = side_held.lease
+                    await completion(client, side, [{"role": "user", "content": side_prompt(i)}])
+                    side_held.report(job_done=True)
+            except LeaseError as exc:
+                raise _common.BenchError(f"side lease: {exc}") from exc
+            rel = side_held.release_reply
             rows[-1]["side_slot"] = side.id_slot
-            rows[-1]["slot_erased_after"] = rel.slot_erased
+            rows[-1]["slot_erased_after"] = bool(rel and rel.slot_erased)
     return {"turns": rows}
 
 
