@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,15 +100,33 @@ def dockerfile_of(service: dict) -> Path:
     return ROOT / service["build"]["dockerfile"]
 
 
-def dockerfile_stages(path: Path) -> list[dict]:
+def dockerfile_args(path: Path) -> dict[str, str]:
+    """The global ``ARG`` defaults of a Dockerfile (those declared before the first ``FROM``)."""
+    out: dict[str, str] = {}
+    for raw in re.sub(r"\\\n", " ", path.read_text()).splitlines():
+        line = raw.strip()
+        word, _, rest = line.partition(" ")
+        if word.upper() == "FROM":
+            break
+        if word.upper() == "ARG":
+            name, _, default = rest.strip().partition("=")
+            out[name] = default
+    return out
+
+
+def dockerfile_stages(path: Path, build_args: dict[str, str] | None = None) -> list[dict]:
     """Parse a Dockerfile into stages: ``{"from": image, "name": alias, "lines": [...]}``.
 
     Continuation lines are joined; comments dropped. ``ARG`` defaults declared before the
-    first ``FROM`` are substituted into ``FROM`` images (``${NAME}`` / ``$NAME``).
+    first ``FROM`` (or ``build_args``, as ``--build-arg`` would) are substituted into ``FROM``
+    images (``${NAME}`` / ``$NAME``).
+
+    Hand-written: the checks need the stages of one target and their ``ARG``/``ENV`` as Docker
+    resolves them; ``dockerfile-parse`` resolves only the last stage's.
     """
     text = path.read_text()
     text = re.sub(r"\\\n", " ", text)
-    global_args: dict[str, str] = {}
+    global_args = {**dockerfile_args(path), **(build_args or {})}
     stages: list[dict] = []
     for raw in text.splitlines():
         line = raw.strip()
@@ -116,21 +135,104 @@ def dockerfile_stages(path: Path) -> list[dict]:
         word, _, rest = line.partition(" ")
         word = word.upper()
         if word == "ARG" and not stages:
-            name, _, default = rest.strip().partition("=")
-            global_args[name] = default
             continue
         if word == "FROM":
             parts = rest.split()
             parts = [p for p in parts if not p.startswith("--")]
-            image = parts[0]
-            for name, value in global_args.items():
-                image = image.replace("${" + name + "}", value).replace("$" + name, value)
+            image = substitute(parts[0], global_args)
             alias = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
             stages.append({"from": image, "raw_from": parts[0], "name": alias, "lines": []})
             continue
         if stages:
             stages[-1]["lines"].append((word, rest.strip()))
     return stages
+
+
+_VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
+
+
+def substitute(text: str, values: dict[str, str]) -> str:
+    """Docker's variable substitution (``${NAME}``, ``${NAME:-default}``, ``$NAME``) with
+    ``values``; an unknown name is left as written."""
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(3)
+        if values.get(name):
+            return values[name]
+        if m.group(2) is not None:
+            return m.group(2)
+        return values.get(name, m.group(0))
+
+    return _VARIABLE.sub(one, text)
+
+
+@dataclass
+class Image:
+    """What an image holds, as built with given build arguments: its ``ENV``, its ``CMD`` and
+    its ``HEALTHCHECK`` command (exec form, as written), and the ``FROM`` chain of its target
+    (the last entry is the base image)."""
+
+    env: dict[str, str]
+    cmd: list[str]
+    healthcheck: list[str]
+    bases: list[str]
+
+    def run(self, argv: list[str]) -> list[str]:
+        """The process an exec-form command starts: ``["sh", "-c", "exec ..."]`` is read as
+        the shell would (variables from ``env``, unquoted ones split into words, then
+        ``exec``); anything else as is.
+
+        Raises:
+            AssertionError: a shell script beyond one ``exec`` of expanded words.
+        """
+        if argv[:2] != ["sh", "-c"]:
+            return argv
+        script = argv[2]
+        words = shlex.split(substitute(script, self.env))  # values hold no quotes or globs
+        assert words and words[0] == "exec", script
+        return words[1:]
+
+
+def image_of(
+    path: Path, target: str | None = None, build_args: dict[str, str] | None = None
+) -> Image:
+    """The :class:`Image` built from ``path`` (``target``: a stage name, None: the last stage)
+    with ``build_args``, following ``FROM <earlier stage>`` chains. ``ARG`` and ``ENV`` values
+    are substituted as Docker does: a stage sees a build argument only once it declares it."""
+    stages = dockerfile_stages(path, build_args)
+    final = stage(stages, target)
+    names = {s["name"]: s for s in stages if s["name"]}
+    bases = [final["from"]]
+    while bases[-1] in names:
+        bases.append(names[bases[-1]]["from"])
+    defaults = dockerfile_args(path)
+    given = build_args or {}
+    scope: dict[str, str] = {}
+    env: dict[str, str] = {}
+    cmd: list[str] = []
+    health: list[str] = []
+    for word, arg in instructions(stages, final):
+        if word == "ARG":
+            name, eq, default = arg.partition("=")
+            value = given.get(name, substitute(default, scope) if eq else defaults.get(name, ""))
+            scope[name] = value
+        elif word == "ENV":
+            for item in shlex.split(arg):
+                key, _, value = item.partition("=")
+                env[key] = substitute(value, {**scope, **env})
+        elif word == "CMD":
+            cmd = json.loads(arg)
+        elif word == "HEALTHCHECK":
+            health = json.loads(arg.split(" CMD ", 1)[1]) if " CMD " in arg else []
+    return Image(env=env, cmd=cmd, healthcheck=health, bases=bases)
+
+
+def image_for(service: dict) -> Image:
+    """The :class:`Image` compose builds for a rendered service (its Dockerfile, target and
+    build arguments)."""
+    build = service["build"]
+    args = {k: str(v) for k, v in (build.get("args") or {}).items() if v is not None}
+    return image_of(dockerfile_of(service), build.get("target"), args)
 
 
 def stage(stages: list[dict], name: str | None) -> dict:

@@ -21,6 +21,7 @@ from .compose_model import (
     dockerfile_of,
     dockerfile_stages,
     env_of,
+    image_for,
     instructions,
     render,
     stage,
@@ -205,13 +206,9 @@ def test_commands_match_python_m_entry_points(rendered: tuple[str, str, dict]) -
         pyproject = (ROOT / "services" / folder / "pyproject.toml").read_text()
         assert f'"{package}*"' in pyproject, f"{package} not packaged by services/{folder}"
         # The image builds that service and, by default, runs the same command.
-        dockerfile = dockerfile_of(svc)
-        assert dockerfile == ROOT / "services" / folder / "Dockerfile"
         assert svc["build"]["context"] == str(ROOT)
-        stages = dockerfile_stages(dockerfile)
-        final = stage(stages, svc["build"].get("target"))
-        cmd = [arg for word, arg in instructions(stages, final) if word == "CMD"][-1]
-        assert yaml.safe_load(cmd) == ["python", "-m", package], (dockerfile, cmd)
+        image = image_for(svc)
+        assert image.run(image.cmd) == ["python", "-m", package], (name, image.cmd)
 
 
 def test_nats_and_redis_persist(rendered: tuple[str, str, dict]) -> None:

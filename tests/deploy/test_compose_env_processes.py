@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -37,29 +36,14 @@ from .compose_model import (
     BASE,
     LOKI_SERVICES,
     ROOT,
-    dockerfile_of,
-    dockerfile_stages,
     env_of,
-    instructions,
+    image_for,
     render,
-    stage,
 )
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 HOSTS = {"nats", "redis", "engine"}
-
-
-def _image_env(svc: dict) -> dict[str, str]:
-    stages = dockerfile_stages(dockerfile_of(svc))
-    final = stage(stages, svc["build"].get("target"))
-    env: dict[str, str] = {}
-    for word, arg in instructions(stages, final):
-        if word == "ENV":
-            for item in shlex.split(arg):
-                key, _, value = item.partition("=")
-                env[key] = value
-    return env
 
 
 def compose_env() -> dict[str, dict[str, str]]:
@@ -69,7 +53,7 @@ def compose_env() -> dict[str, dict[str, str]]:
     envs: dict[str, dict[str, str]] = {}
     for name, svc in out.services.items():
         if name in LOKI_SERVICES:
-            merged = {**_image_env(svc), **env_of(svc)}
+            merged = {**image_for(svc).env, **env_of(svc)}
             envs[name] = {k: v for k, v in merged.items() if k.startswith("LOKI_")}
     return envs
 

@@ -1,5 +1,6 @@
 """Issue 9: the service images — hadolint clean, multi-stage, non-root, pinned bases, and the
-shared package installed before the service."""
+shared package installed before the service. Issue 15: two Dockerfiles for every image — one
+for the Python services, named by the ``SERVICE`` build argument, and the engine's."""
 
 from __future__ import annotations
 
@@ -11,10 +12,25 @@ from pathlib import Path
 
 import pytest
 
-from .compose_model import LOKI_SERVICES, ROOT, dockerfile_stages, instructions
+from .compose_model import (
+    BASE,
+    LOKI_SERVICES,
+    ROOT,
+    dockerfile_of,
+    dockerfile_stages,
+    image_for,
+    instructions,
+    render,
+)
 
-DOCKERFILES = sorted(ROOT.glob("services/*/Dockerfile"))
+SERVICE_DOCKERFILE = ROOT / "services/Dockerfile"
+ENGINE_DOCKERFILE = ROOT / "services/engine-supervisor/Dockerfile"
+DOCKERFILES = [SERVICE_DOCKERFILE, ENGINE_DOCKERFILE]
 FOLDERS = sorted({folder for folder, _ in LOKI_SERVICES.values()})
+
+
+def _name(path: Path) -> str:
+    return "services" if path == SERVICE_DOCKERFILE else path.parent.name
 
 
 def hadolint() -> str:
@@ -29,11 +45,48 @@ def hadolint() -> str:
     return found
 
 
-def test_every_service_has_a_dockerfile() -> None:
-    assert [p.parent.name for p in DOCKERFILES] == FOLDERS
+def test_every_service_is_built_from_one_of_two_dockerfiles() -> None:
+    """Every folder under services/ is a compose service; the engine supervisor is built from
+    its own Dockerfile, every other service from services/Dockerfile with ``SERVICE`` set to
+    its folder (and ``MODULE`` left to its default, loki_<folder>). No other Dockerfile."""
+    found = sorted(ROOT.glob("services/**/Dockerfile"))
+    assert found == sorted(DOCKERFILES), found
+    folders = sorted(p.parent.name for p in ROOT.glob("services/*/pyproject.toml"))
+    assert folders == FOLDERS, "a service folder without a compose service (or the reverse)"
+    model = render([BASE], ["gpu", "cpu"]).model
+    for name, (folder, package) in LOKI_SERVICES.items():
+        svc = model["services"][name]
+        args = svc["build"].get("args") or {}
+        if folder == "engine-supervisor":
+            assert dockerfile_of(svc) == ENGINE_DOCKERFILE and "SERVICE" not in args, name
+            continue
+        assert dockerfile_of(svc) == SERVICE_DOCKERFILE, name
+        assert args.get("SERVICE") == folder and "MODULE" not in args, (name, args)
+        assert package == f"loki_{folder}", package
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_no_health_check_falls_back_to_a_process() -> None:
+    """Compose dropped ``--fallback-process``; the images' HEALTHCHECK have dropped it too."""
+    for path in DOCKERFILES:
+        assert "--fallback-process" not in path.read_text(), path
+    assert "--fallback-process" not in BASE.read_text()
+
+
+@pytest.mark.parametrize("profile", ["gpu", "cpu"])
+def test_image_health_check_is_the_compose_one(profile: str) -> None:
+    """The HEALTHCHECK an image carries (a ``docker run`` without compose) asks the same thing
+    as the compose health check of its service."""
+    model = render([BASE], [profile]).model
+    for name in LOKI_SERVICES:
+        if name not in model["services"]:
+            continue
+        svc = model["services"][name]
+        image = image_for(svc)
+        assert svc["healthcheck"]["test"][0] == "CMD", name
+        assert image.run(image.healthcheck) == svc["healthcheck"]["test"][1:], name
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=_name)
 def test_hadolint_clean(path: Path) -> None:
     proc = subprocess.run(
         [hadolint(), "--no-color", "--failure-threshold", "info", str(path)],
@@ -47,12 +100,12 @@ def test_hadolint_clean(path: Path) -> None:
 def _final_targets(path: Path) -> list[dict]:
     """The stages an image is built from: named targets used by compose, else the last."""
     stages = dockerfile_stages(path)
-    if path.parent.name == "engine-supervisor":
+    if path == ENGINE_DOCKERFILE:
         return [s for s in stages if s["name"] in ("cuda", "cpu")]
     return [stages[-1]]
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=_name)
 def test_multi_stage_non_root_pinned(path: Path) -> None:
     stages = dockerfile_stages(path)
     assert len(stages) >= 2, "multi-stage build expected"
@@ -77,9 +130,9 @@ def test_multi_stage_non_root_pinned(path: Path) -> None:
         assert not any(word == "RUN" and "pip install" in arg for word, arg in final["lines"])
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=_name)
 def test_shared_installed_before_service(path: Path) -> None:
-    folder = path.parent.name
+    folder = "${SERVICE}" if path == SERVICE_DOCKERFILE else path.parent.name
     lines = [(w, a) for s in dockerfile_stages(path) for w, a in s["lines"]]
     text = [f"{w} {a}" for w, a in lines]
 

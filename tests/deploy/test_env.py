@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import io
 import re
-import shlex
 import subprocess
 import sys
 
@@ -18,12 +17,9 @@ from .compose_model import (
     LOKI_SERVICES,
     ROOT,
     UNRAID,
-    dockerfile_of,
-    dockerfile_stages,
     env_of,
-    instructions,
+    image_for,
     render,
-    stage,
 )
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -105,19 +101,6 @@ def test_every_compose_variable_is_documented() -> None:
             assert values[name] == default, (name, values[name], default)
 
 
-def _image_env(svc: dict) -> dict[str, str]:
-    """``ENV`` of the image compose builds for ``svc`` (final target, inherited stages)."""
-    stages = dockerfile_stages(dockerfile_of(svc))
-    final = stage(stages, svc["build"].get("target"))
-    env: dict[str, str] = {}
-    for word, arg in instructions(stages, final):
-        if word == "ENV":
-            for item in shlex.split(arg):
-                key, _, value = item.partition("=")
-                env[key] = value
-    return env
-
-
 DIRECT = re.compile(r"""os\.environ\[\s*["'](LOKI_[A-Z0-9_]+)["']\s*\]""")
 
 
@@ -131,7 +114,7 @@ def test_every_variable_a_service_reads_is_set_or_defaulted(
         if name not in LOKI_SERVICES:
             continue
         folder, package = LOKI_SERVICES[name]
-        env = {**_image_env(svc), **env_of(svc)}
+        env = {**image_for(svc).env, **env_of(svc)}
         cls = settings_class(package)
         fields = {f"LOKI_{f.upper()}" for f in cls.model_fields}
         # No typo: every LOKI_* compose or the image sets is read by that service.
