@@ -62,8 +62,6 @@ COMPOSE_DOCS: dict[str, str] = {
     "LOKI_GRAFANA_PORT": "host port of Grafana.",
     "LOKI_IMAGE_PREFIX": "name prefix of the images compose builds (loki/chat, ...).",
     "LOKI_IMAGE_TAG": "tag of the images compose builds.",
-    "LOKI_LLAMA_CPP_BUILD": "llama.cpp build of the engine image "
-    "(ghcr.io/ggml-org/llama.cpp:server[-cuda]-<build>).",
     "LOKI_MODELS_DIR": "host folder mounted read-only at /models in the engine container.",
     "LOKI_MODEL": "GGUF the engine loads, e.g. /models/<file>.gguf; empty: the bundled SmolLM2.",
     "LOKI_LOG_LEVEL": "log level of every Loki service.",

