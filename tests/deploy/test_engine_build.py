@@ -313,7 +313,10 @@ async def test_build_rules_decide_the_same_in_make_up_and_compose(
     for key in ("flags", "ngl", "side_slot", "cache_ram"):
         assert embedded[key] == compose[key], (key, embedded[key], compose[key])
     assert compose["side_slot"] and "--no-kv-unified" in compose["flags"]
-    only_compose = set(compose["notes"]) - set(embedded["notes"])
+    # (figures aside: a note may quote the RAM available at the moment it was read)
+    only_compose = {re.sub(r"\d+", "N", n) for n in compose["notes"]} - {
+        re.sub(r"\d+", "N", n) for n in embedded["notes"]
+    }
     assert only_compose == {
         "no --slot-save-path: the engine listens beyond loopback without a key"
     }, only_compose
