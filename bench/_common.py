@@ -387,8 +387,9 @@ def start_llama(
     threads: int = 2,
     timeout: float = 180.0,
 ) -> Engine:
-    """Start the real llama-server with the bundled model on a free loopback port (the same
-    command line as the tests' ``start_llama``) and wait until ``/health`` answers 200.
+    """Start the real llama-server with the bundled model on a free loopback port
+    (:func:`loki_shared.servers.start_llama`, the tests' command line) and wait until
+    ``/health`` answers 200.
 
     Raises:
         loki_shared.servers.ServerNotFound: no llama-server or no bundled model.
@@ -396,18 +397,10 @@ def start_llama(
     """
     from loki_shared import servers
 
-    port = servers.free_port()
-    argv = servers.llama_command(
-        port, ctx=ctx, parallel=parallel, threads=threads, extra=list(extra)
+    server = servers.start_llama(
+        ctx=ctx, parallel=parallel, extra=list(extra), threads=threads, timeout=timeout
     )
-    proc = servers.ManagedProcess("llama-server", argv).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_http_ok(f"{url}/health", timeout=timeout)
-    except servers.ServerStartError:
-        proc.stop()
-        raise
-    return Engine(url, proc, argv)
+    return Engine(server.url, server.process, server.process.argv)
 
 
 def split_cores() -> tuple[set[int], set[int]] | None:

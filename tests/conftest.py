@@ -18,20 +18,17 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from loki_shared import servers
 
-
-@dataclass
-class RunningServer:
-    url: str
-    port: int
-    process: servers.ManagedProcess
-    data_dir: Path
+# The servers' start-up lives once, in loki_shared.servers (the launcher and the benchmarks
+# use it too); tests that start their own import these names from here or from there.
+RunningServer = servers.RunningServer
+start_nats = servers.start_nats
+start_redis = servers.start_redis
 
 
 @pytest.fixture(scope="session")
@@ -39,40 +36,6 @@ def tmp_root() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="loki-test-"))
     yield root
     shutil.rmtree(root, ignore_errors=True)
-
-
-def start_nats(data_dir: Path) -> RunningServer:
-    """Start a JetStream NATS on a free port storing under ``data_dir``."""
-    port = servers.free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    proc = servers.ManagedProcess("nats", servers.nats_command(port, data_dir)).start()
-    proc.wait_port(port)
-    return RunningServer(f"nats://127.0.0.1:{port}", port, proc, data_dir)
-
-
-def start_redis(data_dir: Path) -> RunningServer:
-    """Start a Redis (append-only) on a free port storing under ``data_dir``."""
-    port = servers.free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    proc = servers.ManagedProcess("redis", servers.redis_command(port, data_dir)).start()
-    proc.wait_port(port)
-    return RunningServer(f"redis://127.0.0.1:{port}/0", port, proc, data_dir)
-
-
-def start_llama(
-    data_dir: Path, ctx: int = 4096, parallel: int = 1, extra: list[str] | None = None
-) -> RunningServer:
-    """Start the real llama-server with the bundled model; wait until ``/health`` is ok."""
-    port = servers.free_port()
-    argv = servers.llama_command(port, ctx=ctx, parallel=parallel, extra=extra or [])
-    proc = servers.ManagedProcess("llama-server", argv).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_http_ok(f"{url}/health", timeout=120)
-    except servers.ServerStartError:
-        proc.stop()
-        raise
-    return RunningServer(url, port, proc, data_dir)
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +75,7 @@ def redis_db(redis_url: str) -> str:
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_root: Path) -> Iterator[RunningServer]:
-    server = start_llama(tmp_root / "llama")
+    server = servers.start_llama(data_dir=tmp_root / "llama")
     yield server
     server.process.stop()
 

@@ -1,7 +1,8 @@
 """Locate and start the real servers Loki runs on: NATS (JetStream), Redis, llama-server.
 
-Used by the launcher (``loki up``) and by the test fixtures, so both run exactly the same
-binaries the same way.
+Used by the launcher (``loki up``), the test fixtures and the benchmarks, so all of them run
+exactly the same binaries the same way: :func:`start_nats`, :func:`start_redis` and
+:func:`start_llama` start one server and return once it answers (a :class:`RunningServer`).
 
 Binaries, in order of preference:
 
@@ -277,6 +278,7 @@ class ManagedProcess:
         self._wait_until(ok, timeout, 0.2, f"not healthy in {timeout:.0f} s")
 
     def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL when the process is still running after ``grace`` seconds."""
         if not self.proc or self.proc.poll() is not None:
             return
         self.proc.terminate()
@@ -291,3 +293,101 @@ class ManagedProcess:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+@dataclass
+class RunningServer:
+    """A server started by :func:`start_nats`, :func:`start_redis` or :func:`start_llama`:
+    its URL (``nats://``, ``redis://.../0``, ``http://``), port, process and data directory."""
+
+    url: str
+    port: int
+    process: ManagedProcess
+    data_dir: Path | None = None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop the process (see :meth:`ManagedProcess.stop`)."""
+        self.process.stop(grace)
+
+
+def _start_listening(
+    name: str, argv: list[str], port: int, host: str, echo: bool, timeout: float
+) -> ManagedProcess:
+    proc = ManagedProcess(name, argv, echo=echo).start()
+    try:
+        proc.wait_port(port, timeout=timeout, host=host)
+    except ServerStartError:
+        proc.stop()
+        raise
+    return proc
+
+
+def start_nats(
+    data_dir: Path,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    echo: bool = False,
+    extra: list[str] | tuple[str, ...] = (),
+    timeout: float = 30.0,
+) -> RunningServer:
+    """Start a JetStream NATS storing its streams under ``data_dir`` on ``port`` (default: a
+    free one) and return once it accepts connections. ``extra``: more ``nats-server``
+    arguments (``-m PORT`` for the monitoring endpoint). Used by ``loki up``, the tests and
+    the benchmarks alike.
+
+    Raises:
+        ServerNotFound: no ``nats-server``.
+        ServerStartError: it exited or did not listen within ``timeout`` seconds.
+    """
+    port = port or free_port(host)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [*nats_command(port, data_dir, host), *extra]
+    proc = _start_listening("nats", argv, port, host, echo, timeout)
+    return RunningServer(f"nats://{host}:{port}", port, proc, data_dir)
+
+
+def start_redis(
+    data_dir: Path,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    echo: bool = False,
+    timeout: float = 30.0,
+) -> RunningServer:
+    """Start Redis with append-only persistence under ``data_dir`` on ``port`` (default: a
+    free one) and return once it accepts connections; the URL names database 0.
+
+    Raises:
+        ServerNotFound: no ``redis-server``.
+        ServerStartError: it exited or did not listen within ``timeout`` seconds.
+    """
+    port = port or free_port(host)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = _start_listening("redis", redis_command(port, data_dir, host), port, host, echo, timeout)
+    return RunningServer(f"redis://{host}:{port}/0", port, proc, data_dir)
+
+
+def start_llama(
+    ctx: int = 4096,
+    parallel: int = 1,
+    extra: list[str] | tuple[str, ...] = (),
+    threads: int = 2,
+    timeout: float = 120.0,
+    data_dir: Path | None = None,
+) -> RunningServer:
+    """Start the real llama-server (:func:`llama_command`: the bundled model on CPU) on a
+    free loopback port and return once ``/health`` answers 200.
+
+    Raises:
+        ServerNotFound: no llama-server or no bundled model.
+        ServerStartError: it exited or was not healthy within ``timeout`` seconds.
+    """
+    port = free_port()
+    argv = llama_command(port, ctx=ctx, parallel=parallel, threads=threads, extra=list(extra))
+    proc = ManagedProcess("llama-server", argv).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_http_ok(f"{url}/health", timeout=timeout)
+    except ServerStartError:
+        proc.stop()
+        raise
+    return RunningServer(url, port, proc, data_dir)

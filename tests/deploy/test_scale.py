@@ -94,12 +94,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     from tests.conftest import start_redis
 
     root = tmp_path_factory.mktemp("scale")
-    port, mport = servers.free_port(), servers.free_port()
-    (root / "nats").mkdir()
-    nats_proc = servers.ManagedProcess(
-        "nats", servers.nats_command(port, root / "nats") + ["-m", str(mport)]
-    ).start()
-    nats_proc.wait_port(port)
+    mport = servers.free_port()
+    nats_server = servers.start_nats(root / "nats", extra=["-m", str(mport)])
+    port, nats_proc = nats_server.port, nats_server.process
     redis_server = start_redis(root / "redis")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
     env.update(

@@ -79,12 +79,9 @@ def launch_gateway(
 
 @pytest.fixture(scope="module")
 def gw_nats(tmp_path_factory) -> Iterator[str]:
-    data = tmp_path_factory.mktemp("gw-nats")
-    port = servers.free_port()
-    proc = servers.ManagedProcess("nats", servers.nats_command(port, data)).start()
-    proc.wait_port(port)
-    yield f"nats://127.0.0.1:{port}"
-    proc.stop()
+    server = servers.start_nats(tmp_path_factory.mktemp("gw-nats"))
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,8 @@ from loki_shared.perf_publish import build_record
 
 def start_own_nats(data_dir: Path) -> tuple[servers.ManagedProcess, str]:
     """A JetStream NATS for the perf tests only (the stream LOKI_PERF is global to a server)."""
-    port = servers.free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    proc = servers.ManagedProcess("nats", servers.nats_command(port, data_dir)).start()
-    proc.wait_port(port)
-    return proc, f"nats://127.0.0.1:{port}"
+    server = servers.start_nats(data_dir)
+    return server.process, server.url
 
 
 async def reset_stream(nc) -> None:

@@ -18,9 +18,8 @@ import json
 import httpx
 import pytest
 
-from loki_shared import subjects
+from loki_shared import servers, subjects
 from loki_shared.perf_publish import CompletionClock, build_record, publish_record
-from tests.conftest import start_llama
 
 from .perf_helpers import PerfProc, request, wait_summary
 
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def engine_no_cache_ram(tmp_path_factory):
     """The real llama-server with the bundled model, one slot, no host-RAM prompt cache."""
-    server = start_llama(tmp_path_factory.mktemp("llama-nocram"), extra=["--cache-ram", "0"])
+    server = servers.start_llama(extra=["--cache-ram", "0"])
     yield server.url
     server.process.stop()
 
