@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from faststream.nats import JStream, NatsBroker
 
 from . import health, subjects
+from .logsetup import bus_logger
 
 
 def make_broker(url: str, name: str, health_check: health.Check | None = None) -> NatsBroker:
@@ -13,10 +16,19 @@ def make_broker(url: str, name: str, health_check: health.Check | None = None) -
     healthchecks ask them). ``health_check``, when given, runs on each health request: a
     non-empty dict it returns (or an exception) makes the answer unhealthy.
 
+    FastStream's per-message "Received" / "Processed" lines go to
+    :func:`~loki_shared.logsetup.bus_logger` at DEBUG (shown with ``LOKI_LOG_LEVEL=DEBUG``);
+    its warnings and errors keep their level.
+
     The connection is opened by ``broker.start()`` / ``FastStream(broker).run()``.
     """
     broker = NatsBroker(
-        url, name=f"loki-{name}", max_reconnect_attempts=-1, reconnect_time_wait=0.5
+        url,
+        name=f"loki-{name}",
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        logger=bus_logger(name),
+        log_level=logging.DEBUG,
     )
     health.attach(broker, name, check=health_check)
     return broker
