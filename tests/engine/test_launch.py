@@ -20,6 +20,7 @@ from loki_shared.messages.engine import (
     ReleaseRequest,
     RenewRequest,
 )
+from loki_shared.messages.health import HealthReply, HealthRequest
 
 from .conftest import chat, collect_states, port_of, process_alive, request, wait_info
 
@@ -178,11 +179,21 @@ async def test_engine_that_cannot_start_is_failed_with_its_output(
     states: list[dict] = []
     await collect_states(nc, states)
     sup = supervisor_factory({**engine_env, "LOKI_MODEL": str(bad)})
-    info = await wait_info(nc, lambda i: i.state == "failed" and i.restarts >= 1, sup=sup)
+    info = await wait_info(nc, lambda i: i.state == "failed", sup=sup)
+    # The engine's own reason, its last lines, and no retry: it would fail the same way.
+    assert "while starting" in info.detail and "GGUF" in info.detail, info.detail
+    assert info.stderr_tail and info.retry_in_s is None and "not retried" in info.detail
     failed = [s for s in states if s["state"] == "failed"]
-    assert "while starting" in failed[0]["detail"] and failed[0]["stderr_tail"]
-    assert any("restart in 1 s" in s["detail"] for s in failed)
-    assert any("restart in 2 s" in s["detail"] for s in failed[1:]) or info.restarts == 1
+    assert failed[0]["stderr_tail"] and failed[0]["retry_in_s"] is None
+    await asyncio.sleep(3)  # a retry would have come after 1 s
+    info = await wait_info(nc, lambda i: True, sup=sup)
+    assert info.state == "failed" and info.restarts == 0
+    assert [s["state"] for s in states].count("starting") == 1
+    # The health check (compose) says so, with the reason, instead of flapping.
+    health = await request(
+        nc, subjects.health("engine-supervisor"), HealthRequest(), HealthReply, timeout=5
+    )
+    assert not health.ok and "GGUF" in health.detail["engine"], health
     # A lease is refused as unavailable, not hung.
     refused = await request(
         nc, subjects.ENGINE_LEASE, LeaseRequest(kind="main", wait_s=0.3), Lease, timeout=5

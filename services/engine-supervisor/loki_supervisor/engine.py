@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import shutil
 import signal
 import time
@@ -27,6 +28,7 @@ from loki_shared import servers
 from loki_shared.messages.engine import EngineState, EngineStateName
 
 from .errors import EngineStartError
+from .preflight import check_model_file
 from .routing import build_number
 
 log = logging.getLogger(__name__)
@@ -200,6 +202,8 @@ class LaunchSpec:
     slot_dir: Path | None
     binary: Path
     auto_port: bool = False  # port chosen by the supervisor: take another if it is taken
+    model: Path | None = None  # checked before every launch (preflight.check_model_file)
+    model_source: str = "LOKI_MODEL"  # where the model path came from, for messages
 
 
 class EngineRunner:
@@ -207,6 +211,13 @@ class EngineRunner:
 
     Modes: ``launch`` (a :class:`LaunchSpec`), ``follow`` (``LOKI_ENGINE_URL``: poll
     ``/health``), ``external`` (an external preset: ready at once, no engine).
+
+    A launch that fails before the engine was ever healthy with this configuration (the
+    model file check, an exit while starting, ``/health`` not ok in time) is final: state
+    ``failed`` with ``retry_in_s`` None, the reason in ``detail`` and the engine's last output
+    lines in ``stderr_tail``; it would fail the same way again, so only applying a preset
+    (the same one after a fix, or another) launches again. A crash after a healthy start is
+    restarted with backoff (``retry_in_s`` says when).
 
     Args:
         on_state: awaited on every state change.
@@ -224,6 +235,7 @@ class EngineRunner:
         self.state: EngineStateName = "stopped"
         self.detail = ""
         self.stderr_tail: list[str] = []
+        self.retry_in_s: float | None = None
         self.props = Props()
         self.base_url = ""
         self.api_key: str | None = None
@@ -237,17 +249,28 @@ class EngineRunner:
 
     # ------------------------------------------------------------------ state
     async def _set(
-        self, state: EngineStateName, detail: str = "", tail: list[str] | None = None
+        self,
+        state: EngineStateName,
+        detail: str = "",
+        tail: list[str] | None = None,
+        retry_in_s: float | None = None,
     ) -> None:
         self.state = state
         self.detail = detail
         self.stderr_tail = list(tail or [])
-        log.info("engine %s%s", state, f": {detail}" if detail else "")
+        self.retry_in_s = retry_in_s
+        if state == "failed":
+            log.error("engine failed: %s", detail)
+            for line in self.stderr_tail[-5:]:
+                log.error("  [llama-server] %s", line)
+        else:
+            log.info("engine %s%s", state, f": {detail}" if detail else "")
         event = EngineState(
             state=state,
             ts=time.time(),
             detail=detail,
             stderr_tail=self.stderr_tail,
+            retry_in_s=retry_in_s,
             notes=list(self.notes),
             base_url=self.base_url,
             external=self.external,
@@ -313,9 +336,18 @@ class EngineRunner:
         await self.stop()
         await self._client.aclose()
 
+    def kill(self) -> None:
+        """SIGKILL the engine now, if one runs (a stop that ran out of time)."""
+        process = self.process
+        if process is not None and process.proc is not None and process.alive():
+            with contextlib.suppress(ProcessLookupError):
+                process.proc.kill()
+
     # ------------------------------------------------------------------ loops
     async def _launch_loop(self, spec: LaunchSpec) -> None:
         backoff = 1.0
+        healthy_once = False  # this configuration has served: a later exit is a crash
+        port_retries = 0
         first = True
         while True:
             if not first:
@@ -324,7 +356,10 @@ class EngineRunner:
             await self._set("starting", " ".join(_mask(spec.args)))
             ready_at: float | None = None
             try:
+                if spec.model is not None:
+                    await asyncio.to_thread(check_model_file, spec.model, spec.model_source)
                 await self._spawn_and_wait(spec)
+                healthy_once = True
                 ready_at = time.monotonic()
                 await self._set("ready")
                 assert self.process is not None
@@ -334,12 +369,35 @@ class EngineRunner:
             except EngineStartError as exc:
                 if self.process is not None:
                     await self.process.stop()
+                self.props = Props()
+                if (
+                    ready_at is None
+                    and spec.auto_port
+                    and port_retries < 3
+                    and _bind_failed(exc.tail)
+                ):
+                    # Our own pick of a free port was taken meanwhile: pick another.
+                    port_retries += 1
+                    self._move_port(spec, servers.free_port())
+                    continue
+                if exc.permanent or not healthy_once:
+                    await self._set(
+                        "failed", f"{exc} (not retried: fix it, then apply a preset)", exc.tail
+                    )
+                    return
                 if ready_at is not None and time.monotonic() - ready_at > 60:
                     backoff = 1.0
-                self.props = Props()
-                await self._set("failed", f"{exc}; restart in {backoff:g} s", exc.tail)
+                await self._set(
+                    "failed", f"{exc}; restart in {backoff:g} s", exc.tail, retry_in_s=backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(self.backoff_max, backoff * 2)
+
+    def _move_port(self, spec: LaunchSpec, port: int) -> None:
+        spec.port = port
+        i = spec.args.index("--port")
+        spec.args[i + 1] = str(port)
+        self.base_url = f"http://{_url_host(spec.host)}:{port}"
 
     async def _spawn_and_wait(self, spec: LaunchSpec) -> None:
         if spec.slot_dir is not None:
@@ -347,23 +405,25 @@ class EngineRunner:
         probe = spec.host if spec.host not in ("0.0.0.0", "::") else "127.0.0.1"
         if servers.port_open(probe, spec.port):
             if not spec.auto_port:
-                raise EngineStartError(f"port {spec.port} is already in use")
-            spec.port = servers.free_port()
-            i = spec.args.index("--port")
-            spec.args[i + 1] = str(spec.port)
-            self.base_url = f"http://{_url_host(spec.host)}:{spec.port}"
+                raise EngineStartError(
+                    f"port {spec.port} is already in use (LOKI_ENGINE_PORT)", permanent=True
+                )
+            self._move_port(spec, servers.free_port())
         self.process = EngineProcess([str(spec.binary), *spec.args])
         try:
             await self.process.start()
         except OSError as exc:
-            raise EngineStartError(f"cannot run {spec.binary}: {exc}") from exc
+            raise EngineStartError(f"cannot run {spec.binary}: {exc}", permanent=True) from exc
         deadline = time.monotonic() + self.start_timeout
         while True:
             if not self.process.alive():
                 rc = await self.process.wait()
+                tail = list(self.process.tail)[-15:]
+                why = telling_line(tail)
                 raise EngineStartError(
-                    f"llama-server exited with status {rc} while starting",
-                    list(self.process.tail)[-15:],
+                    f"llama-server exited with status {rc} while starting"
+                    + (f": {why}" if why else ""),
+                    tail,
                 )
             if time.monotonic() > deadline:
                 raise EngineStartError(
@@ -404,7 +464,7 @@ class EngineRunner:
                     await self._set("failed", f"/props unreadable: {exc}")
             elif not healthy and self.state != "failed":
                 self.props = Props()
-                await self._set("failed", why)
+                await self._set("failed", why, retry_in_s=1.0)
             await asyncio.sleep(2.0 if self.state == "ready" else 1.0)
 
     # ------------------------------------------------------------------ slots
@@ -438,6 +498,35 @@ class EngineRunner:
         if r.status_code != 200:
             return f"erase answered {r.status_code}: {r.text[:200]}"
         return None
+
+
+#: llama.cpp's log line prefix: ``<time> <level letter> `` (``0.00.007.005 E ...``).
+_LOG_PREFIX = re.compile(r"^\d+(?:\.\d+){3} ([A-Z]) ")
+#: Words of an unprefixed output line that says why it stopped (argument errors are printed
+#: as ``error: invalid argument: ...``).
+_TELLING = re.compile(r"error|failed|invalid|unknown|cannot|couldn't|unable", re.IGNORECASE)
+
+
+def telling_line(tail: list[str]) -> str:
+    """The output line that best says why llama-server stopped: the first error line (the
+    cause comes before its consequences: "this GGUF file is version ..." before "failed to
+    load model" and "exiting due to model loading error"), without llama.cpp's time and
+    level prefix; else the last non-empty line; "" for no output."""
+    lines = [line.strip() for line in tail if line.strip()]
+    for line in lines:
+        m = _LOG_PREFIX.match(line)
+        if m is not None:
+            if m.group(1) == "E":
+                return " ".join(line[m.end() :].split())[:300]
+        elif _TELLING.search(line):
+            return line[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def _bind_failed(tail: list[str]) -> bool:
+    """Whether llama-server's output says it could not bind its port (cpp-httplib's
+    "couldn't bind HTTP server socket")."""
+    return any("bind" in line.lower() for line in tail)
 
 
 def _mask(args: list[str]) -> list[str]:

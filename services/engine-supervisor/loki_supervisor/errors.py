@@ -34,11 +34,16 @@ class Busy(SupervisorError):
 
 
 class EngineStartError(SupervisorError):
-    """llama-server exited or did not answer ``/health`` in time; ``tail`` holds its last
-    output lines."""
+    """llama-server could not be launched, exited, or did not answer ``/health`` in time;
+    ``tail`` holds its last output lines. ``permanent``: launching again the same way would
+    fail the same way (a missing model file, an option the engine refuses), so it is not
+    retried until the preset is applied again."""
 
     type = "unavailable"
 
-    def __init__(self, message: str, tail: list[str] | None = None) -> None:
+    def __init__(
+        self, message: str, tail: list[str] | None = None, permanent: bool = False
+    ) -> None:
         super().__init__(message)
         self.tail = list(tail or [])
+        self.permanent = permanent

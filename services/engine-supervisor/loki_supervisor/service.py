@@ -38,6 +38,7 @@ from .engine import EngineRunner, LaunchSpec
 from .errors import InvalidRequest, SupervisorError
 from .lease import LeaseManager, Target
 from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, truthy
+from .preflight import check_model_file
 from .presets import ENV_PRESET_ID, PresetStore, public, test_connection
 from .routing import SIDE_KINDS, EngineView, cache_ram_advice, erase_decision
 from .settings import Settings
@@ -159,9 +160,11 @@ class Supervisor:
 
         Raises:
             InvalidRequest: the preset cannot be planned (malformed EXTRA_ARGS or CACHE_RAM).
+            ModelFileError: the model file is missing, unreadable or not a GGUF file.
             servers.ServerNotFound: no llama-server or no model.
         """
         cfg = self.local_config(preset)
+        await asyncio.to_thread(check_model_file, cfg.model, self.model_source(preset))
         binary = servers.find_llama_server()
         facts = await asyncio.to_thread(collect_facts, cfg.model, binary)
         try:
@@ -216,9 +219,28 @@ class Supervisor:
                     slot_dir=plan.slot_save_path,
                     binary=binary,
                     auto_port=self.settings.engine_port is None,
+                    model=cfg.model,
+                    model_source=self.model_source(preset),
                 ),
                 plan.notes,
             )
+
+    @staticmethod
+    def model_source(preset: Preset) -> str:
+        """Where a preset's model path comes from, as a person would fix it: ``LOKI_MODEL``
+        for the environment's preset, else the preset's name and id."""
+        if preset.id == ENV_PRESET_ID:
+            return "LOKI_MODEL"
+        return f"model of preset {preset.name!r} ({preset.id})"
+
+    def health(self) -> dict[str, str]:
+        """The health check's verdict (``loki.health.engine-supervisor``): unhealthy, with
+        the reason, only when the engine failed for good (a launch that will not be retried);
+        starting, ready, or failed and restarting with backoff are healthy answers."""
+        runner = self.runner
+        if runner.state == "failed" and runner.retry_in_s is None:
+            return {"engine": f"failed: {runner.detail}"}
+        return {}
 
     def apply_in_background(self, preset: Preset) -> None:
         """:meth:`apply` without waiting (a launch takes seconds to minutes)."""
@@ -278,6 +300,8 @@ class Supervisor:
             side_slot=bool(plan and plan.side_slot),
             side_slot_refusal=plan.side_slot_refusal if plan else None,
             notes=[*self.runner.notes, *self._advice_notes],
+            stderr_tail=list(self.runner.stderr_tail),
+            retry_in_s=self.runner.retry_in_s,
             argv=plan.masked_args() if plan else [],
             in_flight=self.leases.in_flight,
             cache_ram_mib=plan.cache_ram.effective_mib if plan else None,

@@ -43,6 +43,12 @@ class EngineInfo(Reply):
     person (VRAM note, NGL warning, CACHE_RAM value). ``argv``: the engine's command line
     (API key masked). ``in_flight``: leases held right now. ``preset_id``, ``sampling``,
     ``system_prompt``, ``vision``, ``features`` come from the active preset.
+
+    When ``state`` is ``failed``: ``detail`` says why in one line (a missing or unreadable
+    model file, the engine's own error line), ``stderr_tail`` holds llama-server's last output
+    lines, and ``retry_in_s`` says when the supervisor launches again (a crash after a
+    healthy start, restarted with backoff) or is None: the failure would happen again, so
+    nothing is retried until a preset is applied (saved or switched to).
     """
 
     state: EngineStateName = "stopped"
@@ -70,13 +76,16 @@ class EngineInfo(Reply):
     in_flight: int = 0
     cache_ram_mib: int | None = None
     restarts: int = 0
+    stderr_tail: list[str] = Field(default_factory=list)
+    retry_in_s: float | None = None
 
 
 class EngineState(Msg):
     """``loki.engine.state`` event: a change of the engine's state.
 
-    ``stderr_tail`` holds the last lines llama-server wrote when it failed. ``notes`` repeat
-    the launch notes (SIDE_SLOT refusal, VRAM note, NGL warning).
+    ``stderr_tail`` holds the last lines llama-server wrote when it failed; ``retry_in_s``
+    when it will be launched again (None: not retried, see :class:`EngineInfo`). ``notes``
+    repeat the launch notes (SIDE_SLOT refusal, VRAM note, NGL warning).
     """
 
     state: EngineStateName
@@ -86,6 +95,7 @@ class EngineState(Msg):
     notes: list[str] = Field(default_factory=list)
     base_url: str = ""
     external: bool = False
+    retry_in_s: float | None = None
 
 
 class LeaseRequest(Msg):
