@@ -1,13 +1,25 @@
-"""NATS helpers shared by the services: the broker and the JetStream streams Loki declares."""
+"""NATS helpers shared by the services: the broker, the JetStream streams Loki declares, and
+how a connection is closed when the service stops."""
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
+from faststream.exceptions import IncorrectState
 from faststream.nats import JStream, NatsBroker
 
 from . import health, subjects
+from .lifecycle import one_line
 from .logsetup import bus_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nats.aio.client import Client
+
+    from .lifecycle import Steps
+
+#: Seconds a connection that cannot be drained gets to close.
+CLOSE_TIMEOUT_S = 1.0
 
 
 def make_broker(url: str, name: str, health_check: health.Check | None = None) -> NatsBroker:
@@ -32,6 +44,65 @@ def make_broker(url: str, name: str, health_check: health.Check | None = None) -
     )
     health.attach(broker, name, check=health_check)
     return broker
+
+
+def connection_callbacks(log: logging.Logger) -> dict[str, Any]:
+    """``error_cb`` and ``reconnected_cb`` for ``nats.connect`` that say what happens in one
+    line each: the first error after a working connection at WARNING, the failed reconnect
+    attempts after it at DEBUG, and the reconnection at INFO. (nats-py's default logs every
+    failed attempt, twice a second while NATS is away, with its traceback.)"""
+    state = {"quiet": False}
+
+    async def error_cb(exc: Exception) -> None:
+        if state["quiet"]:
+            log.debug("NATS: %s", one_line(exc))
+            return
+        state["quiet"] = True
+        log.warning("NATS: %s (reconnecting)", one_line(exc))
+
+    async def reconnected_cb() -> None:
+        state["quiet"] = False
+        log.info("NATS: reconnected")
+
+    return {"error_cb": error_cb, "reconnected_cb": reconnected_cb}
+
+
+def broker_client(broker: NatsBroker) -> Client | None:
+    """The nats-py client of a started broker; None when it is not connected (never
+    started, or stopped)."""
+    try:
+        return broker.config.connection_state.connection
+    except IncorrectState:
+        return None
+
+
+async def close_client(nc: Client, steps: Steps, drain_s: float | None = None) -> None:
+    """Close a nats-py connection within the stop budget: drained (subscriptions finish what
+    they hold, publications are flushed) when the server is there, else closed at once —
+    draining needs the server, and a client left reconnecting keeps the process alive."""
+    if nc.is_closed:
+        return
+    if nc.is_connected and not nc.is_draining:
+        if await steps.run("drain the NATS connection", nc.drain, drain_s):
+            return
+    await _close(nc, steps)
+
+
+async def _close(nc: Client, steps: Steps) -> None:
+    if not nc.is_closed:
+        await steps.run("close the NATS connection", nc.close, CLOSE_TIMEOUT_S)
+
+
+async def stop_broker(broker: NatsBroker, steps: Steps, limit_s: float | None = None) -> None:
+    """Stop a FastStream broker within the stop budget (``limit_s`` at most): subscribers
+    stop taking messages and the handlers running get the time left, then the connection is
+    drained; with NATS gone, or past the limit, the connection is closed instead."""
+    nc = broker_client(broker)
+    if nc is None:
+        return
+    if nc.is_connected and await steps.run("stop the NATS subscribers", broker.stop, limit_s):
+        return
+    await _close(nc, steps)
 
 
 def perf_stream() -> JStream:

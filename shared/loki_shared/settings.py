@@ -25,6 +25,9 @@ class LokiSettings(BaseSettings):
     - ``LOKI_SECRET_KEY`` — the service sealing key (see :mod:`loki_shared.sealing`); when unset
       a random key is created in ``LOKI_HOME/secret.key`` (mode 0600) on first start.
     - ``LOKI_LOG_LEVEL`` — ``DEBUG``, ``INFO`` (default), ``WARNING``, ``ERROR``.
+    - ``LOKI_STOP_TIMEOUT_S`` — seconds a service takes at most to stop after SIGTERM, whatever
+      the state of NATS, Redis and the engine (default 10).
+      Keep compose's ``stop_grace_period`` above it.
     """
 
     model_config = SettingsConfigDict(env_prefix="LOKI_", extra="ignore")
@@ -37,3 +40,6 @@ class LokiSettings(BaseSettings):
         description="Service sealing key (base64 of 32 bytes, or any passphrase-like string).",
     )
     log_level: str = Field(default="INFO", description="Logging level.")
+    stop_timeout_s: float = Field(
+        default=10.0, gt=0, description="Seconds a service takes at most to stop."
+    )

@@ -115,7 +115,7 @@ def test_loki_healthchecks_ask_the_right_thing(rendered: tuple[str, str, dict]) 
             service_name = args[0]
             sources = "\n".join(p.read_text() for p in (ROOT / "services" / folder).rglob("*.py"))
             assert f'make_broker(settings.nats_url, "{service_name}")' in sources or re.search(
-                rf'make_broker\([^)]*"{re.escape(service_name)}"\)', sources
+                rf'make_broker\([^)]*"{re.escape(service_name)}"[,)]', sources
             ), f"{name}: no broker named {service_name!r} in services/{folder}"
             if "--fallback-process" in args:
                 assert args[args.index("--fallback-process") + 1] == package

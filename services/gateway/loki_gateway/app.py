@@ -23,6 +23,9 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from loki_shared.lifecycle import Steps
+from loki_shared.nats import close_client
+
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
 from .bus import Bus
 from .errors import (
@@ -122,16 +125,21 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
         try:
             yield
         finally:
+            # Each step bounded, within what is left of LOKI_STOP_TIMEOUT_S after uvicorn
+            # closed the open requests (loki_shared.lifecycle).
+            stop = getattr(app.state, "stop", None)
+            steps = stop.steps() if stop is not None else Steps(settings.stop_timeout_s, log)
             memory_task.cancel()
             if app.state.background:  # perf records still on their way: let them land
-                await asyncio.wait(set(app.state.background), timeout=5)
+                await steps.run(
+                    "publish the last perf records", asyncio.wait(set(app.state.background)), 3.0
+                )
             memory = getattr(app.state, "memory", None)
             if memory is not None:
-                with suppress(Exception):
-                    await memory.stop()
-            await app.state.http.aclose()
+                await steps.run("stop the memory state", memory.stop, 1.0)
+            await steps.run("close the engine connections", app.state.http.aclose, 1.0)
             if own_bus:
-                await app.state.bus.close()
+                await close_client(app.state.bus.client, steps)
 
     app = FastAPI(
         title="Loki gateway",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TypeVar
 
 import nats
@@ -11,6 +12,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, ValidationError
 
 from loki_shared.messages.base import Reply
+from loki_shared.nats import connection_callbacks
 
 from .errors import ServiceUnavailable, UpstreamError
 
@@ -29,7 +31,11 @@ class Bus:
     @classmethod
     async def connect(cls, url: str) -> Bus:
         client = await nats.connect(
-            url, name="loki-gateway", max_reconnect_attempts=-1, reconnect_time_wait=0.5
+            url,
+            name="loki-gateway",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            **connection_callbacks(logging.getLogger("loki.gateway.nats")),
         )
         return cls(client)
 

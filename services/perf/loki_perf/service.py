@@ -20,7 +20,6 @@ request, since each holds the whole ring.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import sys
@@ -32,7 +31,7 @@ from nats.js.api import DeliverPolicy, KeyValueConfig
 from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
-from loki_shared import subjects
+from loki_shared import lifecycle, subjects
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.perf import (
     CacheRamAdviceReply,
@@ -42,7 +41,7 @@ from loki_shared.messages.perf import (
     PerfSummary,
     SummaryRequest,
 )
-from loki_shared.nats import make_broker
+from loki_shared.nats import broker_client, make_broker, stop_broker
 from loki_shared.perf_publish import ensure_perf_stream
 
 from .decode import DEPTH_NAMES, Entry, RecordDecodeError, decode
@@ -196,25 +195,30 @@ class PerfService:
             self.metrics_port if self.metrics_port is not None else "(off)",
         )
 
-    async def stop(self) -> None:
-        """Stop consuming, write a last checkpoint, close ``/metrics`` and the broker."""
+    async def stop(self, steps: lifecycle.Steps | None = None) -> None:
+        """Stop consuming, write a last checkpoint, close ``/metrics`` and the broker, each
+        step bounded by ``steps`` (default: a budget of ``LOKI_STOP_TIMEOUT_S``). The
+        checkpoint is an optimisation (the stream rebuilds the counters): with NATS gone it is
+        skipped with one line."""
+        steps = steps or lifecycle.Steps(self.settings.stop_timeout_s, self.log)
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-        with contextlib.suppress(Exception):
-            await self._save_checkpoint()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=0.5)
+        nc = broker_client(self.broker)
+        connected = nc is not None and nc.is_connected
+        if self._sub is not None and connected:
+            await steps.run("stop the record consumer", self._sub.unsubscribe, 1.0)
+        if self._kv is not None and self.totals.seq != self._saved_seq:
+            if connected:
+                await steps.run("write the metrics checkpoint", self._save_checkpoint, 2.0)
+            else:
+                self.log.info("metrics checkpoint not written: NATS is gone (the stream rebuilds)")
         if self._http is not None:
             server, thread = self._http
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=2)
+            await steps.run("close /metrics", asyncio.to_thread(_close_http, server, thread), 2.0)
             self._http = None
-        await self.broker.stop()
+        await stop_broker(self.broker, steps)
 
     # --- records -------------------------------------------------------------------------------
     async def _on_record(self, msg) -> None:
@@ -308,3 +312,10 @@ class PerfService:
         except OSError as exc:
             raise MetricsPortInUse(f"/metrics port {port}: {exc}") from exc
         self.metrics_port = self._http[0].server_port
+
+
+def _close_http(server: Any, thread: Any) -> None:
+    """Stop prometheus-client's ``/metrics`` server thread (blocking)."""
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=2)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from loki_shared import subjects
+from loki_shared import lifecycle, subjects
 from loki_shared.memkey import KDF_REDIS_KEY, BadKdf, KdfParams, key_id
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.events import ArchiveEvent
@@ -37,7 +37,7 @@ from loki_shared.messages.recall import (
     ToolReply,
     ToolRequest,
 )
-from loki_shared.nats import make_broker
+from loki_shared.nats import make_broker, stop_broker
 from loki_shared.sealing import service_sealer
 
 from . import tools
@@ -243,10 +243,14 @@ class RecallService:
             return
         log.warning("subscriptions still not routable after %d probes", tries)
 
-    async def stop(self) -> None:
+    async def stop(self, steps: lifecycle.Steps | None = None) -> None:
+        """Stop serving, each step bounded by ``steps`` (default: a budget of
+        ``LOKI_STOP_TIMEOUT_S``): the NATS subscribers (requests running get the time left),
+        the index snapshot (local disk), Redis."""
+        steps = steps or lifecycle.Steps(self.settings.stop_timeout_s, log)
         if self._poller is not None:
             self._poller.cancel()
             self._poller = None
-        await self.broker.stop()
-        await self.archive.close()
-        await self.redis.aclose()
+        await stop_broker(self.broker, steps, steps.left() * 0.5)
+        await steps.run("save the index snapshot", self.archive.close)
+        await steps.run("close Redis", self.redis.aclose, 1.0)
