@@ -194,6 +194,20 @@ def llama_command(
     ]
 
 
+try:  # loaded in the parent: the child between fork and exec only calls prctl
+    import ctypes
+
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not glibc Linux: no parent-death signal
+    _LIBC = None
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Child side: SIGTERM when the parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, 15)
+
+
 @dataclass
 class ManagedProcess:
     """A server child process with its last output lines kept for error messages.
@@ -209,8 +223,12 @@ class ManagedProcess:
     proc: subprocess.Popen[bytes] | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
     echo: bool = False
+    #: Run in a session of its own (a terminal's Ctrl-C reaches only the parent, which stops
+    #: its children in order) and get SIGTERM if the parent dies (Linux).
+    own_session: bool = False
 
     def start(self) -> ManagedProcess:
+        """Spawn the process (stdout and stderr merged into :attr:`tail`)."""
         self.proc = subprocess.Popen(
             self.argv,
             stdout=subprocess.PIPE,
@@ -218,6 +236,8 @@ class ManagedProcess:
             stdin=subprocess.DEVNULL,
             env=self.env,
             cwd=self.cwd,
+            start_new_session=self.own_session,
+            preexec_fn=_die_with_parent if self.own_session else None,
         )
         Thread(target=self._drain, daemon=True).start()
         return self
@@ -311,9 +331,15 @@ class RunningServer:
 
 
 def _start_listening(
-    name: str, argv: list[str], port: int, host: str, echo: bool, timeout: float
+    name: str,
+    argv: list[str],
+    port: int,
+    host: str,
+    echo: bool,
+    timeout: float,
+    own_session: bool = False,
 ) -> ManagedProcess:
-    proc = ManagedProcess(name, argv, echo=echo).start()
+    proc = ManagedProcess(name, argv, echo=echo, own_session=own_session).start()
     try:
         proc.wait_port(port, timeout=timeout, host=host)
     except ServerStartError:
@@ -329,11 +355,12 @@ def start_nats(
     echo: bool = False,
     extra: list[str] | tuple[str, ...] = (),
     timeout: float = 30.0,
+    own_session: bool = False,
 ) -> RunningServer:
     """Start a JetStream NATS storing its streams under ``data_dir`` on ``port`` (default: a
     free one) and return once it accepts connections. ``extra``: more ``nats-server``
     arguments (``-m PORT`` for the monitoring endpoint). Used by ``loki up``, the tests and
-    the benchmarks alike.
+    the benchmarks alike. ``own_session``: see :attr:`ManagedProcess.own_session`.
 
     Raises:
         ServerNotFound: no ``nats-server``.
@@ -342,7 +369,7 @@ def start_nats(
     port = port or free_port(host)
     data_dir.mkdir(parents=True, exist_ok=True)
     argv = [*nats_command(port, data_dir, host), *extra]
-    proc = _start_listening("nats", argv, port, host, echo, timeout)
+    proc = _start_listening("nats", argv, port, host, echo, timeout, own_session)
     return RunningServer(f"nats://{host}:{port}", port, proc, data_dir)
 
 
@@ -352,6 +379,7 @@ def start_redis(
     host: str = "127.0.0.1",
     echo: bool = False,
     timeout: float = 30.0,
+    own_session: bool = False,
 ) -> RunningServer:
     """Start Redis with append-only persistence under ``data_dir`` on ``port`` (default: a
     free one) and return once it accepts connections; the URL names database 0.
@@ -362,7 +390,8 @@ def start_redis(
     """
     port = port or free_port(host)
     data_dir.mkdir(parents=True, exist_ok=True)
-    proc = _start_listening("redis", redis_command(port, data_dir, host), port, host, echo, timeout)
+    argv = redis_command(port, data_dir, host)
+    proc = _start_listening("redis", argv, port, host, echo, timeout, own_session)
     return RunningServer(f"redis://{host}:{port}/0", port, proc, data_dir)
 
 

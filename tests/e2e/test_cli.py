@@ -14,6 +14,8 @@ import httpx
 
 from loki_shared import servers
 
+from .loki_up import children_of, cmdline
+
 
 def test_loki_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
     port = servers.free_port()
@@ -44,15 +46,15 @@ def test_loki_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert any(f"http://127.0.0.1:{port}/" in line for line in lines)
         page = httpx.get(f"http://127.0.0.1:{port}/", timeout=10)
         assert page.status_code == 200 and "<html" in page.text.lower()
+        children = children_of(proc.pid)  # each in a session of its own
+        assert len(children) >= 8, children  # NATS, Redis, 5 services, llama-server
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0, "".join(lines[-40:])
         # Nothing is left listening: the gateway port is closed and no child survives.
         assert not servers.port_open("127.0.0.1", port)
         time.sleep(0.5)
-        leftover = subprocess.run(
-            ["pgrep", "-s", str(proc.pid)], capture_output=True, text=True
-        ).stdout.split()
-        assert leftover == [], leftover
+        leftover = [pid for pid in children if Path(f"/proc/{pid}").exists()]
+        assert leftover == [], [cmdline(pid) for pid in leftover]
         assert (tmp_path / "data" / "secret.key").stat().st_mode & 0o777 == 0o600
     finally:
         if proc.poll() is None:
