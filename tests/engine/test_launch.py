@@ -203,6 +203,25 @@ async def test_engine_that_cannot_start_is_failed_with_its_output(
     assert sup.stop() == 0 and time.monotonic() - t0 < 20
 
 
+async def test_sigterm_with_a_frozen_engine_stops_within_the_budget(
+    engine_env, supervisor_factory, nc
+):
+    """An engine that no longer reacts (SIGSTOP: it ignores SIGTERM until continued) is
+    killed when the stop budget runs short; the supervisor exits 0 within it (issue 25)."""
+    sup = supervisor_factory({**engine_env, "LOKI_STOP_TIMEOUT_S": "5"})
+    await wait_info(nc, lambda i: i.state == "ready", sup=sup)
+    [pid] = sup.engine_pids()
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    assert sup.stop(timeout=15) == 0, sup.log()[-3000:]
+    assert time.monotonic() - t0 < 6, sup.log()[-3000:]
+    deadline = time.monotonic() + 5
+    while process_alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not process_alive(pid), "the frozen engine was left running"
+    assert "could not stop the engine" in sup.log()
+
+
 async def test_follows_an_engine_already_running(engine_env, supervisor_factory, nc, engine_url):
     sup = supervisor_factory({**engine_env, "LOKI_ENGINE_URL": engine_url})
     info = await wait_info(nc, lambda i: i.state == "ready", sup=sup)

@@ -526,7 +526,7 @@ def telling_line(tail: list[str]) -> str:
 def _bind_failed(tail: list[str]) -> bool:
     """Whether llama-server's output says it could not bind its port (cpp-httplib's
     "couldn't bind HTTP server socket")."""
-    return any("bind" in line.lower() for line in tail)
+    return any("couldn't bind" in line or "address already in use" in line.lower() for line in tail)
 
 
 def _mask(args: list[str]) -> list[str]:
