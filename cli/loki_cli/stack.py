@@ -31,6 +31,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from loki_shared import servers
 
@@ -249,7 +250,7 @@ class Stack:
                     f"{name} exited while starting (status {code}): {last_words(proc)}"
                 )
 
-    def engine_info(self, timeout: float = 2.0) -> dict | None:
+    def engine_info(self, timeout: float = 2.0) -> dict[str, Any] | None:
         """Ask ``loki.engine.info`` over NATS; None when nobody answers yet."""
         import asyncio
 
@@ -257,7 +258,7 @@ class Stack:
 
         from loki_shared import subjects
 
-        async def ask() -> dict | None:
+        async def ask() -> dict[str, Any] | None:
             nc = await nats_client.connect(
                 self.nats_url, connect_timeout=timeout, allow_reconnect=False
             )
@@ -274,7 +275,7 @@ class Stack:
         except Exception:  # noqa: BLE001 - NATS down or not up yet: no answer
             return None
 
-    def wait_engine(self, stopping: Callable[[], bool] = lambda: False) -> dict | None:
+    def wait_engine(self, stopping: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
         """Block until the supervisor reports the engine ``ready`` and return its info;
         None when ``stopping()`` became true first. A failure that the supervisor retries
         (a crash after a healthy start) is waited through; a final one is not.
@@ -293,7 +294,7 @@ class Stack:
             time.sleep(0.5)
         return None
 
-    def wait_engine_ready(self, timeout: float = 180.0) -> dict:
+    def wait_engine_ready(self, timeout: float = 180.0) -> dict[str, Any]:
         """Block until the supervisor reports the engine ``ready``; return its info.
 
         Raises:
@@ -355,7 +356,7 @@ class Stack:
         self.infra.clear()
 
 
-def engine_failure(info: dict) -> str:
+def engine_failure(info: dict[str, Any]) -> str:
     """One line for a person from a failed engine's info: the supervisor's reason, and how to
     reach the web UI when the failing configuration is a stored preset."""
     line = f"the engine failed: {info.get('detail') or 'no reason given'}"

@@ -98,9 +98,9 @@ class Steps:
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: no "exception never retrieved" noise
             return self._gave_up(what, f"no answer within {timeout:.1f} s")
-        exc = task.exception()
-        if exc is not None:
-            return self._gave_up(what, one_line(exc))
+        failure = task.exception()
+        if failure is not None:
+            return self._gave_up(what, one_line(failure))
         return True
 
     def _gave_up(self, what: str, why: str) -> bool:

@@ -71,9 +71,10 @@ def broker_client(broker: NatsBroker) -> Client | None:
     """The nats-py client of a started broker; None when it is not connected (never
     started, or stopped)."""
     try:
-        return broker.config.connection_state.connection
+        client: Client = broker.config.connection_state.connection
     except IncorrectState:
         return None
+    return client
 
 
 async def close_client(nc: Client, steps: Steps, drain_s: float | None = None) -> None:
