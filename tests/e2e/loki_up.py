@@ -64,10 +64,15 @@ class LokiUp:
         home: ``LOKI_HOME``.
         env: more variables (``LOKI_MODEL``, ``LOKI_EXTRA_ARGS`` ...).
         no_file_read_override: run it without root's power to read any file.
+        args: more ``loki up`` arguments.
     """
 
     def __init__(
-        self, home: Path, env: dict[str, str] | None = None, no_file_read_override: bool = False
+        self,
+        home: Path,
+        env: dict[str, str] | None = None,
+        no_file_read_override: bool = False,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.port = int((env or {}).get("LOKI_WEB_PORT") or servers.free_port())
         full = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
@@ -76,7 +81,7 @@ class LokiUp:
         loki = Path(sys.executable).parent / "loki"
         preexec = _drop_file_read_override if no_file_read_override and os.geteuid() == 0 else None
         self.proc = subprocess.Popen(
-            [str(loki), "up"],
+            [str(loki), "up", *args],
             env=full,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -158,3 +158,28 @@ def test_crash_after_a_healthy_start_is_restarted(tmp_path: Path, launched: list
     # The stop is quiet: no traceback (issue 27's DrainTimeoutError noise), nothing left.
     assert "Traceback" not in up.output, up.output[-6000:]
     assert alive(pids) == [], [cmdline(p) for p in alive(pids)]
+
+
+def test_second_ctrl_c_stops_at_once(tmp_path: Path, launched: list[LokiUp]) -> None:
+    """With NATS frozen, the orderly stop would take each service its whole budget; a second
+    Ctrl-C ends it at once and leaves no process behind."""
+    up = LokiUp(
+        tmp_path / "data",
+        {"LOKI_ENGINE_URL": "http://127.0.0.1:9", "LOKI_STOP_TIMEOUT_S": "30"},
+        args=("--no-wait-engine",),
+    )
+    launched.append(up)
+    up.wait_for("Loki is up", 90)
+    pids = children_of(up.proc.pid)
+    [nats] = [p for p in pids if "nats-server" in cmdline(p)]
+    os.kill(nats, signal.SIGSTOP)
+    up.proc.send_signal(signal.SIGINT)
+    up.wait_for("Ctrl-C again to stop at once", 10)
+    time.sleep(1.0)
+    assert up.proc.poll() is None, "the orderly stop is still waiting on the frozen NATS"
+    sent = time.monotonic()
+    up.proc.send_signal(signal.SIGINT)
+    assert up.exit_status(10) == 130, up.output[-3000:]
+    assert time.monotonic() - sent < 3
+    time.sleep(0.5)
+    assert alive(pids) == [], [cmdline(p) for p in alive(pids)]
