@@ -105,6 +105,24 @@ def test_a_file_that_is_not_gguf_is_said(tmp_path: Path, launched: list[LokiUp])
     assert "engine starting" not in up.output
 
 
+def test_a_service_exiting_while_starting_is_said_not_restarted(
+    tmp_path: Path, launched: list[LokiUp]
+) -> None:
+    """A setting every service refuses: the first one to exit is named with its own last
+    error line, once (no restart loop), exit status 1."""
+    up = LokiUp(tmp_path / "data", {"LOKI_LOG_LEVEL": "LOUD"})
+    launched.append(up)
+    line = assert_cannot_start(up, "exited while starting (status 1)", "unknown log level")
+    assert line.split("Loki cannot start: ")[1].split(" ")[0] in {
+        "engine-supervisor",
+        "recall",
+        "perf",
+        "chat",
+        "gateway",
+    }, line
+    assert "restarting" not in up.output
+
+
 @pytest.mark.engine
 def test_unknown_extra_args_flag_is_said_with_the_engine_words(
     tmp_path: Path, launched: list[LokiUp]
