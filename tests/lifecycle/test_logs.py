@@ -4,11 +4,22 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 
 from loki_shared.logsetup import setup_logging
 from loki_shared.nats import make_broker
+
+
+@pytest.fixture(autouse=True)
+def root_logger_restored() -> Iterator[None]:
+    """setup_logging replaces the root handlers: put pytest's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 async def one_request(nats_url: str) -> None:
@@ -30,10 +41,7 @@ async def test_per_message_lines_are_debug(
     nats_url: str, capfd: pytest.CaptureFixture[str], level: str, shown: bool
 ) -> None:
     setup_logging("logtest", level)
-    try:
-        await one_request(nats_url)
-    finally:
-        setup_logging("logtest", "WARNING")
+    await one_request(nats_url)
     err = capfd.readouterr().err
     assert ("loki.test.logs: Received" in err) is shown, err
     assert ("loki.test.logs: Processed" in err) is shown, err
