@@ -98,6 +98,8 @@ class Steps:
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved: no "exception never retrieved" noise
             return self._gave_up(what, f"no answer within {timeout:.1f} s")
+        if task.cancelled():  # by the peer's library itself (nats-py cancels its own waits)
+            return self._gave_up(what, "cancelled")
         failure = task.exception()
         if failure is not None:
             return self._gave_up(what, one_line(failure))
@@ -171,7 +173,7 @@ class Stop:
         stopped = asyncio.ensure_future(self._event.wait())
         await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
-        if task.done():
+        if task.done() and not task.cancelled():
             task.result()
             return True
         task.cancel()
