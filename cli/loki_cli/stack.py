@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -368,14 +369,26 @@ def engine_failure(info: dict[str, Any]) -> str:
 
 
 def last_words(proc: servers.ManagedProcess) -> str:
-    """The line of a process's output that best says why it stopped: the last one naming an
-    error (a Python traceback ends with the exception), else its last line."""
-    lines = [line.strip() for line in proc.tail if line.strip()]
-    for line in reversed(lines):
-        lowered = line.lower()
-        if "error" in lowered or "exception" in lowered or "failed" in lowered:
-            return line[:300]
-    return lines[-1][:300] if lines else "no output"
+    """The line of a process's output that best says why it stopped: the exception line of
+    its last Python traceback, else its first ERROR/CRITICAL log line (the cause comes before
+    "startup failed"), else its last line."""
+    lines = [line.rstrip() for line in proc.tail if line.strip()]
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    if starts:
+        after = [line for line in lines[starts[-1] + 1 :] if not line[:1].isspace()]
+        exceptions = [line for line in after if _EXCEPTION_LINE.match(line)]
+        if exceptions:
+            return exceptions[-1].strip()[:300]
+    for line in lines:
+        if _ERROR_RECORD.search(line):
+            return line.strip()[:300]
+    return lines[-1].strip()[:300] if lines else "no output"
+
+
+#: ``ValueError: ...``, ``nats.errors.NoServersError: ...`` (a traceback's last line).
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+#: A log record at ERROR or CRITICAL in Loki's format (``<time> ERROR <service> ...``).
+_ERROR_RECORD = re.compile(r"\s(ERROR|CRITICAL)\s")
 
 
 #: No proxy for loopback checks, whatever the environment's ``http_proxy`` says.
