@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from loki_perf.decode import decode
+from loki_perf.decode import CAUSES, decode
 from loki_perf.metrics import PREFIX, PerfCollector, Totals, exported_names
 from loki_perf.ring import Ring
 from loki_shared.fingerprint import fingerprints
@@ -134,11 +134,14 @@ def test_names_cannot_collide_with_grafana_loki_and_labels_are_fixed():
     by = {
         (s.labels.get("kind"), s.labels.get("cause")): s.value
         for s in samples["lokiassist_cache_losses_total"]
+        if s.value
     }
     assert by == {("main", "subagent"): 1.0}  # the sub-agent ran in between
     total = {s.labels["kind"]: s.value for s in samples["lokiassist_completions_total"]}
     assert total == {"main": 2, "subagent": 1, "bench": 1, "foreign": 1}
-    full = {s.labels["kind"]: s.value for s in samples["lokiassist_prompt_full_hits_total"]}
+    full = {
+        s.labels["kind"]: s.value for s in samples["lokiassist_prompt_full_hits_total"] if s.value
+    }
     assert full == {"bench": 1}
     cached = {s.labels["kind"]: s.value for s in samples["lokiassist_prompt_tokens_cached_total"]}
     assert cached["bench"] == 100  # a full hit counts its whole prompt as reused
@@ -156,11 +159,44 @@ def test_unknown_figures_are_not_counted_as_zero():
     feed(ring, totals)
     samples = scrape(ring, totals)
     unknown = {
-        s.labels["kind"]: s.value for s in samples["lokiassist_completions_cache_unknown_total"]
+        s.labels["kind"]: s.value
+        for s in samples["lokiassist_completions_cache_unknown_total"]
+        if s.value
     }
     assert unknown == {"foreign": 1}
     prompt = {s.labels["kind"] for s in samples["lokiassist_prompt_tokens_total"]}
     assert "foreign" not in prompt
+
+
+def test_event_counters_start_at_zero_for_every_kind_seen():
+    """Counters of events (cut streams, unknown figures, full hits, losses by cause) are
+    exported as 0 before their first event, for every (kind, model) with completions — with
+    cache figures for those that need them — so a dashboard shows 0, not "no data"."""
+    ring, totals = Ring(), Totals()
+    feed(ring, totals)
+    samples = scrape(ring, totals)
+    kinds = {"main", "subagent", "bench", "foreign"}
+
+    def by_kind(name: str) -> dict[str, float]:
+        return {s.labels["kind"]: s.value for s in samples[name]}
+
+    assert by_kind("lokiassist_cut_streams_total") == {
+        "main": 0,
+        "subagent": 1,
+        "bench": 0,
+        "foreign": 0,
+    }
+    assert set(by_kind("lokiassist_completions_cache_unknown_total")) == kinds
+    # Full hits and losses cannot be told without cache figures: no series for "foreign".
+    assert by_kind("lokiassist_prompt_full_hits_total") == {"main": 0, "subagent": 0, "bench": 1}
+    for name in ("lokiassist_cache_losses_total", "lokiassist_cache_lost_tokens_total"):
+        rows = samples[name]
+        assert {(s.labels["kind"], s.labels["cause"]) for s in rows} == {
+            (k, c) for k in ("main", "subagent", "bench") for c in CAUSES
+        }
+    # Token counts keep no series where nothing was measured (drafts: one main completion).
+    assert set(by_kind("lokiassist_draft_tokens_total")) == {"main"}
+    assert "foreign" not in by_kind("lokiassist_prompt_tokens_total")
 
 
 def test_checkpoint_round_trip_is_exact():

@@ -35,7 +35,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .decode import Entry
+from .decode import CAUSES, Entry
 
 PREFIX = "lokiassist_"
 _MAX_MODELS = 16
@@ -76,6 +76,18 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
         "Generation speed (predicted_n / predicted_ms).",
         (1, 2.5, 5, 10, 20, 40, 80, 160, 320),
     ),
+}
+#: Event counters exported as 0 for every (kind, model) that has completions, before the first
+#: event: Prometheus's advice for series known in advance, so a dashboard panel or a rate over
+#: them shows 0 rather than "no data". The value: which completions the count is out of
+#: ("all", or "known": those with cache figures, since a loss or a full hit cannot be told
+#: without them). Loss counters get one series per cause of :data:`loki_perf.decode.CAUSES`.
+ZERO_FILLED: dict[str, str] = {
+    "completions_cache_unknown": "all",
+    "cut_streams": "all",
+    "prompt_full_hits": "known",
+    "cache_losses": "known",
+    "cache_lost_tokens": "known",
 }
 #: Gauges computed from the ring (not counters: they move both ways).
 GAUGES: dict[str, str] = {
@@ -217,6 +229,19 @@ class Totals:
         return cls.load(json.loads(raw))
 
 
+def _zero_fill(counters: dict[str, dict[tuple[str, ...], float]]) -> None:
+    """Add the 0 series of :data:`ZERO_FILLED` to a copy of the counters (in place)."""
+    out_of = {"all": set(counters["completions"]), "known": set(counters["prompt_tokens"])}
+    for name, base in ZERO_FILLED.items():
+        d = counters[name]
+        for lab in out_of[base]:
+            if name in LOSS_COUNTERS:
+                for cause in CAUSES:
+                    d.setdefault((*lab, cause), 0.0)
+            else:
+                d.setdefault(lab, 0.0)
+
+
 def _le(b: float) -> str:
     return "+Inf" if math.isinf(b) else repr(float(b))
 
@@ -246,6 +271,7 @@ class PerfCollector(Collector):
             hists = {
                 n: {k: (list(h[0]), h[1]) for k, h in d.items()} for n, d in totals.hists.items()
             }
+        _zero_fill(counters)
         for n, help_ in COUNTERS.items():
             fam = CounterMetricFamily(PREFIX + n, help_, labels=["kind", "model"])
             for lab, v in sorted(counters[n].items()):

@@ -20,7 +20,6 @@ request, since each holds the whole ring.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 from typing import Any
@@ -31,7 +30,7 @@ from nats.js.api import DeliverPolicy, KeyValueConfig
 from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
-from loki_shared import lifecycle, subjects
+from loki_shared import lifecycle, perf_checkpoint, subjects
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.perf import (
     CacheRamAdviceReply,
@@ -50,7 +49,7 @@ from .metrics import PerfCollector, Totals
 from .ring import Ring
 from .settings import Settings
 
-CHECKPOINT_KEY = "totals"
+CHECKPOINT_KEY = perf_checkpoint.CHECKPOINT_KEY
 
 
 def perf_line(e: Entry) -> str:
@@ -172,7 +171,7 @@ class PerfService:
             info = await js.stream_info(subjects.STREAM_PERF)
         except (nats.errors.Error, OSError) as exc:
             raise StreamUnavailable(f"stream {subjects.STREAM_PERF}: {exc}") from exc
-        self._stream_id = info.created.isoformat() if info.created else ""
+        self._stream_id = perf_checkpoint.stream_identity(info)
         # An empty stream (new, or purged: last_seq stays) has nothing to rebuild.
         self._target_seq = info.state.last_seq if info.state.messages else 0
         await self._load_checkpoint(info.state.last_seq)
@@ -261,9 +260,8 @@ class PerfService:
             self.log.warning("metrics checkpoint unavailable, counting from the ring: %s", exc)
             return
         try:
-            data = json.loads(entry.value)
-            totals = Totals.load(data["totals"])
-            stream_id = data.get("stream", "")
+            stream_id, data = perf_checkpoint.decode(entry.value)
+            totals = Totals.load(data)
         except (ValueError, KeyError, TypeError) as exc:
             self.log.warning("metrics checkpoint unreadable, counting from the ring: %s", exc)
             return
@@ -277,8 +275,9 @@ class PerfService:
         if self._kv is None or self.totals.seq == self._saved_seq:
             return
         seq = self.totals.seq
-        data = {"stream": self._stream_id, "totals": self.totals.dump()}
-        await self._kv.put(CHECKPOINT_KEY, json.dumps(data, separators=(",", ":")).encode())
+        await self._kv.put(
+            CHECKPOINT_KEY, perf_checkpoint.encode(self._stream_id, self.totals.dump())
+        )
         self._saved_seq = seq
 
     async def _checkpoint_loop(self) -> None:
