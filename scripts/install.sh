@@ -182,13 +182,28 @@ if [ -z "${LOKI_LLAMA_SERVER:-}" ] && { [ "$(cat "$LLAMA_STAMP" 2>/dev/null)" !=
   echo "$LLAMA_WHEELS" > "$LLAMA_STAMP"
 fi
 
-# 5. Test extras: Debian's chromium for the browser test (never a downloaded browser).
-if [ "$WITH_TEST" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    say "installing Debian's chromium for the browser test"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    say "chromium missing and apt-get unavailable: the browser test will fail"
+# 5. Test extras from Debian (never a downloaded binary): chromium for the browser test, and
+#    prometheus (with promtool) for the Prometheus tests.
+if [ "$WITH_TEST" = 1 ]; then
+  need_chromium=0 need_prometheus=0
+  command -v chromium >/dev/null 2>&1 || need_chromium=1
+  { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need_prometheus=1
+  if [ "$need_chromium$need_prometheus" != 00 ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      apt-get update -qq
+      if [ "$need_chromium" = 1 ]; then
+        say "installing Debian's chromium for the browser test"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+      fi
+      if [ "$need_prometheus" = 1 ]; then
+        # Without its recommends: no node-exporter nor its services.
+        say "installing Debian's prometheus for the Prometheus tests"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+          prometheus >/dev/null
+      fi
+    else
+      say "chromium or prometheus missing and apt-get unavailable: the tests needing them will fail"
+    fi
   fi
 fi
 say "ready ($VENV)"
