@@ -17,6 +17,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from .backup_cmd import register as register_backup
 from .stack import Stack, StackConfig, StackError
 
 app = typer.Typer(add_completion=False, help="Loki, a self-hosted assistant around a local LLM.")
@@ -93,6 +94,9 @@ def doctor() -> None:
             console.print(f"{label:14} {find()}")
         except servers.ServerNotFound as exc:
             console.print(f"{label:14} [red]missing[/]: {exc}")
+
+
+register_backup(app)
 
 
 def main() -> None:

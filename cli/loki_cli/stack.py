@@ -36,7 +36,7 @@ from typing import Any
 
 from loki_shared import servers
 
-from . import ports
+from . import ports, runfile
 
 #: (name, python module), in start order.
 SERVICES: list[tuple[str, str]] = [
@@ -173,6 +173,7 @@ class Stack:
                 self.infra["redis"] = redis.process
                 self.redis_url = redis.url
                 self.log(f"Redis (append-only) on {self.redis_url}")
+            runfile.write(home, self.nats_url, self.redis_url)
             for name, _ in SERVICES:
                 self.start_service(name)
             self.wait_gateway()
@@ -340,6 +341,7 @@ class Stack:
 
     def stop(self) -> None:
         """Stop every service in reverse start order, then Redis and NATS (NATS last)."""
+        runfile.remove(self.config.home)
         for name, _ in reversed(SERVICES):
             self.stop_service(name)
         for name in ("redis", "nats"):

@@ -1,0 +1,60 @@
+"""``python -m loki_shared.backup create|restore PATH``: back up or restore a stack from inside
+one of its containers (compose), where the ``loki`` command is not installed.
+
+The stack is the one the ``LOKI_*`` environment names (``LOKI_REDIS_URL``, ``LOKI_NATS_URL``,
+``LOKI_HOME``, ``LOKI_SECRET_KEY``): every Loki container has it. The passphrase comes from
+``--passphrase-file``, else ``LOKI_BACKUP_PASSPHRASE``, else a prompt (asked twice for a new
+backup). Exit status: 0 done, 1 refused or failed (one line says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from ..settings import LokiSettings
+from .bundle import BackupError, Target, create_backup, restore_backup
+from .passphrase import read_passphrase
+
+
+def target_from_env() -> Target:
+    """The stack the ``LOKI_*`` environment describes."""
+    s = LokiSettings()
+    return Target(
+        redis_url=s.redis_url,
+        nats_url=s.nats_url,
+        home=Path(s.home),
+        secret_key=s.secret_key.get_secret_value() if s.secret_key else None,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loki_shared.backup", description=__doc__)
+    parser.add_argument("action", choices=["create", "restore"])
+    parser.add_argument("path", type=Path)
+    parser.add_argument("--passphrase-file", help="file whose first line is the passphrase")
+    args = parser.parse_args(argv)
+    try:
+        passphrase = read_passphrase(args.passphrase_file, confirm=args.action == "create")
+        target = target_from_env()
+        if args.action == "create":
+            summary = asyncio.run(create_backup(args.path, passphrase, target))
+            verb = "backed up"
+        else:
+            summary = asyncio.run(restore_backup(args.path, passphrase, target))
+            verb = "restored"
+    except BackupError as exc:
+        print(f"loki backup: {exc}", file=sys.stderr)
+        return 1
+    streams = ", ".join(f"{k} {v}" for k, v in summary.streams.items()) or "none"
+    print(
+        f"{verb} {summary.redis_keys} Redis keys, streams ({streams}), "
+        f"{len(summary.files)} files: {args.path}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The commands: `loki backup` finds the running stack (its run file, or LOKI_*_URL), `loki
+restore` fills an empty LOKI_HOME by starting its embedded stores, and `python -m
+loki_shared.backup` does the same from inside a container (no engine needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import redis
+
+from loki_cli import runfile
+from tests.conftest import start_nats, start_redis
+
+PASS = "a passphrase long enough"
+
+
+def run(argv: list[str], home: Path, **env: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
+    full.update(LOKI_HOME=str(home), **env)
+    return subprocess.run(argv, env=full, capture_output=True, text=True, timeout=120)
+
+
+def loki(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
+    return run([str(Path(sys.executable).parent / "loki"), *args], home, **env)
+
+
+def test_loki_backup_reads_the_running_stack_and_restore_fills_an_empty_home(tmp_path: Path):
+    home = tmp_path / "home"
+    nats_a, redis_a = start_nats(home / "nats"), start_redis(home / "redis")
+    try:
+        r = redis.Redis.from_url(redis_a.url)
+        r.set(b"loki:chat:conv:x", b"\x01blob")
+        r.hset(b"loki:chat:index", b"x", b"\x01entry")
+        (home / "secret.key").write_text("A" * 43 + "=\n")
+        backup = tmp_path / "x.lokibak"
+
+        # No stack running and no URLs: a clear refusal.
+        out = loki("backup", str(backup), home=home, LOKI_BACKUP_PASSPHRASE=PASS)
+        assert out.returncode == 1 and "no running Loki" in out.stderr, out.stderr
+        assert not backup.exists()
+
+        # The run file `loki up` writes (this process plays the launcher).
+        runfile.write(home, nats_a.url, redis_a.url)
+        assert runfile.read(home) is not None
+        out = loki("backup", str(backup), home=home, LOKI_BACKUP_PASSPHRASE="short")
+        assert out.returncode == 1 and "at least 12" in out.stderr, out.stderr
+        out = loki("backup", str(backup), home=home, LOKI_BACKUP_PASSPHRASE=PASS)
+        assert out.returncode == 0, out.stderr
+        assert "2 Redis keys" in out.stderr
+        runfile.remove(home)
+        assert runfile.read(home, alive_only=False) is None
+    finally:
+        nats_a.process.stop()
+        redis_a.process.stop()
+
+    fresh = tmp_path / "fresh"
+    pfile = tmp_path / "pass.txt"
+    pfile.write_text(PASS + "\n")
+    out = loki("restore", str(backup), "--passphrase-file", str(pfile), home=fresh)
+    assert out.returncode == 0, out.stderr
+    assert (fresh / "secret.key").read_text() == "A" * 43 + "=\n"
+    # The embedded Redis the restore started kept the data in the home's append-only file.
+    again = start_redis(fresh / "redis")
+    try:
+        r = redis.Redis.from_url(again.url)
+        assert r.get(b"loki:chat:conv:x") == b"\x01blob"
+        assert r.hgetall(b"loki:chat:index") == {b"x": b"\x01entry"}
+    finally:
+        again.process.stop()
+
+
+def test_python_m_loki_shared_backup_works_from_the_environment(tmp_path: Path):
+    home = tmp_path / "home"
+    nats_a, redis_a = start_nats(tmp_path / "nats"), start_redis(tmp_path / "redis")
+    nats_b, redis_b = start_nats(tmp_path / "nats2"), start_redis(tmp_path / "redis2")
+    try:
+        redis.Redis.from_url(redis_a.url).set(b"loki:recall:seq", b"7")
+        path = tmp_path / "c.lokibak"
+        env = dict(LOKI_BACKUP_PASSPHRASE=PASS, LOKI_SECRET_KEY="compose secret key text")
+        cmd = [sys.executable, "-m", "loki_shared.backup"]
+        out = run(
+            [*cmd, "create", str(path)],
+            home,
+            LOKI_NATS_URL=nats_a.url,
+            LOKI_REDIS_URL=redis_a.url,
+            **env,
+        )
+        assert out.returncode == 0, out.stderr
+        # The target's LOKI_SECRET_KEY must be the backup's.
+        out = run(
+            [*cmd, "restore", str(path)],
+            tmp_path / "target",
+            LOKI_NATS_URL=nats_b.url,
+            LOKI_REDIS_URL=redis_b.url,
+            LOKI_BACKUP_PASSPHRASE=PASS,
+            LOKI_SECRET_KEY="another key",
+        )
+        assert out.returncode == 1 and "LOKI_SECRET_KEY" in out.stderr, out.stderr
+        out = run(
+            [*cmd, "restore", str(path)],
+            tmp_path / "target",
+            LOKI_NATS_URL=nats_b.url,
+            LOKI_REDIS_URL=redis_b.url,
+            **env,
+        )
+        assert out.returncode == 0, out.stderr
+        assert redis.Redis.from_url(redis_b.url).get(b"loki:recall:seq") == b"7"
+        # With the same LOKI_SECRET_KEY, no key file is written beside the data.
+        assert not (tmp_path / "target" / "secret.key").exists()
+    finally:
+        for s in (nats_a, redis_a, nats_b, redis_b):
+            s.process.stop()
