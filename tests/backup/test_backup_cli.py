@@ -4,6 +4,7 @@ loki_shared.backup` does the same from inside a container (no engine needed)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -110,6 +111,42 @@ def test_python_m_loki_shared_backup_works_from_the_environment(tmp_path: Path):
         assert redis.Redis.from_url(redis_b.url).get(b"loki:recall:seq") == b"7"
         # With the same LOKI_SECRET_KEY, no key file is written beside the data.
         assert not (tmp_path / "target" / "secret.key").exists()
+    finally:
+        for s in (nats_a, redis_a, nats_b, redis_b):
+            s.process.stop()
+
+
+def test_python_m_loki_shared_backup_pipes_through_standard_output_and_input(tmp_path: Path):
+    """`create -` writes the file to standard output and `restore -` reads it from standard
+    input (a backup piped out of a container and back), the report on standard error."""
+    nats_a, redis_a = start_nats(tmp_path / "nats"), start_redis(tmp_path / "redis")
+    nats_b, redis_b = start_nats(tmp_path / "nats2"), start_redis(tmp_path / "redis2")
+    try:
+        redis.Redis.from_url(redis_a.url).hset(b"loki:engine:presets", b"p", b"\x01x")
+        home = tmp_path / "home"
+        (home / "attachments").mkdir(parents=True)
+        (home / "attachments" / "a.txt").write_bytes(b"attached")
+        key_text = base64.b64encode(os.urandom(32)).decode() + "\n"
+        (home / "secret.key").write_text(key_text)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
+        cmd = [sys.executable, "-m", "loki_shared.backup"]
+        # Without a passphrase source, `-` refuses rather than prompting on the data stream.
+        out = subprocess.run([*cmd, "create", "-"], env=env, capture_output=True, timeout=60)
+        assert out.returncode == 1 and b"LOKI_BACKUP_PASSPHRASE" in out.stderr
+        env["LOKI_BACKUP_PASSPHRASE"] = PASS
+        src = dict(env, LOKI_HOME=str(home), LOKI_NATS_URL=nats_a.url, LOKI_REDIS_URL=redis_a.url)
+        out = subprocess.run([*cmd, "create", "-"], env=src, capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(b"LOKI-BACKUP") and b"backed up 1 Redis keys" in out.stderr
+        target = tmp_path / "target"
+        dst = dict(env, LOKI_HOME=str(target), LOKI_NATS_URL=nats_b.url, LOKI_REDIS_URL=redis_b.url)
+        back = subprocess.run(
+            [*cmd, "restore", "-"], env=dst, input=out.stdout, capture_output=True, timeout=60
+        )
+        assert back.returncode == 0, back.stderr
+        assert redis.Redis.from_url(redis_b.url).hgetall(b"loki:engine:presets") == {b"p": b"\x01x"}
+        assert (target / "attachments" / "a.txt").read_bytes() == b"attached"
+        assert (target / "secret.key").read_text() == key_text
     finally:
         for s in (nats_a, redis_a, nats_b, redis_b):
             s.process.stop()

@@ -18,6 +18,7 @@ another key): restores never merge.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -25,7 +26,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import nats
 import redis.asyncio as aioredis
@@ -78,20 +79,19 @@ class Target:
 
 
 async def create_backup(
-    path: Path, passphrase: str, source: Target, scrypt_n: int = BACKUP_SCRYPT_N
+    dest: Path | BinaryIO, passphrase: str, source: Target, scrypt_n: int = BACKUP_SCRYPT_N
 ) -> BackupSummary:
-    """Write a backup of the running stack ``source`` to ``path``.
+    """Write a backup of the running stack ``source`` to ``dest``: a file path, or a binary
+    stream (standard output, for a backup piped out of a container).
 
-    The file is written beside ``path`` under a temporary name (mode 0600) and renamed when
+    A file is written beside ``dest`` under a temporary name (mode 0600) and renamed when
     complete, so a failed backup never leaves a file that looks whole.
 
     Raises:
-        BackupError: ``path`` exists, the passphrase is too short, no service key, a server is
+        BackupError: ``dest`` exists, the passphrase is too short, no service key, a server is
             unreachable, or a Redis key has a type a backup cannot copy.
     """
-    path = Path(path)
-    if path.exists():
-        raise BackupError(f"{path} exists: choose a new file name")
+    _refuse_existing(dest)
     try:
         check_new_passphrase(passphrase)
         key = home_part.service_key(source.home, source.secret_key)
@@ -106,38 +106,52 @@ async def create_backup(
         files=files,
         created=time.time(),
     )
-    manifest = {"format": FORMAT, "created": summary.created, "contents": summary.to_json()}
+
+    def write(out: BinaryIO) -> None:
+        manifest = {"format": FORMAT, "created": summary.created, "contents": summary.to_json()}
+        sealed = SealedWriter(out, passphrase, scrypt_n=scrypt_n)
+        with sealed, tarfile.open(fileobj=sealed, mode="w|gz") as tar:
+            _add(tar, "manifest.json", json.dumps(manifest, indent=1).encode())
+            _add(tar, "keys/service.key", base64.b64encode(key) + b"\n")
+            lines = (json.dumps(k.to_json(), separators=(",", ":")) for k in redis_snap.keys)
+            _add(tar, "redis/keys.jsonl", "".join(f"{line}\n" for line in lines).encode())
+            for copy in streams:
+                body = {
+                    "name": copy.name,
+                    "config": copy.config,
+                    "identity": copy.identity,
+                    "messages": [m.to_json() for m in copy.messages],
+                }
+                _add(tar, f"jetstream/{copy.name}.json", json.dumps(body).encode())
+            for rel in files:
+                try:
+                    data = (source.home / rel).read_bytes()
+                except OSError:
+                    continue  # removed since it was listed
+                _add(tar, f"home/{rel}", data)
+        out.flush()
+
+    if not isinstance(dest, str | Path):
+        write(dest)
+        return summary
+    path = Path(dest)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as out:
-            sealed = SealedWriter(out, passphrase, scrypt_n=scrypt_n)
-            with sealed, tarfile.open(fileobj=sealed, mode="w|gz") as tar:
-                _add(tar, "manifest.json", json.dumps(manifest, indent=1).encode())
-                _add(tar, "keys/service.key", base64.b64encode(key) + b"\n")
-                lines = (json.dumps(k.to_json(), separators=(",", ":")) for k in redis_snap.keys)
-                _add(tar, "redis/keys.jsonl", "".join(f"{line}\n" for line in lines).encode())
-                for copy in streams:
-                    body = {
-                        "name": copy.name,
-                        "config": copy.config,
-                        "identity": copy.identity,
-                        "messages": [m.to_json() for m in copy.messages],
-                    }
-                    _add(tar, f"jetstream/{copy.name}.json", json.dumps(body).encode())
-                for rel in files:
-                    try:
-                        data = (source.home / rel).read_bytes()
-                    except OSError:
-                        continue  # removed since it was listed
-                    _add(tar, f"home/{rel}", data)
-            out.flush()
+            write(out)
             os.fsync(out.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return summary
+
+
+def _refuse_existing(dest: Path | BinaryIO) -> None:
+    # A command-line tool: blocking on the file system is fine here (nothing else runs).
+    if isinstance(dest, str | Path) and Path(dest).exists():
+        raise BackupError(f"{dest} exists: choose a new file name")
 
 
 async def _read_stores(source: Target):
@@ -167,8 +181,8 @@ class _Contents:
     files: dict[str, bytes]
 
 
-def read_backup(path: Path, passphrase: str) -> _Contents:
-    """Open, check and decode a backup file.
+def read_backup(src: Path | BinaryIO, passphrase: str) -> _Contents:
+    """Open, check and decode a backup: a file path, or a binary stream (standard input).
 
     Raises:
         BackupError: not a Loki backup, wrong passphrase, damaged or truncated, or a format
@@ -179,8 +193,11 @@ def read_backup(path: Path, passphrase: str) -> _Contents:
     redis_keys: list[redis_part.RedisKey] = []
     streams: list[jetstream_part.StreamCopy] = []
     files: dict[str, bytes] = {}
+    path = src if isinstance(src, str | Path) else "the backup"
     try:
-        with open(path, "rb") as src:
+        with contextlib.ExitStack() as stack:
+            if isinstance(src, str | Path):
+                src = stack.enter_context(open(src, "rb"))
             reader = io.BufferedReader(SealedReader(src, passphrase), buffer_size=1 << 16)
             with tarfile.open(fileobj=reader, mode="r|gz") as tar:
                 for member in tar:
@@ -229,8 +246,9 @@ def read_backup(path: Path, passphrase: str) -> _Contents:
     return _Contents(manifest, key, redis_keys, streams, files)
 
 
-async def restore_backup(path: Path, passphrase: str, target: Target) -> BackupSummary:
-    """Restore the backup at ``path`` into the empty stack ``target``.
+async def restore_backup(src: Path | BinaryIO, passphrase: str, target: Target) -> BackupSummary:
+    """Restore the backup ``src`` (a file path, or a binary stream) into the empty stack
+    ``target``.
 
     Every precondition is checked before anything is written: Redis holds no ``loki:*`` key,
     no Loki stream of the backup holds messages, and ``LOKI_HOME`` holds no other key and no
@@ -242,7 +260,7 @@ async def restore_backup(path: Path, passphrase: str, target: Target) -> BackupS
         BackupError: the file cannot be read (see :func:`read_backup`) or the target is not
             empty; nothing was written. A failure while writing says what was written.
     """
-    contents = read_backup(path, passphrase)
+    contents = read_backup(src, passphrase)
     client = aioredis.Redis.from_url(target.redis_url)
     nc = await _connect_nats(target.nats_url)
     try:
