@@ -200,6 +200,9 @@ async def test_jetstream_copy_restores_streams_buckets_and_rebinds_the_checkpoin
         # The checkpoint now names the new stream; it had counted old seqs 3..5, now 1..3.
         assert stream_id == perf_checkpoint.stream_identity(info)
         assert totals["seq"] == 3
+        # The services open the restored stream and bucket as their own (same configuration).
+        await ensure_perf_stream(js)
+        await js.create_key_value(config=KeyValueConfig(bucket=subjects.KV_PERF_TOTALS, history=1))
         with pytest.raises(jetstream_part.JetStreamBackupError, match="already holds"):
             await jetstream_part.ensure_empty(js, names)
     finally:
