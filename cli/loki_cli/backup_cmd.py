@@ -65,8 +65,7 @@ def backup(
     path: Path = typer.Argument(..., help="File to write (must not exist)."),
     passphrase_file: Path | None = PASSPHRASE_FILE,
 ) -> None:
-    """Back up the running stack (conversations, archive, memory, presets, perf, keys) into
-    one file sealed with a passphrase."""
+    """Back up the running stack into one file sealed with a passphrase."""
     home = _home()
     nats_url = os.environ.get("LOKI_NATS_URL") or ""
     redis_url = os.environ.get("LOKI_REDIS_URL") or ""
@@ -97,8 +96,7 @@ def restore(
     path: Path = typer.Argument(..., help="Backup file written by `loki backup`."),
     passphrase_file: Path | None = PASSPHRASE_FILE,
 ) -> None:
-    """Restore a backup into an empty stack (an empty LOKI_HOME, or the empty stores that
-    LOKI_NATS_URL and LOKI_REDIS_URL name)."""
+    """Restore a backup into an empty LOKI_HOME (or the empty stores LOKI_*_URL name)."""
     home = _home()
     nats_url = os.environ.get("LOKI_NATS_URL") or ""
     redis_url = os.environ.get("LOKI_REDIS_URL") or ""
