@@ -4,7 +4,7 @@ model) and answers every query of the Grafana dashboard with data.
 The configuration is the shipped ``deploy/prometheus/prometheus.yml`` with its targets put on
 loopback (the perf service's ``/metrics`` and llama-server's, which the supervisor starts with
 ``--metrics``) and a 1 s scrape; the rules are the shipped ones. The engine runs with a draft
-model (the bundled model drafting for itself) so the speculative-decoding panel has figures.
+n-gram speculative decoding so the speculative-decoding panel has figures.
 
 Dashboard variables are given the values Grafana would: ``$model`` its "All" value,
 ``$__range`` the dashboard's default time range, ``$__rate_interval`` four times the
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -73,13 +74,14 @@ def finite(result: list[dict]) -> list[float]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    model = servers.find_bundled_model()
     env = {
         "LOKI_CTX": "2048",
         "LOKI_PERF_METRICS_PORT": str(servers.free_port()),
-        # Speculative decoding with the model as its own draft: drafts are all accepted, and
-        # the completions carry draft_n / draft_n_accepted for the draft-acceptance panel.
-        "LOKI_EXTRA_ARGS": f"--model-draft {model} --spec-draft-n-max 4",
+        # Speculative decoding by n-gram lookup (no draft model: the bundled model as its own
+        # draft crashes this llama-server build under the supervisor's arguments); replies
+        # that repeat themselves get drafts, and the completions carry draft_n /
+        # draft_n_accepted for the draft-acceptance panel.
+        "LOKI_EXTRA_ARGS": "--spec-type ngram-mod",
     }
     home = tmp_path_factory.mktemp("prom-home")
     s = Stack(StackConfig(home=home, web_port=servers.free_port(), env=env, echo=False))
@@ -135,11 +137,18 @@ def traffic(stack: Stack, prometheus: Prometheus) -> int:
         lambda: finite(prometheus.query('lokiassist_completions_total{kind="main"}')),
         timeout=60,
     )
-    chat(client, "Count from one to five.", first)
+    count = "Count from 1 to 30, separated by commas."
+    chat(client, count, first)
     second = chat(client, "Name three colours.")
     chat(client, "And two fruits?", second)
-    chat(client, "One more word, please.", first)  # back to the first: its cache was evicted
-    return 5
+    chat(client, count, first)  # back to the first: its cache was evicted
+    sent = 5
+    # Replies that repeat themselves give the n-gram drafter something to propose.
+    while not finite(prometheus.query("sum(lokiassist_draft_tokens_total) > 0")) and sent < 9:
+        chat(client, "Write the word 'loki' twenty times, separated by spaces.", second)
+        sent += 1
+        time.sleep(2)  # a scrape or two
+    return sent
 
 
 def test_every_dashboard_query_returns_data(prometheus: Prometheus, traffic: int) -> None:
