@@ -78,10 +78,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "LOKI_CTX": "2048",
         "LOKI_PERF_METRICS_PORT": str(servers.free_port()),
         # Speculative decoding by n-gram lookup (no draft model: the bundled model as its own
-        # draft crashes this llama-server build under the supervisor's arguments); replies
-        # that repeat themselves get drafts, and the completions carry draft_n /
+        # draft crashed this llama-server build under the supervisor's arguments): any pair
+        # of tokens seen before in the context proposes the tokens that followed it, so
+        # replies that repeat the prompt get drafts, and the completions carry draft_n /
         # draft_n_accepted for the draft-acceptance panel.
-        "LOKI_EXTRA_ARGS": "--spec-type ngram-mod",
+        "LOKI_EXTRA_ARGS": (
+            "--spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8"
+        ),
+        "LOKI_MAX_TOKENS": "96",
     }
     home = tmp_path_factory.mktemp("prom-home")
     s = Stack(StackConfig(home=home, web_port=servers.free_port(), env=env, echo=False))
@@ -145,7 +149,7 @@ def traffic(stack: Stack, prometheus: Prometheus) -> int:
     sent = 5
     # Replies that repeat themselves give the n-gram drafter something to propose.
     while not finite(prometheus.query("sum(lokiassist_draft_tokens_total) > 0")) and sent < 9:
-        chat(client, "Write the word 'loki' twenty times, separated by spaces.", second)
+        chat(client, "Repeat this line three times: one two three four five six", second)
         sent += 1
         time.sleep(2)  # a scrape or two
     return sent

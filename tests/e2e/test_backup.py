@@ -41,7 +41,11 @@ def loki(
 
 
 def start(home: Path, metrics_port: int) -> Stack:
-    env = {"LOKI_CTX": "4096", "LOKI_PERF_METRICS_PORT": str(metrics_port)}
+    env = {
+        "LOKI_CTX": "4096",
+        "LOKI_MAX_TOKENS": "96",
+        "LOKI_PERF_METRICS_PORT": str(metrics_port),
+    }
     stack = Stack(StackConfig(home=home, web_port=servers.free_port(), env=env, echo=False))
     stack.start()
     try:
@@ -60,7 +64,9 @@ def compacted_conversation(client: StackClient, topic: str) -> str:
         client.send(text, conv)
         client.wait_idle(conv)
     r = client.http.post("/api/chat/compact", json={"conversation": conv}, timeout=600)
-    assert r.status_code == 200 and r.json()["ok"], r.text
+    # "nothing compacted" when the turns already compacted it (a verbose model fills the
+    # window): either way the file's block must be archived, which the caller checks.
+    assert r.status_code == 200, r.text
     client.wait_idle(conv)
     return conv
 
