@@ -9,6 +9,7 @@ after unlocking with the same passphrase), memory state and perf counters.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from httpx_sse import connect_sse
 
 from loki_cli.stack import Stack, StackConfig
 from loki_shared import servers
@@ -72,10 +74,22 @@ def compacted_conversation(client: StackClient, topic: str) -> str:
 
 
 def replay(client: StackClient, conv: str) -> bytes:
-    """The whole display log as the SSE stream replays it (ids and data, in order)."""
-    events = client.events(conv, last_event_id=0, until_turn_ends=0)
-    assert events
-    return repr([(e["seq"], e) for e in events]).encode()
+    """The whole display log as the SSE stream replays it from the start (ids and data, in
+    order), read up to the conversation's last seq."""
+    last = client.http.get("/api/chat/state", params={"conversation": conv}).json()["last_seq"]
+    assert last > 0
+    out: list[tuple[str, str]] = []
+    with httpx.Client(base_url=client.base, timeout=httpx.Timeout(60, read=30)) as http:
+        with connect_sse(
+            http, "GET", "/api/chat", params={"conversation": conv}, headers={"Last-Event-ID": "0"}
+        ) as source:
+            for sse in source.iter_sse():
+                if sse.event != "message" or not sse.data:
+                    continue  # pings
+                out.append((sse.id, sse.data))
+                if int(json.loads(sse.data)["seq"]) >= last:
+                    break
+    return repr(out).encode()
 
 
 def counters(port: int) -> list[str]:
