@@ -37,7 +37,8 @@ def loki(
     *args: str, home: Path, extra: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
-    env.update(LOKI_HOME=str(home), LOKI_BACKUP_PASSPHRASE=PASSPHRASE, **(extra or {}))
+    env.update(LOKI_HOME=str(home), LOKI_BACKUP_PASSPHRASE=PASSPHRASE)
+    env.update(extra or {})
     exe = Path(sys.executable).parent / "loki"
     return subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, timeout=300)
 
