@@ -129,14 +129,10 @@ def restore(
 
 def _embedded(started: list[servers.ManagedProcess], name: str, home: Path) -> str:
     """Start the embedded ``name`` server on ``home``'s data folder (as ``loki up`` does)."""
-    port = servers.free_port()
-    data = home / name
-    data.mkdir(parents=True, exist_ok=True)
-    argv = servers.nats_command(port, data) if name == "nats" else servers.redis_command(port, data)
-    proc = servers.ManagedProcess(name, argv, echo=False).start()
-    started.append(proc)
-    proc.wait_port(port)
-    return f"nats://127.0.0.1:{port}" if name == "nats" else f"redis://127.0.0.1:{port}/0"
+    start = servers.start_nats if name == "nats" else servers.start_redis
+    server = start(home / name)
+    started.append(server.process)
+    return server.url
 
 
 def register(app: typer.Typer) -> None:
