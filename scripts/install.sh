@@ -190,15 +190,18 @@ if [ "$WITH_TEST" = 1 ]; then
   { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need_prometheus=1
   if [ "$need_chromium$need_prometheus" != 00 ]; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-      apt-get update -qq
+      # Two installs at once (two clones, a CI run beside a session) wait for each other's
+      # dpkg/apt lock instead of failing.
+      APT=(apt-get -o DPkg::Lock::Timeout=600)
+      "${APT[@]}" update -qq
       if [ "$need_chromium" = 1 ]; then
         say "installing Debian's chromium for the browser test"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+        DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y -qq chromium >/dev/null
       fi
       if [ "$need_prometheus" = 1 ]; then
         # Without its recommends: no node-exporter nor its services.
         say "installing Debian's prometheus for the Prometheus tests"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y -qq --no-install-recommends \
           prometheus >/dev/null
       fi
     else
