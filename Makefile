@@ -3,13 +3,21 @@
 VENV ?= .venv
 export LOKI_VENV := $(abspath $(VENV))
 
-.PHONY: up test bench bench-quick install install-test
+.PHONY: up test lint bench bench-quick install install-test
 
 up: install
 	$(VENV)/bin/loki up
 
 test: install-test
 	$(VENV)/bin/python -m pytest
+
+# Lint and types (configuration in pyproject.toml): ruff's rules and formatting over the whole
+# tree; mypy strict for the shared package, at its default level for the services and the CLI.
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --strict -p loki_shared
+	$(VENV)/bin/mypy -p loki_chat -p loki_gateway -p loki_recall -p loki_supervisor -p loki_perf -p loki_cli
 
 bench: install-test
 	$(VENV)/bin/python -m bench

@@ -38,7 +38,8 @@ def make_broker(url: str, name: str, health_check: health.Check | None = None) -
         url,
         name=f"loki-{name}",
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
+        # nats-py takes seconds as a float; FastStream annotates it as int
+        reconnect_time_wait=0.5,  # type: ignore[arg-type]
         logger=bus_logger(name),
         log_level=logging.DEBUG,
     )

@@ -28,11 +28,15 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import subjects
 from .fingerprint import fingerprints as _fingerprints
 from .messages.perf import PerfRecord
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+    from nats.js.api import StreamConfig
 
 log = logging.getLogger("loki.perf_publish")
 
@@ -148,7 +152,7 @@ def build_record(
     )
 
 
-def perf_stream_config():
+def perf_stream_config() -> StreamConfig:
     """The nats-py ``StreamConfig`` of the perf ring (``LOKI_PERF``: ``loki.perf.record``, at
     most 5000 messages, oldest discarded) — the same as :func:`loki_shared.nats.perf_stream`
     declares through FastStream, so either may create it first."""
@@ -157,7 +161,7 @@ def perf_stream_config():
     return dataclasses.replace(perf_stream().config, subjects=[subjects.PERF_RECORD])
 
 
-def jetstream_of(target: Any):
+def jetstream_of(target: Any) -> JetStreamContext:
     """The nats-py JetStream context behind ``target``.
 
     ``target`` is a nats-py ``JetStreamContext``, a connected nats-py ``Client``, or a started
@@ -176,11 +180,12 @@ def jetstream_of(target: Any):
         return target.jetstream()
     state = getattr(getattr(target, "config", None), "connection_state", None)
     if state is not None:
-        return state.stream
+        stream: JetStreamContext = state.stream
+        return stream
     raise TypeError(f"cannot publish a perf record through {type(target).__name__}")
 
 
-async def ensure_perf_stream(js) -> None:
+async def ensure_perf_stream(js: JetStreamContext) -> None:
     """Create the ``LOKI_PERF`` stream if it does not exist (idempotent).
 
     Raises:

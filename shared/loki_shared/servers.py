@@ -121,7 +121,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
@@ -291,7 +292,7 @@ class ManagedProcess:
         def ok() -> bool:
             try:
                 with urllib.request.urlopen(url, timeout=1) as resp:
-                    return resp.status == 200
+                    return bool(resp.status == 200)
             except (urllib.error.URLError, OSError):
                 return False
 

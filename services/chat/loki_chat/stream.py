@@ -133,7 +133,7 @@ class StepAccumulator:
         if not isinstance(choices, list) or not choices:
             return deltas
         choice = choices[0] if isinstance(choices[0], dict) else {}
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        delta: dict[str, Any] = d if isinstance(d := choice.get("delta"), dict) else {}
         reasoning = delta.get("reasoning_content")
         if isinstance(reasoning, str) and reasoning:
             self.reasoning += reasoning

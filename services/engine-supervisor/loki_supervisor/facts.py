@@ -14,6 +14,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> dict[str, o
         _, kv_count = struct.unpack_from(end + "QQ", mm, 8)
         pos = 24
 
-        def take(fmt: str) -> object:
+        def take(fmt: str) -> Any:
             nonlocal pos
             value = struct.unpack_from(end + fmt, mm, pos)[0]
             pos += struct.calcsize(fmt)

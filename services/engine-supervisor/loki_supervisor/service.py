@@ -352,7 +352,7 @@ class Supervisor:
     async def _erase_after_side_job(self, kind: str) -> str | None:
         if self.runner.state != "ready" and not self.runner.external:
             return "engine not ready"
-        common = dict(
+        common: dict[str, Any] = dict(
             kind=kind,
             job_done=True,
             cache_isolate=truthy(self.preset.features.get("CACHE_ISOLATE"), default=True),

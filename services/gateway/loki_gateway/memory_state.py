@@ -30,6 +30,7 @@ import logging
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg as NatsMsg
+from nats.aio.subscription import Subscription
 from redis.asyncio import Redis
 
 from loki_shared import memkey, subjects
@@ -72,7 +73,7 @@ class MemoryState:
         self._cost = (n, r, p)
         self._key: bytes | None = None
         self._lock = asyncio.Lock()
-        self._sub = None
+        self._sub: Subscription | None = None
 
     async def start(self) -> None:
         """Answer ``loki.memory.status`` and tell the services the memory is not unlocked."""

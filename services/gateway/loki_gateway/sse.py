@@ -31,7 +31,7 @@ import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -304,7 +304,7 @@ async def conversation_stream(
     after_seq: int,
     page: int,
     coalesce_min: int = 0,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The byte chunks of one client's SSE stream (see the module docstring).
 
     ``feed`` must have been attached before ``first_page`` was asked; the feed is detached

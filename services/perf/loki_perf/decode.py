@@ -31,7 +31,7 @@ from typing import Any
 try:  # orjson parses about twice as fast; the standard library is the fallback
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - orjson is a declared dependency
-    _fast_loads = json.loads
+    _fast_loads = json.loads  # type: ignore[assignment]  # same call, another signature
 
 
 def _loads(raw: bytes | str) -> Any:
@@ -84,7 +84,7 @@ class Loss:
     prev_total: int | None
     index: int | None = None
     role: str | None = None
-    between: list[dict[str, Any]] = field(default_factory=list)
+    between: list[list[Any]] = field(default_factory=list)
     between_truncated: bool = False
 
 
@@ -179,7 +179,7 @@ def _take(src: Any, key: str, conv, dropped: list[str], label: str):
 def _counts(src: dict, keys: tuple[str, ...], prefix: str, dropped: list[str]) -> list:
     """``src[k]`` for each key as a token count (None when absent or dropped); the fast path
     (a plain non-negative int) avoids a call per field."""
-    out = []
+    out: list[int | None] = []
     for k in keys:
         v = src.get(k)
         if v is None:
@@ -196,7 +196,7 @@ def _counts(src: dict, keys: tuple[str, ...], prefix: str, dropped: list[str]) -
 
 def _durations(src: dict, keys: tuple[str, ...], prefix: str, dropped: list[str]) -> list:
     """Like :func:`_counts` for durations in milliseconds."""
-    out = []
+    out: list[float | None] = []
     for k in keys:
         v = src.get(k)
         if v is None:

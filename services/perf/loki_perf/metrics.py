@@ -158,6 +158,9 @@ class Totals:
             if e.cached is None or e.computed is None:
                 self._inc("completions_cache_unknown", lab)
             else:
+                # set whenever cached and computed are
+                assert e.depth is not None and e.eff_cached is not None
+                assert e.recomputed is not None
                 self._inc("prompt_tokens", lab, e.depth)
                 self._inc("prompt_tokens_cached", lab, e.eff_cached)
                 self._inc("prompt_tokens_computed", lab, e.recomputed)
@@ -283,14 +286,14 @@ class PerfCollector(Collector):
                 fam.add_metric(list(lab), v)
             yield fam
         for n, (help_, bounds) in HISTOGRAMS.items():
-            fam = HistogramMetricFamily(PREFIX + n, help_, labels=["kind", "model"])
+            hist = HistogramMetricFamily(PREFIX + n, help_, labels=["kind", "model"])
             for lab, (counts, total) in sorted(hists[n].items()):
                 cum, buckets = 0, []
                 for b, c in zip((*bounds, math.inf), counts):
                     cum += c
                     buckets.append((_le(b), cum))
-                fam.add_metric(list(lab), buckets, total)
-            yield fam
+                hist.add_metric(list(lab), buckets, total)
+            yield hist
         summary = self._ring_summary()["detail"]
         yield GaugeMetricFamily(
             PREFIX + "perf_ring_records", GAUGES["perf_ring_records"], value=summary["ring"]

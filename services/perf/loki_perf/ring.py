@@ -66,6 +66,8 @@ class KindAgg:
             self.with_cache += sign
             self.prompt_n += sign * e.computed
             self.cache_n += sign * e.cached
+            # depth, eff_cached and recomputed are set whenever cached and computed are
+            assert e.depth is not None and e.eff_cached is not None and e.recomputed is not None
             self.prompt_tokens += sign * e.depth
             self.eff_cached += sign * e.eff_cached
             self.recomputed += sign * e.recomputed
@@ -328,7 +330,7 @@ class Ring:
 
     def _low_cache(self, e: Entry) -> bool:
         cached, prompt = self._cache_figures(e)
-        return cached is not None and bool(prompt) and cached * 2 < prompt
+        return cached is not None and prompt is not None and prompt != 0 and cached * 2 < prompt
 
     def _maybe_advise(self, e: Entry, between: list[list]) -> None:
         if self._low_cache(e):
@@ -411,7 +413,7 @@ class Ring:
 
     def losses(self, limit: int = 100) -> list[dict[str, Any]]:
         """The most recent flagged losses and divergences, newest first."""
-        out = []
+        out: list[dict[str, Any]] = []
         for e in reversed(self._losses):
             if len(out) >= limit:
                 break
@@ -429,7 +431,11 @@ class Ring:
             count += 1
             if len(newest) < 20:
                 newest.append(e)
-        events = [{**e.advice, "between": _group(e.advice["between"])} for e in reversed(newest)]
+        events = [
+            {**advice, "between": _group(advice["between"])}
+            for e in reversed(newest)
+            if (advice := e.advice) is not None
+        ]
         return {
             "advise": count > 0,
             "count": count,

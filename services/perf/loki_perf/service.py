@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import Any
+import threading
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 import nats.js.errors
@@ -48,6 +49,12 @@ from .errors import MetricsPortInUse, StreamUnavailable
 from .metrics import PerfCollector, Totals
 from .ring import Ring
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from nats.js import JetStreamContext
+    from nats.js.kv import KeyValue
 
 CHECKPOINT_KEY = perf_checkpoint.CHECKPOINT_KEY
 
@@ -117,11 +124,11 @@ class PerfService:
         self._last_seen = 0
         self._stream_id = ""
         self._saved_seq = -1
-        self._js = None
-        self._kv = None
+        self._js: JetStreamContext | None = None
+        self._kv: KeyValue | None = None
         self._sub = None
         self._tasks: list[asyncio.Task] = []
-        self._http = None
+        self._http: tuple[WSGIServer, threading.Thread] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics_port: int | None = None
         self._register()
@@ -249,6 +256,7 @@ class PerfService:
 
     # --- checkpoint ----------------------------------------------------------------------------
     async def _load_checkpoint(self, last_seq: int) -> None:
+        assert self._js is not None, "called after start() connected"
         try:
             self._kv = await self._js.create_key_value(
                 config=KeyValueConfig(bucket=subjects.KV_PERF_TOTALS, history=1)
@@ -260,7 +268,7 @@ class PerfService:
             self.log.warning("metrics checkpoint unavailable, counting from the ring: %s", exc)
             return
         try:
-            stream_id, data = perf_checkpoint.decode(entry.value)
+            stream_id, data = perf_checkpoint.decode(entry.value or b"")
             totals = Totals.load(data)
         except (ValueError, KeyError, TypeError) as exc:
             self.log.warning("metrics checkpoint unreadable, counting from the ring: %s", exc)

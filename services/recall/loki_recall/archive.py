@@ -248,7 +248,7 @@ class Archive:
 
         def write() -> None:
             buf = io.BytesIO()
-            np.savez(buf, **arrays)
+            np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy types ** as allow_pickle
             blob = sealer.seal(buf.getvalue(), aad)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
@@ -493,9 +493,9 @@ class Archive:
             for block in await self._get_many(chunk):
                 if block is None:
                     continue
-                s = score(kws, go_lower(block.label), go_lower(block.content))
-                if s > 0:
-                    hits.append((s, block.seq, block))
+                points = score(kws, go_lower(block.label), go_lower(block.content))
+                if points > 0:
+                    hits.append((points, block.seq, block))
             hits.sort(key=lambda t: (t[0], t[1]), reverse=True)
             del hits[limit:]
         return [b for _, _, b in hits]

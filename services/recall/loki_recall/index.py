@@ -170,12 +170,11 @@ class _Postings:
 
     def mark(self, q: np.ndarray, n: int) -> np.ndarray | None:
         """Bool array over positions: blocks holding one of the word ids ``q``."""
-        mark = np.zeros(n, dtype=np.bool_)
+        marked = np.zeros(n, dtype=np.bool_)
         hit_any = False
         for part in self.parts:
-            hit_any |= part.mark_into(q, mark)
-        if not hit_any:
-            mark = None
+            hit_any |= part.mark_into(q, marked)
+        mark = marked if hit_any else None
         if len(self.tail_t):
             t = np.frombuffer(self.tail_t, dtype=np.uint32)
             hit = np.isin(t, q, kind="table") if len(q) else np.zeros(len(t), np.bool_)
@@ -233,7 +232,7 @@ class Index:
                 else:
                     self._texts.append(None)
                 out[i] = tid
-        return out
+        return out  # type: ignore[return-value]  # every None was replaced above
 
     def add(self, seq: int, lowered_label: str, lowered_content: str) -> None:
         """Index one block from its lower-cased (:func:`loki_recall.text.go_lower`) texts."""
@@ -260,7 +259,7 @@ class Index:
         """The whole index as arrays (after merging everything into one part per field):
         the snapshot the archive stores so a restart need not read every block again."""
         self.freeze()
-        out = {
+        out: dict[str, np.ndarray] = {
             "words": np.frombuffer(b"\n".join(self._words), dtype=np.uint8),
             "seqs": np.array(self._seqs, dtype=np.uint64),
         }

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 
 import nats
 import redis.asyncio as aioredis
+from nats.aio.client import Client as NATS
 
 from . import home_part, jetstream_part, redis_part
 from .sealed_file import (
@@ -154,7 +155,9 @@ def _refuse_existing(dest: Path | BinaryIO) -> None:
         raise BackupError(f"{dest} exists: choose a new file name")
 
 
-async def _read_stores(source: Target):
+async def _read_stores(
+    source: Target,
+) -> tuple[redis_part.RedisSnapshot, list[jetstream_part.StreamCopy]]:
     client = aioredis.Redis.from_url(source.redis_url)
     try:
         redis_snap = await redis_part.snapshot(client)
@@ -304,7 +307,7 @@ async def restore_backup(src: Path | BinaryIO, passphrase: str, target: Target) 
     )
 
 
-async def _connect_nats(url: str):
+async def _connect_nats(url: str) -> NATS:
     try:
         return await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
     except Exception as exc:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import nats.js.errors
+from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 
 from .. import perf_checkpoint, subjects
@@ -79,7 +80,7 @@ class StreamCopy:
     messages: list[StoredMsg] = field(default_factory=list)
 
 
-async def snapshot(js) -> list[StreamCopy]:
+async def snapshot(js: JetStreamContext) -> list[StreamCopy]:
     """Copy every Loki stream and bucket of the JetStream context ``js`` (nats-py).
 
     Each stream is read up to the last sequence it had when its copy began; records written
@@ -91,7 +92,7 @@ async def snapshot(js) -> list[StreamCopy]:
     out: list[StreamCopy] = []
     for info in await js.streams_info():
         name = info.config.name
-        if not is_loki_stream(name):
+        if name is None or not is_loki_stream(name):
             continue
         copy = StreamCopy(name, info.config.as_dict(), perf_checkpoint.stream_identity(info))
         seq, last = info.state.first_seq, info.state.last_seq
@@ -111,7 +112,7 @@ async def snapshot(js) -> list[StreamCopy]:
     return out
 
 
-async def ensure_empty(js, names: list[str]) -> None:
+async def ensure_empty(js: JetStreamContext, names: list[str]) -> None:
     """Refuse a target where one of the streams ``names`` already holds messages.
 
     Raises:
@@ -129,7 +130,7 @@ async def ensure_empty(js, names: list[str]) -> None:
             )
 
 
-async def load(js, copies: list[StreamCopy]) -> None:
+async def load(js: JetStreamContext, copies: list[StreamCopy]) -> None:
     """Create each stream of ``copies`` (plain streams first) and publish its messages.
 
     Raises:

@@ -24,7 +24,7 @@ import hashlib
 import io
 import json
 import struct
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..memkey import BadKdf, KdfParams, WrongPassphrase, new_params
 from ..sealing import Sealer, SealError
@@ -89,7 +89,7 @@ class SealedWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         if self.closed:
             raise ValueError("write to a closed backup file")
         self._buf += data
@@ -162,7 +162,7 @@ class SealedReader(io.RawIOBase):
             return
         raise BackupFileError(f"damaged backup file: frame {self._index} does not open")
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def readinto(self, b: Any) -> int:
         while self._pos >= len(self._buf) and not self._done:
             self._next_frame()
         n = min(len(b), len(self._buf) - self._pos)
@@ -179,4 +179,5 @@ def _read_exact(src: BinaryIO, n: int, what: str) -> bytes:
 
 
 def _read_u32(src: BinaryIO, what: str) -> int:
-    return _U32.unpack(_read_exact(src, _U32.size, what))[0]
+    value: int = _U32.unpack(_read_exact(src, _U32.size, what))[0]
+    return value

@@ -116,7 +116,9 @@ def plan_cut(messages: list[ChatMessage]) -> Cut | None:
     torso, tail = messages[:b], messages[b:]
     request = last_request(torso)
     reinject = request is not None and not any(is_real_request(m) for m in tail)
-    wrapper = SUMMARY_HEADER + (REQUEST_HEADER + text_of(request) if reinject else "")
+    wrapper = SUMMARY_HEADER + (
+        REQUEST_HEADER + text_of(request) if reinject and request is not None else ""
+    )
     torso_est = sum(estimate_tokens(m) for m in torso)
     gain = torso_est - estimate_tokens({"role": "user", "content": wrapper})
     return Cut(b, torso, tail, request, reinject, gain)
