@@ -10,6 +10,7 @@ from faststream.exceptions import IncorrectState
 from faststream.nats import JStream, NatsBroker
 
 from . import health, subjects
+from .errors import exception_middleware
 from .lifecycle import one_line
 from .logsetup import bus_logger
 
@@ -28,6 +29,9 @@ def make_broker(url: str, name: str, health_check: health.Check | None = None) -
     healthchecks ask them). ``health_check``, when given, runs on each health request: a
     non-empty dict it returns (or an exception) makes the answer unhealthy.
 
+    What a handler raises is answered by :func:`loki_shared.errors.exception_middleware`
+    (the services' one error boundary: ``{"error": {"type", "message"}}``).
+
     FastStream's per-message "Received" / "Processed" lines go to
     :func:`~loki_shared.logsetup.bus_logger` at DEBUG (shown with ``LOKI_LOG_LEVEL=DEBUG``);
     its warnings and errors keep their level.
@@ -42,6 +46,7 @@ def make_broker(url: str, name: str, health_check: health.Check | None = None) -
         reconnect_time_wait=0.5,  # type: ignore[arg-type]
         logger=bus_logger(name),
         log_level=logging.DEBUG,
+        middlewares=[exception_middleware(logging.getLogger(f"loki.{name}"))],
     )
     health.attach(broker, name, check=health_check)
     return broker

@@ -1,22 +1,27 @@
-"""The chat service's errors.
+"""The chat service's errors, in :mod:`loki_shared.errors`' tree.
 
-Everything the turn loop can meet is a :class:`ChatError`; a step's failure carries what
-the loop needs to decide (retry, replay, compact, or give up).
+Everything the turn loop can meet is a :class:`ChatError` (reply ``error.type``
+``unavailable`` unless the class says otherwise); a step's failure carries what the loop needs
+to decide (retry, replay, compact, or give up). A handler raises them; the broker's exception
+middleware answers (:func:`loki_shared.errors.exception_middleware`).
 """
 
 from __future__ import annotations
 
-
-class ChatError(Exception):
-    """Base of every chat service error."""
+from loki_shared.errors import Busy, NotFound, Unavailable
 
 
-class ConversationNotFound(ChatError):
-    """No stored conversation has this id."""
+class ChatError(Unavailable):
+    """Base of every chat service error (``unavailable``)."""
 
 
-class NotOwner(ChatError):
-    """Another chat instance owns the conversation (Redis lock held) or this one lost it."""
+class ConversationNotFound(NotFound, ChatError):
+    """No stored conversation has this id (``not_found``)."""
+
+
+class NotOwner(Busy, ChatError):
+    """Another chat instance owns the conversation (Redis lock held) or this one lost it
+    (``busy``)."""
 
     def __init__(self, message: str, owner: str | None = None) -> None:
         super().__init__(message)

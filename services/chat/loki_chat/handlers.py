@@ -3,8 +3,10 @@
 Subjects served (queue group ``chat``): ``loki.chat.send``, ``loki.chat.control``,
 ``loki.chat.state``, ``loki.chat.replay``, ``loki.chat.conversations``; plus this instance's
 own ``loki.chat.instance.<id>`` where other instances forward requests for conversations it
-owns (:mod:`loki_chat.ownership`). A :class:`~loki_chat.errors.ChatError` becomes the reply's
-``error`` (:meth:`ChatHandlers.guarded`); nothing a handler raises reaches NATS.
+owns (:mod:`loki_chat.ownership`). What a handler raises (a :class:`~loki_chat.errors.ChatError`
+or another :class:`loki_shared.errors.LokiError`) is answered as the reply's ``error`` by the
+broker's exception middleware (:func:`loki_shared.errors.exception_middleware`), here as for a
+forwarded request.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
 
 from loki_shared import subjects
-from loki_shared.messages.base import ErrorInfo, Reply
+from loki_shared.errors import InvalidRequest
+from loki_shared.messages.base import Reply
 from loki_shared.messages.chat import (
     ChatMessage,
     ControlReply,
@@ -37,13 +40,11 @@ from loki_shared.messages.chat import (
 from .actor import Actor, Shared
 from .context import ContextView
 from .conversation import Conversation
-from .errors import ChatError, ConversationNotFound, NotOwner
 from .ownership import Ownership
 from .store import new_conversation_id
 
 log = logging.getLogger("loki.chat.service")
 
-R = TypeVar("R", bound=BaseModel)
 
 #: Bound of one replay reply's events, in bytes of JSON (below NATS's 1 MiB default).
 REPLAY_MAX_BYTES = 700_000
@@ -105,41 +106,26 @@ class ChatHandlers:
         handler = getattr(self, route.op)
 
         async def serve(msg: Any) -> Any:
-            return await self.guarded(handler(msg), route.reply)
+            return await handler(msg)
 
         # FastStream decodes the message into the type its handler's parameter names
         serve.__annotations__ = {"msg": route.request, "return": route.reply}
         serve.__name__ = serve.__qualname__ = f"on_{route.op}"
         return serve
 
-    async def guarded(self, coro: Awaitable[R], reply_type: type[R]) -> R:
-        """Await a handler; turn an exception into the reply's ``error``:
-        ``not_found`` (:class:`ConversationNotFound`), ``busy`` (:class:`NotOwner`),
-        ``unavailable`` (any other :class:`ChatError`), ``internal`` (anything else, logged
-        with its traceback)."""
-        try:
-            return await coro
-        except ConversationNotFound as exc:
-            return reply_type(error=ErrorInfo(type="not_found", message=str(exc)))
-        except NotOwner as exc:
-            return reply_type(error=ErrorInfo(type="busy", message=str(exc)))
-        except ChatError as exc:
-            return reply_type(error=ErrorInfo(type="unavailable", message=str(exc)))
-        except Exception as exc:
-            log.exception("handler failed")
-            return reply_type(error=ErrorInfo(type="internal", message=str(exc)))
-
     async def forwarded(self, msg: ForwardRequest) -> dict[str, Any]:
-        """Serve a request another instance forwarded to this owner (an unknown ``op`` is
-        an ``invalid_request`` reply)."""
+        """Serve a request another instance forwarded to this owner.
+
+        Raises:
+            InvalidRequest: an unknown ``op``.
+        """
         route = ROUTES_BY_OP.get(msg.op)
         if route is None:
-            return Reply(error=ErrorInfo(type="invalid_request", message=msg.op)).model_dump()
+            raise InvalidRequest(msg.op)
         handler = getattr(self, route.op)
-        reply = await self.guarded(
-            handler(route.request.model_validate(msg.payload), forwarded=True), route.reply
-        )
-        return reply.model_dump()
+        reply = await handler(route.request.model_validate(msg.payload), forwarded=True)
+        result: dict[str, Any] = reply.model_dump()
+        return result
 
     # -- handlers -------------------------------------------------------------------------
     async def send(self, req: SendRequest, forwarded: bool = False) -> SendReply:
@@ -292,7 +278,7 @@ class ChatHandlers:
                 forwarded=forwarded,
             )
         if not req.conversation:
-            raise ChatError("conversation id required")
+            raise InvalidRequest("conversation id required")
         cid = req.conversation
         if req.action == "export":
             _, conv = await self.ownership.read(cid)

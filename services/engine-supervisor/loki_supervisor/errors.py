@@ -1,45 +1,37 @@
-"""The supervisor's errors. Each carries the ``ErrorInfo.type`` it maps to on NATS."""
+"""The supervisor's errors, in :mod:`loki_shared.errors`' tree: each class says the reply's
+``error.type``; a handler raises them and the broker's exception middleware answers
+(:func:`loki_shared.errors.exception_middleware`)."""
 
 from __future__ import annotations
 
-
-class SupervisorError(Exception):
-    """Base of the supervisor's errors; ``type`` is the reply's ``error.type``."""
-
-    type = "internal"
+from loki_shared import errors
 
 
-class InvalidRequest(SupervisorError):
+class SupervisorError(errors.LokiError):
+    """Base of the supervisor's errors (``internal`` unless the class says otherwise)."""
+
+
+class InvalidRequest(errors.InvalidRequest, SupervisorError):
     """A request or a preset is malformed (bad field value, unknown action)."""
 
-    type = "invalid_request"
 
-
-class NotFound(SupervisorError):
+class NotFound(errors.NotFound, SupervisorError):
     """A preset or a lease does not exist (a lease that expired is not found)."""
 
-    type = "not_found"
 
-
-class Unavailable(SupervisorError):
+class Unavailable(errors.Unavailable, SupervisorError):
     """The engine is not ready within the time asked (starting, failed, stopped)."""
 
-    type = "unavailable"
 
-
-class Busy(SupervisorError):
+class Busy(errors.Busy, SupervisorError):
     """No slot freed within the lease request's ``wait_s``."""
 
-    type = "busy"
 
-
-class EngineStartError(SupervisorError):
+class EngineStartError(Unavailable):
     """llama-server could not be launched, exited, or did not answer ``/health`` in time;
     ``tail`` holds its last output lines. ``permanent``: launching again the same way would
     fail the same way (a missing model file, an option the engine refuses), so it is not
     retried until the preset is applied again."""
-
-    type = "unavailable"
 
     def __init__(
         self, message: str, tail: list[str] | None = None, permanent: bool = False

@@ -17,7 +17,6 @@ from faststream.nats import NatsBroker
 from redis.asyncio import Redis
 
 from loki_shared import servers, subjects
-from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.engine import (
     EngineInfo,
     EngineInfoRequest,
@@ -501,12 +500,9 @@ class Supervisor:
         return await test_connection(base_url, key, model)
 
 
-def error_of(exc: SupervisorError) -> ErrorInfo:
-    return ErrorInfo(type=exc.type, message=str(exc))
-
-
 def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
-    """Register the supervisor's NATS handlers on ``broker`` (queue group ``engine``).
+    """Register the supervisor's NATS handlers on ``broker`` (queue group ``engine``); what
+    they raise is answered by the broker's exception middleware.
 
     Lease requests are served concurrently (a waiting lease never blocks another queue)."""
 
@@ -516,31 +512,16 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
 
     @broker.subscriber(subjects.ENGINE_LEASE, queue=subjects.QUEUE_ENGINE, max_workers=256)
     async def on_lease(req: LeaseRequest) -> Lease:
-        try:
-            return await sup.lease(req)
-        except SupervisorError as exc:
-            return Lease(error=error_of(exc))
+        return await sup.lease(req)
 
     @broker.subscriber(subjects.ENGINE_RENEW, queue=subjects.QUEUE_ENGINE, max_workers=16)
     async def on_renew(req: RenewRequest) -> Lease:
-        try:
-            return sup.renew(req)
-        except SupervisorError as exc:
-            return Lease(error=error_of(exc))
+        return sup.renew(req)
 
     @broker.subscriber(subjects.ENGINE_RELEASE, queue=subjects.QUEUE_ENGINE, max_workers=16)
     async def on_release(req: ReleaseRequest) -> ReleaseReply:
-        try:
-            return await sup.release(req)
-        except SupervisorError as exc:
-            return ReleaseReply(error=error_of(exc))
+        return await sup.release(req)
 
     @broker.subscriber(subjects.ENGINE_PRESETS, queue=subjects.QUEUE_ENGINE, max_workers=4)
     async def on_presets(req: PresetsRequest) -> PresetsReply:
-        try:
-            return await sup.presets(req)
-        except SupervisorError as exc:
-            return PresetsReply(error=error_of(exc))
-        except Exception as exc:
-            log.exception("preset action %s failed", req.action)
-            return PresetsReply(error=ErrorInfo(type="internal", message=str(exc)))
+        return await sup.presets(req)

@@ -1,5 +1,7 @@
-"""The gateway application: FastAPI with the routers listed in :mod:`loki_gateway.routes`,
-the auth and body-limit middleware, OpenAI-shaped errors, the SSE hub and the static web UI.
+"""The gateway application: FastAPI with the routers of :mod:`loki_gateway.routes` (imported
+here directly: a router that fails to import stops the start-up), the auth and body-limit
+middleware, OpenAI-shaped errors (:func:`loki_gateway.errors.install`), the SSE hub and the
+static web UI.
 
 Build it with :func:`create_app` (``__main__`` does, with the settings read from the
 environment); the NATS connection and the HTTP client towards the engine are opened in the
@@ -9,33 +11,26 @@ lifespan, or may be injected (tests).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import httpx
-from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from redis.asyncio import Redis
 
 from loki_shared.lifecycle import Steps
 from loki_shared.nats import close_client
 
+from . import errors
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
 from .bus import Bus
-from .errors import (
-    GatewayError,
-    gateway_error_handler,
-    http_exception_handler,
-    unhandled_error_handler,
-    validation_error_handler,
-)
-from .routes import ROUTERS
+from .memory_state import MemoryState
+from .routes import chat, engine, memory, perf, recall, v1
 from .settings import Settings
 from .sse import EventHub
 
@@ -43,47 +38,21 @@ log = logging.getLogger("loki.gateway")
 STATIC = Path(__file__).parent / "static"
 
 
-def load_routers() -> tuple[list, list[str]]:
-    """Import every router module listed in ``ROUTERS``.
-
-    A module not written yet is skipped (logged at INFO); one that fails to import is
-    skipped and logged at ERROR, so one broken router never takes the whole door down.
-    Returns the routers and the names of the modules loaded.
-    """
-    routers, loaded = [], []
-    for name in ROUTERS:
-        module_name = f"{__package__}.routes.{name}"
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                log.info("router %s not present: skipped", name)
-                continue
-            log.exception("router %s failed to import: skipped", name)
-            continue
-        except Exception:
-            log.exception("router %s failed to import: skipped", name)
-            continue
-        router = getattr(module, "router", None)
-        if router is None:
-            log.error("router module %s has no `router`: skipped", name)
-            continue
-        routers.append(router)
-        loaded.append(name)
-    return routers, loaded
+#: The routers, in the order they are included (one module per domain, each ``router``).
+ROUTERS: dict[str, APIRouter] = {
+    "chat": chat.router,
+    "recall": recall.router,
+    "memory": memory.router,
+    "engine": engine.router,
+    "perf": perf.router,
+    "v1": v1.router,
+}
 
 
 async def _start_memory(app: FastAPI, settings: Settings) -> None:
     """Wire the user's memory key (:class:`loki_gateway.memory_state.MemoryState`, Redis +
     NATS) into ``app.state.memory``; retried every 5 s while Redis cannot be reached, so the
     rest of the gateway serves meanwhile."""
-    try:
-        from redis.asyncio import Redis
-
-        from .memory_state import MemoryState
-    except ImportError:
-        log.info("memory state not present: /api/memory unavailable")
-        return
     while True:
         redis = Redis.from_url(settings.redis_url)
         memory = MemoryState(redis, app.state.bus.client)
@@ -121,7 +90,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
             trust_env=False,
         )
         memory_task = asyncio.create_task(_start_memory(app, settings))
-        log.info("gateway ready (routers: %s)", ", ".join(app.state.routers))
+        log.info("gateway ready (routers: %s)", ", ".join(ROUTERS))
         try:
             yield
         finally:
@@ -148,14 +117,8 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.add_exception_handler(GatewayError, gateway_error_handler)
-    app.add_exception_handler(StarletteHTTPException, http_exception_handler)
-    app.add_exception_handler(RequestValidationError, validation_error_handler)
-    app.add_exception_handler(Exception, unhandled_error_handler)
-
-    routers, loaded = load_routers()
-    app.state.routers = loaded
-    for router in routers:
+    errors.install(app)
+    for router in ROUTERS.values():
         app.include_router(router)
 
     @app.get("/healthz", include_in_schema=False)

@@ -11,6 +11,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, ValidationError
 
+from loki_shared.errors import from_info
 from loki_shared.messages.base import Reply
 from loki_shared.nats import connection_callbacks
 
@@ -66,13 +67,12 @@ class Bus:
 
         Raises:
             ServiceUnavailable, UpstreamError: see :meth:`request`.
-            ServiceError: the reply's ``error`` is set (mapped to an HTTP status).
+            LokiError: the reply's ``error`` is set: the :mod:`loki_shared.errors` class of
+                its ``type`` (the exception handlers give its HTTP status).
         """
         reply = await self.request(subject, message, reply_type, timeout)
         if isinstance(reply, Reply) and reply.error is not None:
-            from .errors import ServiceError
-
-            raise ServiceError(reply.error.type, reply.error.message)
+            raise from_info(reply.error)
         return reply
 
     async def close(self) -> None:

@@ -1,99 +1,86 @@
-"""The gateway's errors and their OpenAI-shaped HTTP bodies.
+"""The gateway's errors and its one translation boundary: the exception handlers.
 
 Every error answer has the shape ``{"error": {"message", "type", "code"}}`` (OpenAI's), on
-``/api`` as on ``/v1``.
+``/api`` as on ``/v1``. The gateway's own errors are classes of :mod:`loki_shared.errors`'
+tree, and a service's reply ``error`` is raised as the class of its ``type``
+(:func:`loki_shared.errors.from_info`, ``code`` = that type): :func:`loki_error_handler`
+answers both with the class's ``http_status``, ``openai_type`` and ``code``. FastAPI's own
+refusals (unknown route, wrong method, validation) and anything unexpected have their handler
+here too; :func:`install` registers them all.
 """
 
 from __future__ import annotations
 
-from fastapi import Request
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from loki_shared.errors import InvalidRequest, LokiError, Unavailable
+from loki_shared.errors import NotFound as _NotFound
+
+log = logging.getLogger("loki.gateway")
 
 
-class GatewayError(Exception):
-    """Base of the gateway's errors: ``status`` is the HTTP status, ``type`` and ``code``
-    go to the body."""
-
-    status = 500
-    type = "server_error"
-    code: str | None = None
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        if code is not None:
-            self.code = code
+class BadRequest(InvalidRequest):
+    """400 ``invalid_request_error``: the request is malformed."""
 
 
-class BadRequest(GatewayError):
-    status = 400
-    type = "invalid_request_error"
+class NotFound(_NotFound):
+    """404 ``not_found_error``: no such route resource (block, conversation...)."""
+
+    openai_type = "not_found_error"
 
 
-class NotFound(GatewayError):
-    status = 404
-    type = "not_found_error"
+class ServiceUnavailable(Unavailable):
+    """503 ``service_unavailable``: a backing service did not answer over NATS."""
+
+    openai_type = "service_unavailable"
 
 
-class ServiceUnavailable(GatewayError):
-    """A backing service did not answer over NATS."""
+class UpstreamError(LokiError):
+    """502 ``upstream_error``: a backing service answered something the gateway cannot read."""
 
-    status = 503
-    type = "service_unavailable"
-
-
-class UpstreamError(GatewayError):
-    """A backing service answered something the gateway cannot read."""
-
-    status = 502
-    type = "upstream_error"
+    http_status = 502
+    openai_type = "upstream_error"
 
 
-_SERVICE_STATUS = {
-    "not_found": 404,
-    "invalid_request": 400,
-    "forbidden": 403,
-    "conflict": 409,
-    "busy": 409,
-    "unavailable": 503,
-}
+class Unauthorized(InvalidRequest):
+    """401 ``invalid_api_key``."""
 
-
-class ServiceError(GatewayError):
-    """A service's reply carried ``error``; its ``type`` picks the HTTP status."""
-
-    def __init__(self, type_: str, message: str) -> None:
-        super().__init__(message, code=type_)
-        self.status = _SERVICE_STATUS.get(type_, 500)
-        self.type = "invalid_request_error" if self.status < 500 else "server_error"
-
-
-def error_body(message: str, type_: str, code: str | None = None) -> dict:
-    """OpenAI error body."""
-    return {"error": {"message": message, "type": type_, "code": code}}
-
-
-async def gateway_error_handler(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, GatewayError)
-    return JSONResponse(error_body(exc.message, exc.type, exc.code), status_code=exc.status)
-
-
-class Unauthorized(GatewayError):
-    status = 401
-    type = "invalid_request_error"
+    http_status = 401
     code = "invalid_api_key"
 
 
-class PayloadTooLarge(GatewayError):
-    status = 413
-    type = "invalid_request_error"
+class PayloadTooLarge(InvalidRequest):
+    """413 ``request_too_large``."""
+
+    http_status = 413
     code = "request_too_large"
 
 
-class MethodNotAllowed(GatewayError):
-    status = 405
-    type = "invalid_request_error"
+class MethodNotAllowed(InvalidRequest):
+    """405 ``method_not_allowed``."""
+
+    http_status = 405
     code = "method_not_allowed"
+
+
+def error_body(message: str, type_: str, code: str | None = None) -> dict[str, Any]:
+    """OpenAI error body: ``{"error": {"message", "type", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "code": code}}
+
+
+async def loki_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    """A :class:`~loki_shared.errors.LokiError` (the gateway's or a service's) as its HTTP
+    status and OpenAI body."""
+    assert isinstance(exc, LokiError)
+    return JSONResponse(
+        error_body(exc.message, exc.openai_type, exc.code), status_code=exc.http_status
+    )
 
 
 def _http_type(status: int) -> str:
@@ -109,8 +96,6 @@ def _http_type(status: int) -> str:
 async def http_exception_handler(_: Request, exc: Exception) -> JSONResponse:
     """Starlette/FastAPI ``HTTPException`` (unknown route 404, wrong method 405, body limit
     413...) in OpenAI's error shape."""
-    from starlette.exceptions import HTTPException
-
     assert isinstance(exc, HTTPException)
     codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
@@ -121,7 +106,7 @@ async def http_exception_handler(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def describe_validation(errors: list[dict]) -> str:
+def describe_validation(errors: list[dict[str, Any]]) -> str:
     """One sentence per pydantic error: ``body.content: Field required; query.conversation:
     String should match pattern ...``."""
     parts = []
@@ -142,8 +127,6 @@ def describe_validation(errors: list[dict]) -> str:
 async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
     """FastAPI's ``RequestValidationError`` as a 400 in OpenAI's shape (OpenAI answers
     malformed requests with 400 ``invalid_request_error``, not 422)."""
-    from fastapi.exceptions import RequestValidationError
-
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     param = None
@@ -157,7 +140,14 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
 
 async def unhandled_error_handler(_: Request, exc: Exception) -> JSONResponse:
     """Anything unexpected: a 500 in OpenAI's shape, logged with its traceback."""
-    import logging
-
-    logging.getLogger("loki.gateway").exception("unhandled error: %s", exc)
+    log.error("unhandled error: %s", exc, exc_info=exc)
     return JSONResponse(error_body("internal error", "server_error", "internal"), status_code=500)
+
+
+def install(app: FastAPI) -> None:
+    """Register the gateway's exception handlers on ``app``: the one place an exception
+    becomes an HTTP answer."""
+    app.add_exception_handler(LokiError, loki_error_handler)
+    app.add_exception_handler(HTTPException, http_exception_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(Exception, unhandled_error_handler)

@@ -34,20 +34,20 @@ from nats.aio.subscription import Subscription
 from redis.asyncio import Redis
 
 from loki_shared import memkey, subjects
+from loki_shared.errors import Forbidden
 from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply
 from loki_shared.messages.memory import MemoryState as State
 
-from .errors import BadRequest, GatewayError
+from .errors import BadRequest
 
 log = logging.getLogger("loki.gateway.memory")
 QUEUE_GATEWAY = "gateway"
 
 
-class WrongPassphraseError(GatewayError):
-    """403: the passphrase does not open the memory (nothing changed)."""
+class WrongPassphraseError(Forbidden):
+    """403 ``permission_error``: the passphrase does not open the memory (nothing changed)."""
 
-    status = 403
-    type = "permission_error"
+    openai_type = "permission_error"
     code = "wrong_passphrase"
 
 

@@ -32,7 +32,7 @@ from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
 from loki_shared import lifecycle, perf_checkpoint, subjects
-from loki_shared.messages.base import ErrorInfo
+from loki_shared.errors import InvalidRequest
 from loki_shared.messages.perf import (
     CacheRamAdviceReply,
     CacheRamAdviceRequest,
@@ -146,12 +146,7 @@ class PerfService:
         @broker.subscriber(subjects.PERF_LOSSES, queue=subjects.QUEUE_PERF)
         async def on_losses(req: LossesRequest) -> LossesReply:
             if not 1 <= req.limit <= subjects.STREAM_PERF_MAX_MSGS:
-                return LossesReply(
-                    error=ErrorInfo(
-                        type="invalid_request",
-                        message=f"limit must be 1..{subjects.STREAM_PERF_MAX_MSGS}",
-                    )
-                )
+                raise InvalidRequest(f"limit must be 1..{subjects.STREAM_PERF_MAX_MSGS}")
             return LossesReply(losses=self.ring.losses(req.limit))
 
         @broker.subscriber(subjects.PERF_CACHERAM, queue=subjects.QUEUE_PERF)

@@ -1,33 +1,27 @@
-"""The recall service's errors (each maps to a reply ``error.type``)."""
+"""The recall service's errors, in :mod:`loki_shared.errors`' tree: each class says the reply's
+``error.type``; a handler raises them and the broker's exception middleware answers
+(:func:`loki_shared.errors.exception_middleware`)."""
 
 from __future__ import annotations
 
-
-class RecallError(Exception):
-    """Base of the recall service's errors; ``type`` is the reply's ``error.type``."""
-
-    type = "internal"
+from loki_shared import errors
 
 
-class MemoryLocked(RecallError):
+class RecallError(errors.LokiError):
+    """Base of the recall service's errors (``internal`` unless the class says otherwise)."""
+
+
+class MemoryLocked(errors.Locked, RecallError):
     """The memory is encrypted and locked: a block cannot be sealed with the memory key."""
 
-    type = "locked"
 
-
-class UnknownTool(RecallError):
+class UnknownTool(errors.InvalidRequest, RecallError):
     """A ``loki.recall.tool`` request named a tool other than recall / recall_search."""
 
-    type = "invalid_request"
 
-
-class StoreUnavailable(RecallError):
+class StoreUnavailable(errors.Unavailable, RecallError):
     """Redis did not answer."""
 
-    type = "unavailable"
 
-
-class BadRequest(RecallError):
+class BadRequest(errors.InvalidRequest, RecallError):
     """A request that is not valid JSON for its message model."""
-
-    type = "invalid_request"

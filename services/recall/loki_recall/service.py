@@ -24,7 +24,6 @@ from redis.exceptions import RedisError
 
 from loki_shared import lifecycle, subjects
 from loki_shared.memkey import KDF_REDIS_KEY, BadKdf, KdfParams, key_id
-from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.events import ArchiveEvent
 from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply, MemoryStatusRequest
 from loki_shared.messages.recall import (
@@ -42,7 +41,7 @@ from loki_shared.sealing import service_sealer
 
 from . import tools
 from .archive import Archive
-from .errors import BadRequest, RecallError, StoreUnavailable, UnknownTool
+from .errors import BadRequest, StoreUnavailable, UnknownTool
 from .settings import Settings
 
 log = logging.getLogger("loki.recall")
@@ -61,13 +60,6 @@ def _decode(model: type[M], body: bytes) -> M:
         return model.model_validate_json(body)
     except ValidationError as exc:
         raise BadRequest(f"invalid {model.__name__}: {exc.errors()[:1]}") from exc
-
-
-def _error(exc: Exception) -> ErrorInfo:
-    if isinstance(exc, RecallError):
-        return ErrorInfo(type=exc.type, message=str(exc))
-    log.exception("internal error")
-    return ErrorInfo(type="internal", message=f"{type(exc).__name__}: {exc}")
 
 
 class RecallService:
@@ -91,17 +83,15 @@ class RecallService:
     def _register(self) -> None:
         """Subscribe the handlers. Requests are decoded here from the raw body with pydantic
         (exact big integers; a malformed request gets an ``invalid_request`` reply rather
-        than silence)."""
+        than silence). What a handler raises is answered by the broker's exception
+        middleware (:func:`loki_shared.errors.exception_middleware`)."""
         broker, archive = self.broker, self.archive
         workers = self.settings.recall_workers
         q = subjects.QUEUE_RECALL
 
         @broker.subscriber(subjects.RECALL_ARCHIVE, queue=q, max_workers=workers)
         async def on_archive(msg: NatsMessage) -> ArchiveReply:
-            try:
-                block = await archive.archive(_decode(ArchiveRequest, msg.body))
-            except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply
-                return ArchiveReply(error=_error(exc))
+            block = await archive.archive(_decode(ArchiveRequest, msg.body))
             try:
                 await broker.publish(
                     ArchiveEvent(
@@ -118,33 +108,24 @@ class RecallService:
 
         @broker.subscriber(subjects.RECALL_TOOL, queue=q, max_workers=workers)
         async def on_tool(msg: NatsMessage) -> ToolReply:
-            try:
-                req = _decode(ToolRequest, msg.body)
-                if req.name == tools.RECALL:
-                    text = await tools.recall(req.arguments, archive)
-                elif req.name == tools.RECALL_SEARCH:
-                    text = await tools.recall_search(req.arguments, archive)
-                else:
-                    raise UnknownTool(f"unknown tool {req.name!r}")
-            except Exception as exc:  # noqa: BLE001
-                return ToolReply(error=_error(exc))
+            req = _decode(ToolRequest, msg.body)
+            if req.name == tools.RECALL:
+                text = await tools.recall(req.arguments, archive)
+            elif req.name == tools.RECALL_SEARCH:
+                text = await tools.recall_search(req.arguments, archive)
+            else:
+                raise UnknownTool(f"unknown tool {req.name!r}")
             return ToolReply(text=text)
 
         @broker.subscriber(subjects.RECALL_BLOCK, queue=q, max_workers=workers)
         async def on_block(msg: NatsMessage) -> BlockReply:
-            try:
-                req = _decode(BlockRequest, msg.body)
-                return BlockReply(block=await archive.get(req.seq))
-            except Exception as exc:  # noqa: BLE001
-                return BlockReply(error=_error(exc))
+            req = _decode(BlockRequest, msg.body)
+            return BlockReply(block=await archive.get(req.seq))
 
         @broker.subscriber(subjects.RECALL_BLOCKS, queue=q, max_workers=workers)
         async def on_blocks(msg: NatsMessage) -> BlocksReply:
-            try:
-                req = _decode(BlocksRequest, msg.body)
-                blocks, next_after = await archive.page(req.after, max(req.max_bytes, 1))
-            except Exception as exc:  # noqa: BLE001
-                return BlocksReply(error=_error(exc))
+            req = _decode(BlocksRequest, msg.body)
+            blocks, next_after = await archive.page(req.after, max(req.max_bytes, 1))
             return BlocksReply(blocks=blocks, next_after=next_after)
 
         @broker.subscriber(subjects.MEMORY_KEY)

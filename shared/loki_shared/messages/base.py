@@ -16,14 +16,28 @@ class Msg(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+#: The values of a reply's ``error.type``; :mod:`loki_shared.errors` has one exception class
+#: per value (and the HTTP status the gateway answers with).
+ErrorType = Literal[
+    "invalid_request",
+    "forbidden",
+    "not_found",
+    "conflict",
+    "busy",
+    "locked",
+    "unavailable",
+    "internal",
+]
+
+
 class ErrorInfo(Msg):
     """Why a request failed.
 
-    ``type`` is a short machine name (``not_found``, ``invalid_request``, ``busy``,
-    ``unavailable``, ``internal``); ``message`` is for a person.
+    ``type`` is a short machine name (:data:`ErrorType`, raised as the
+    :mod:`loki_shared.errors` class of that name); ``message`` is for a person.
     """
 
-    type: str
+    type: ErrorType
     message: str
 
 

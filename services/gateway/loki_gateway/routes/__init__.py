@@ -1,6 +1,4 @@
-"""One router per domain; :mod:`loki_gateway.app` includes every module listed in ROUTERS.
-
-Each module exposes ``router = fastapi.APIRouter()``.
+"""One router per domain (``chat``, ``recall``, ``memory``, ``engine``, ``perf``, ``v1``);
+each module exposes ``router = fastapi.APIRouter()`` and :mod:`loki_gateway.app` imports and
+includes every one of them (:data:`loki_gateway.app.ROUTERS`).
 """
-
-ROUTERS = ["chat", "recall", "memory", "engine", "perf", "v1"]
