@@ -15,13 +15,14 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 
 from loki_gateway.bus import Bus
-from loki_gateway.errors import GatewayError, gateway_error_handler
+from loki_gateway.errors import loki_error_handler
 from loki_gateway.memory_state import MemoryState
 from loki_gateway.routes import memory as memory_routes
 from loki_gateway.routes import recall as recall_routes
 from loki_recall.archive import BLOCKS_KEY
 from loki_recall.service import RecallService
 from loki_shared import memkey, subjects
+from loki_shared.errors import LokiError
 from loki_shared.messages.recall import ArchiveReply, ArchiveRequest, ToolReply, ToolRequest
 from tests.recall.recall_helpers import Client, recall_settings
 
@@ -32,7 +33,7 @@ async def gateway(nats_url: str, redis_db: str) -> AsyncIterator[httpx.AsyncClie
     app = FastAPI()
     app.include_router(recall_routes.router)
     app.include_router(memory_routes.router)
-    app.add_exception_handler(GatewayError, gateway_error_handler)
+    app.add_exception_handler(LokiError, loki_error_handler)
     app.state.bus = await Bus.connect(nats_url)
     redis = Redis.from_url(redis_db)
     app.state.memory = MemoryState(redis, app.state.bus.client, n=2**12)

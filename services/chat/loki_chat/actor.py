@@ -188,14 +188,14 @@ class Actor:
             text = self.conv.pending[0]
             try:
                 await TurnRunner(self, text).run()
-            except Exception:
+            except Exception:  # a turn that fails ends itself, never the actor's queue
                 log.exception("turn failed in %s", self.conv.id)
                 if self.conv.pending and self.conv.pending[0] == text:
                     self.conv.pending.pop(0)
                 self.conv.turn_open = False
                 try:
                     await self.persist()
-                except Exception:
+                except Exception:  # Redis away: logged, the next turn persists again
                     log.exception("could not persist %s", self.conv.id)
                     await asyncio.sleep(1)
             self.last_access = time.monotonic()

@@ -187,7 +187,7 @@ class Ownership:
                         self.actors.pop(cid, None)
                         actor.lost = True
                         await self.store.release(cid, actor.lock_value)
-                except Exception:
+                except Exception:  # one conversation's failure never stops the keeper's loop
                     log.warning("lock keeping of %s failed", cid, exc_info=True)
 
     async def close(self) -> None:

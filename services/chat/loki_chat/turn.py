@@ -562,7 +562,7 @@ class TurnRunner:
         )
         try:
             return bool(await self.host.policy.maybe_compact(view))
-        except Exception:
+        except Exception:  # a failed compaction never fails the turn: it goes on uncompacted
             log.exception("compaction (%s) failed", trigger)
             return False
 

@@ -277,7 +277,7 @@ class EngineRunner:
         )
         try:
             await self.on_state(event)
-        except Exception:
+        except Exception:  # a state event is news, not control: a failed publish never stops it
             log.exception("publishing engine state failed")
 
     @property

@@ -196,7 +196,7 @@ class Supervisor:
             try:
                 cfg, plan = await self.make_plan(preset)
                 binary = servers.find_llama_server()
-            except Exception as exc:
+            except Exception as exc:  # any failure to plan is the preset's state, shown as is
                 if not isinstance(exc, (SupervisorError, servers.ServerNotFound, OSError)):
                     log.exception("planning the launch failed")
                 await self.runner.stop()

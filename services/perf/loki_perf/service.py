@@ -238,7 +238,7 @@ class PerfService:
                 self.ring.add(e)
                 if seq > self.totals.seq:
                     self.totals.add(e)
-            except Exception:
+            except Exception:  # one bad record is counted as rejected, never stops the ring
                 self.rejected += 1
                 self.log.exception("record %d could not be accounted", seq)
             else:
