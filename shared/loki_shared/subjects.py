@@ -5,10 +5,17 @@ several instances share the load. Event subjects are plain publish/subscribe. Du
 records (perf, audit events) live in JetStream streams.
 
 Each owning service's section lists what it serves; the message schemas for a subject live
-in :mod:`loki_shared.messages` under the same domain name.
+in :mod:`loki_shared.messages` under the same domain name, and :data:`EXCHANGES` pairs each
+subject with its request and reply types.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from .messages import chat, engine, events, memory, perf, recall
 
 PREFIX = "loki"
 
@@ -103,3 +110,67 @@ def health(service: str, instance: str | None = None) -> str:
         if not token or any(c in token for c in ".*> \t\r\n"):
             raise ValueError(f"{token!r} is not a valid subject token")
     return ".".join([HEALTH_PREFIX, *tokens])
+
+
+# --- the table: each subject with its request and reply types --------------------------------
+@dataclass(frozen=True)
+class Exchange:
+    """What travels on one subject: ``request`` (the message sent or published) and
+    ``reply`` (the answer's model; None for an event, which has no answer)."""
+
+    subject: str
+    request: type[BaseModel]
+    reply: type[BaseModel] | None
+
+
+def _table(*rows: Exchange) -> dict[str, Exchange]:
+    return {row.subject: row for row in rows}
+
+
+#: Every fixed subject and its message types: the bus wrappers (``loki_gateway.bus.Bus``,
+#: ``loki_chat.bus.ChatBus``) check each request and publish against it. Subjects built per
+#: conversation, instance or service (``chat_events``, ``chat_instance``, ``health``) are not
+#: in it: a ``ForwardRequest``'s reply is the reply of the subject its ``op`` names.
+EXCHANGES: dict[str, Exchange] = _table(
+    Exchange(CHAT_SEND, chat.SendRequest, chat.SendReply),
+    Exchange(CHAT_CONTROL, chat.ControlRequest, chat.ControlReply),
+    Exchange(CHAT_STATE, chat.StateRequest, chat.StateReply),
+    Exchange(CHAT_REPLAY, chat.ReplayRequest, chat.ReplayReply),
+    Exchange(CHAT_CONVERSATIONS, chat.ConversationsRequest, chat.ConversationsReply),
+    Exchange(RECALL_ARCHIVE, recall.ArchiveRequest, recall.ArchiveReply),
+    Exchange(RECALL_TOOL, recall.ToolRequest, recall.ToolReply),
+    Exchange(RECALL_BLOCK, recall.BlockRequest, recall.BlockReply),
+    Exchange(RECALL_BLOCKS, recall.BlocksRequest, recall.BlocksReply),
+    Exchange(MEMORY_KEY, memory.MemoryKeyEvent, None),
+    Exchange(MEMORY_STATUS, memory.MemoryStatusRequest, memory.MemoryStatusReply),
+    Exchange(ENGINE_INFO, engine.EngineInfoRequest, engine.EngineInfo),
+    Exchange(ENGINE_LEASE, engine.LeaseRequest, engine.Lease),
+    Exchange(ENGINE_RELEASE, engine.ReleaseRequest, engine.ReleaseReply),
+    Exchange(ENGINE_RENEW, engine.RenewRequest, engine.Lease),
+    Exchange(ENGINE_STATE, engine.EngineState, None),
+    Exchange(ENGINE_PRESETS, engine.PresetsRequest, engine.PresetsReply),
+    Exchange(PERF_RECORD, perf.PerfRecord, None),
+    Exchange(PERF_SUMMARY, perf.SummaryRequest, perf.PerfSummary),
+    Exchange(PERF_LOSSES, perf.LossesRequest, perf.LossesReply),
+    Exchange(PERF_CACHERAM, perf.CacheRamAdviceRequest, perf.CacheRamAdviceReply),
+    Exchange(EVENTS_COMPACTION, events.CompactionEvent, None),
+    Exchange(EVENTS_ARCHIVE, events.ArchiveEvent, None),
+)
+
+
+def check(subject: str, message: BaseModel, reply_type: type[BaseModel] | None = None) -> None:
+    """Check ``message`` (and the ``reply_type`` it is to be answered with, when given)
+    against :data:`EXCHANGES`' row for ``subject``; a subject not in the table passes.
+
+    Raises:
+        TypeError: ``message`` is not the subject's request type, or ``reply_type`` is not
+            its reply type (a programming error: the sender and the server would disagree).
+    """
+    row = EXCHANGES.get(subject)
+    if row is None:
+        return
+    if not isinstance(message, row.request):
+        raise TypeError(f"{subject} carries {row.request.__name__}, not {type(message).__name__}")
+    if reply_type is not None and reply_type is not row.reply:
+        expected = row.reply.__name__ if row.reply is not None else "no reply (an event)"
+        raise TypeError(f"{subject} is answered with {expected}, not {reply_type.__name__}")

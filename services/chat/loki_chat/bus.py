@@ -1,7 +1,8 @@
 """The chat service's NATS connection: typed request/reply, publishing, background work.
 
 One :class:`ChatBus` per chat instance wraps its FastStream ``NatsBroker``; everything in
-``loki_chat`` that talks to another service goes through it (the subscribers themselves are
+``loki_chat`` that talks to another service goes through it, checked against the subject table
+(:data:`loki_shared.subjects.EXCHANGES`) (the subscribers themselves are
 declared on the broker by :mod:`loki_chat.handlers`).
 """
 
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from loki_shared import subjects
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import jetstream_of, publish_record
 
@@ -39,15 +41,20 @@ class ChatBus:
         """Send ``message`` on ``subject``; return the reply decoded as ``reply_type``.
 
         Raises:
+            TypeError: ``message`` or ``reply_type`` is not what
+                :data:`loki_shared.subjects.EXCHANGES` says ``subject`` carries.
             Exception: whatever the broker raises on no responders or timeout (callers map
                 it: a lease error, "unreachable" tool results, a forward retried later), and
                 ``pydantic.ValidationError`` for a reply that is not a ``reply_type``.
         """
+        subjects.check(subject, message, reply_type)
         msg = await self.broker.request(message, subject, timeout=timeout)
         return reply_type.model_validate_json(msg.body)
 
     async def publish(self, message: BaseModel, subject: str) -> None:
-        """Publish ``message`` on ``subject`` (core NATS; raises on a broken connection)."""
+        """Publish ``message`` on ``subject`` (core NATS; raises on a broken connection, and
+        TypeError when the subject table names another message type)."""
+        subjects.check(subject, message)
         await self.broker.publish(message, subject)
 
     def publish_perf(self, record: PerfRecord) -> None:

@@ -20,7 +20,6 @@ from pydantic import BaseModel
 
 from loki_shared import subjects
 from loki_shared.errors import InvalidRequest
-from loki_shared.messages.base import Reply
 from loki_shared.messages.chat import (
     ChatMessage,
     ControlReply,
@@ -54,23 +53,30 @@ REPLAY_MAX_BYTES = 700_000
 class Route:
     """One kind of chat request: ``op`` names its handler (a :class:`ChatHandlers` method)
     and its :class:`~loki_shared.messages.chat.ForwardRequest` op; served on ``subject``
-    (queue group ``chat``) with at most ``max_workers`` at once."""
+    (queue group ``chat``) with at most ``max_workers`` at once. Its request and reply types
+    are the subject's in :data:`loki_shared.subjects.EXCHANGES`."""
 
     op: str
     subject: str
-    request: type[BaseModel]
-    reply: type[Reply]
     max_workers: int
+
+    @property
+    def request(self) -> type[BaseModel]:
+        return subjects.EXCHANGES[self.subject].request
+
+    @property
+    def reply(self) -> type[BaseModel]:
+        reply = subjects.EXCHANGES[self.subject].reply
+        assert reply is not None, f"{self.subject} is a request/reply subject"
+        return reply
 
 
 ROUTES = (
-    Route("send", subjects.CHAT_SEND, SendRequest, SendReply, 32),
-    Route("control", subjects.CHAT_CONTROL, ControlRequest, ControlReply, 16),
-    Route("state", subjects.CHAT_STATE, StateRequest, StateReply, 16),
-    Route("replay", subjects.CHAT_REPLAY, ReplayRequest, ReplayReply, 16),
-    Route(
-        "conversations", subjects.CHAT_CONVERSATIONS, ConversationsRequest, ConversationsReply, 16
-    ),
+    Route("send", subjects.CHAT_SEND, 32),
+    Route("control", subjects.CHAT_CONTROL, 16),
+    Route("state", subjects.CHAT_STATE, 16),
+    Route("replay", subjects.CHAT_REPLAY, 16),
+    Route("conversations", subjects.CHAT_CONVERSATIONS, 16),
 )
 ROUTES_BY_OP = {route.op: route for route in ROUTES}
 

@@ -1,4 +1,5 @@
-"""The gateway's NATS connection: typed request/reply and subscriptions (nats-py)."""
+"""The gateway's NATS connection: typed request/reply and subscriptions (nats-py); every
+request is checked against the subject table (:data:`loki_shared.subjects.EXCHANGES`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, ValidationError
 
+from loki_shared import subjects
 from loki_shared.errors import from_info
 from loki_shared.messages.base import Reply
 from loki_shared.nats import connection_callbacks
@@ -46,9 +48,12 @@ class Bus:
         """Send ``message`` on ``subject`` and return the reply decoded as ``reply_type``.
 
         Raises:
+            TypeError: ``message`` or ``reply_type`` is not what
+                :data:`loki_shared.subjects.EXCHANGES` says ``subject`` carries.
             ServiceUnavailable: no service answers ``subject`` (no responders or timeout).
             UpstreamError: the reply is not a valid ``reply_type``.
         """
+        subjects.check(subject, message, reply_type)
         try:
             msg = await self.client.request(
                 subject, message.model_dump_json().encode(), timeout=timeout
