@@ -555,10 +555,8 @@ class RecordingProxy:
             headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
             record = None
             if request.method == "POST" and path in self.COMPLETION_PATHS:
-                try:
-                    record = Exchange(time.time(), path, json.loads(raw or b"{}"))
-                except ValueError:
-                    record = None
+                body = json_object(raw or b"{}")
+                record = Exchange(time.time(), path, body) if body is not None else None
             try:
                 upstream = await client.send(
                     client.build_request(
