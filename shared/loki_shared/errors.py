@@ -44,8 +44,9 @@ class LokiError(Exception):
     """Base of every error a Loki service answers with.
 
     Class attributes: ``type`` (the reply's ``error.type``), ``http_status`` (the gateway's
-    HTTP status for it), ``openai_type`` (the ``type`` of the gateway's OpenAI-shaped body) and
-    ``code`` (its ``code``; the instance's ``code`` argument wins).
+    HTTP status for it), ``openai_type`` (the ``type`` of the gateway's OpenAI-shaped body;
+    None: ``invalid_request_error`` below 500, ``server_error`` from 500) and ``code`` (its
+    ``code``; the instance's ``code`` argument wins).
 
     Args:
         message: for a person; becomes ``error.message``.
@@ -54,7 +55,7 @@ class LokiError(Exception):
 
     type: ClassVar[ErrorType] = "internal"
     http_status: ClassVar[int] = 500
-    openai_type: ClassVar[str] = "server_error"
+    openai_type: ClassVar[str | None] = None
     code: str | None = None
 
     def __init__(self, message: str, code: str | None = None) -> None:
@@ -73,7 +74,6 @@ class InvalidRequest(LokiError):
 
     type: ClassVar[ErrorType] = "invalid_request"
     http_status: ClassVar[int] = 400
-    openai_type: ClassVar[str] = "invalid_request_error"
 
 
 class Forbidden(LokiError):
@@ -81,7 +81,6 @@ class Forbidden(LokiError):
 
     type: ClassVar[ErrorType] = "forbidden"
     http_status: ClassVar[int] = 403
-    openai_type: ClassVar[str] = "invalid_request_error"
 
 
 class NotFound(LokiError):
@@ -89,7 +88,6 @@ class NotFound(LokiError):
 
     type: ClassVar[ErrorType] = "not_found"
     http_status: ClassVar[int] = 404
-    openai_type: ClassVar[str] = "invalid_request_error"
 
 
 class Conflict(LokiError):
@@ -97,7 +95,6 @@ class Conflict(LokiError):
 
     type: ClassVar[ErrorType] = "conflict"
     http_status: ClassVar[int] = 409
-    openai_type: ClassVar[str] = "invalid_request_error"
 
 
 class Busy(LokiError):
@@ -105,7 +102,6 @@ class Busy(LokiError):
 
     type: ClassVar[ErrorType] = "busy"
     http_status: ClassVar[int] = 409
-    openai_type: ClassVar[str] = "invalid_request_error"
 
 
 class Locked(LokiError):
@@ -113,7 +109,6 @@ class Locked(LokiError):
 
     type: ClassVar[ErrorType] = "locked"
     http_status: ClassVar[int] = 423
-    openai_type: ClassVar[str] = "invalid_request_error"
 
 
 class Unavailable(LokiError):
@@ -121,7 +116,6 @@ class Unavailable(LokiError):
 
     type: ClassVar[ErrorType] = "unavailable"
     http_status: ClassVar[int] = 503
-    openai_type: ClassVar[str] = "server_error"
 
 
 _BY_TYPE: dict[str, type[LokiError]] = {

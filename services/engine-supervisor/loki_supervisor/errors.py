@@ -1,30 +1,24 @@
-"""The supervisor's errors, in :mod:`loki_shared.errors`' tree: each class says the reply's
-``error.type``; a handler raises them and the broker's exception middleware answers
-(:func:`loki_shared.errors.exception_middleware`)."""
+"""The supervisor's errors: the classes of :mod:`loki_shared.errors`' tree it raises (each says
+the reply's ``error.type``; the broker's exception middleware answers), and the one it adds.
+
+``InvalidRequest``: a malformed request or preset; ``NotFound``: no such preset or lease (an
+expired lease is not found); ``Unavailable``: the engine is not ready within the time asked;
+``Busy``: no slot freed within the lease request's ``wait_s``.
+"""
 
 from __future__ import annotations
 
-from loki_shared import errors
+from loki_shared.errors import Busy, InvalidRequest, NotFound, Unavailable
+from loki_shared.errors import LokiError as SupervisorError
 
-
-class SupervisorError(errors.LokiError):
-    """Base of the supervisor's errors (``internal`` unless the class says otherwise)."""
-
-
-class InvalidRequest(errors.InvalidRequest, SupervisorError):
-    """A request or a preset is malformed (bad field value, unknown action)."""
-
-
-class NotFound(errors.NotFound, SupervisorError):
-    """A preset or a lease does not exist (a lease that expired is not found)."""
-
-
-class Unavailable(errors.Unavailable, SupervisorError):
-    """The engine is not ready within the time asked (starting, failed, stopped)."""
-
-
-class Busy(errors.Busy, SupervisorError):
-    """No slot freed within the lease request's ``wait_s``."""
+__all__ = [
+    "Busy",
+    "EngineStartError",
+    "InvalidRequest",
+    "NotFound",
+    "SupervisorError",
+    "Unavailable",
+]
 
 
 class EngineStartError(Unavailable):

@@ -48,20 +48,6 @@ class UpstreamError(LokiError):
     openai_type = "upstream_error"
 
 
-class Unauthorized(InvalidRequest):
-    """401 ``invalid_api_key``."""
-
-    http_status = 401
-    code = "invalid_api_key"
-
-
-class PayloadTooLarge(InvalidRequest):
-    """413 ``request_too_large``."""
-
-    http_status = 413
-    code = "request_too_large"
-
-
 class MethodNotAllowed(InvalidRequest):
     """405 ``method_not_allowed``."""
 
@@ -78,9 +64,8 @@ async def loki_error_handler(_: Request, exc: Exception) -> JSONResponse:
     """A :class:`~loki_shared.errors.LokiError` (the gateway's or a service's) as its HTTP
     status and OpenAI body."""
     assert isinstance(exc, LokiError)
-    return JSONResponse(
-        error_body(exc.message, exc.openai_type, exc.code), status_code=exc.http_status
-    )
+    kind = exc.openai_type or ("invalid_request_error" if exc.http_status < 500 else "server_error")
+    return JSONResponse(error_body(exc.message, kind, exc.code), status_code=exc.http_status)
 
 
 def _http_type(status: int) -> str:
