@@ -44,7 +44,7 @@ from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import publish_record
 from loki_shared.sse import StreamFigures
 
-from ...errors import error_body
+from ...errors import ServiceUnavailable, UpstreamError
 from .assemble import assemble
 from .protocol import engine_error, passthrough_body, upstream_body, wants_usage
 from .relay import CUT_MESSAGE, Relay
@@ -168,16 +168,10 @@ class Exchange(Response):
             ) as held:
                 outcome.lease = held.lease
                 await self._exchange(state.http, held.lease, send, outcome)
-        except LeaseError as exc:
-            await _send_json(
-                send,
-                503,
-                error_body(
-                    f"engine not available: {exc.message}",
-                    "service_unavailable",
-                    f"engine_{exc.type}",
-                ),
-            )
+        except LeaseError as exc:  # refused before anything was sent: the exception handlers answer
+            raise ServiceUnavailable(
+                f"engine not available: {exc.message}", code=f"engine_{exc.type}"
+            ) from exc
         finally:
             if self.perf and outcome.sent and outcome.lease is not None:
                 self._publish(state, outcome)
@@ -201,12 +195,7 @@ class Exchange(Response):
             resp = await _send_once_more_if_stale(client, req)
         except httpx.HTTPError as exc:
             outcome.sent = False
-            await _send_json(
-                send,
-                503,
-                error_body(f"engine unreachable: {type(exc).__name__}", "service_unavailable"),
-            )
-            return
+            raise ServiceUnavailable(f"engine unreachable: {type(exc).__name__}") from exc
         try:
             if resp.status_code != 200:
                 outcome.sent = False
@@ -247,13 +236,9 @@ class Exchange(Response):
             status, payload, decoder = await assemble(
                 resp.aiter_bytes(), text=self.path == "/v1/completions"
             )
-        except httpx.HTTPError as exc:
-            status = 502
-            payload = error_body(
-                f"{CUT_MESSAGE}: {type(exc).__name__}", "upstream_error", "stream_cut"
-            )
-        else:
-            outcome.figures = decoder.figures
+        except httpx.HTTPError as exc:  # nothing sent yet: the exception handlers answer
+            raise UpstreamError(f"{CUT_MESSAGE}: {type(exc).__name__}", code="stream_cut") from exc
+        outcome.figures = decoder.figures
         outcome.cut = status != 200
         await _send_json(send, status, payload)
 
