@@ -36,11 +36,12 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
 from . import subjects
+from .messages.base import ErrorType
 from .messages.engine import Lease, LeaseRequest, ReleaseReply, ReleaseRequest, RenewRequest
 
 log = logging.getLogger("loki.lease")
@@ -63,11 +64,18 @@ def renew_interval(ttl_s: float) -> float | None:
     return ttl_s * RENEW_FRACTION if ttl_s and ttl_s > 0 else None
 
 
-class LeaseError(Exception):
-    """No lease. ``type``: the supervisor's error type (``busy``, ``unavailable``, ...),
-    ``no_answer`` when nobody answered in time, ``bad_reply`` for a malformed reply."""
+#: Why a lease was not had: the supervisor's reply ``error.type``, or the client's own
+#: ``no_answer`` (nobody answered in time) and ``bad_reply`` (a malformed reply).
+LeaseErrorType = ErrorType | Literal["no_answer", "bad_reply"]
 
-    def __init__(self, message: str, type_: str = "unavailable") -> None:
+
+class LeaseError(Exception):
+    """No lease. ``type``: a :data:`LeaseErrorType` (``busy``, ``unavailable``, ...,
+    ``no_answer``, ``bad_reply``). A client-side failure, not a reply: whoever holds the
+    lease for a request turns it into that request's own error (the ``/v1`` exchange answers
+    503 ``engine_<type>``)."""
+
+    def __init__(self, message: str, type_: LeaseErrorType = "unavailable") -> None:
         super().__init__(message)
         self.type = type_
         self.message = message
