@@ -130,14 +130,33 @@ def from_info(info: ErrorInfo) -> LokiError:
 
 
 def error_info(exc: BaseException) -> ErrorInfo:
-    """``exc`` as a reply's ``error``: a :class:`LokiError` as itself, a pydantic
-    ``ValidationError`` (a request not valid for its model) as ``invalid_request``, anything
-    else as ``internal`` (``"<class>: <text>"``)."""
+    """``exc`` as a reply's ``error``: a :class:`LokiError` as itself, a request that is not
+    valid for its message model (:func:`is_request_decoding`) as ``invalid_request``, anything
+    else — a peer's malformed reply met inside a handler included — as ``internal``
+    (``"<class>: <text>"``)."""
     if isinstance(exc, LokiError):
         return exc.info()
-    if isinstance(exc, ValidationError):
-        return ErrorInfo(type="invalid_request", message=f"invalid {exc.title}: {exc.errors()[:1]}")
+    if is_request_decoding(exc):
+        assert isinstance(exc, ValidationError)
+        return ErrorInfo(type="invalid_request", message=f"invalid request: {exc.errors()[:1]}")
     return ErrorInfo(type="internal", message=f"{type(exc).__name__}: {exc}")
+
+
+def is_request_decoding(exc: BaseException) -> bool:
+    """Whether ``exc`` is FastStream refusing the request itself: a pydantic
+    ``ValidationError`` raised while FastStream (its ``fast_depends`` layer) decoded the
+    message into the handler's parameter, before the handler ran — not one the handler's own
+    code raised."""
+    if not isinstance(exc, ValidationError):
+        return False
+    innermost = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if not module.startswith("pydantic"):
+            innermost = module
+        tb = tb.tb_next
+    return innermost.startswith("fast_depends")
 
 
 def exception_middleware(log: logging.Logger) -> ExceptionMiddleware:

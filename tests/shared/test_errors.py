@@ -25,8 +25,9 @@ class Answer(Reply):
 
 async def test_a_handler_that_raises_is_answered_with_its_error_type(nats_url, caplog):
     """Whatever a handler raises becomes ``{"error": {type, message}}``: a LokiError as its
-    class says, a request not valid for its model as ``invalid_request``, anything else as
-    ``internal`` (logged with its traceback); a handler that returns answers as usual."""
+    class says, a request not valid for its model as ``invalid_request``, anything else (a
+    model the handler itself fails to validate included) as ``internal``, logged with its
+    traceback; a handler that returns answers as usual."""
     subject = f"test.errors.{uuid.uuid4().hex}"
     broker = make_broker(nats_url, "errors-test")
 
@@ -38,6 +39,10 @@ async def test_a_handler_that_raises_is_answered_with_its_error_type(nats_url, c
             raise errors.Locked("unlock first")
         if req.what == "bug":
             raise KeyError("oops")
+        if (
+            req.what == "bad reply"
+        ):  # a peer's reply the handler cannot read: not the caller's fault
+            Answer.model_validate({"text": ["not", "a", "string"]})
         return Answer(text=req.what.upper())
 
     await broker.start()
@@ -58,6 +63,10 @@ async def test_a_handler_that_raises_is_answered_with_its_error_type(nats_url, c
         assert any(r.exc_info for r in caplog.records if r.name == "loki.errors-test")
         malformed = await ask(b'{"nothing": 1}')
         assert malformed["error"]["type"] == "invalid_request"
+        assert "what" in malformed["error"]["message"]
+        bad_reply = await ask(b'{"what": "bad reply"}')
+        assert bad_reply["error"]["type"] == "internal"
+        assert "ValidationError" in bad_reply["error"]["message"]
     finally:
         await nc.drain()
         await broker.stop()
