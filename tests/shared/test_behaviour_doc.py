@@ -112,3 +112,35 @@ def test_each_rule_names_code_that_exists(line: int, cells: list[str]):
     assert names, f"docs/behaviour.md:{line}: the Code cell names no module or function"
     for name in names:
         resolve(name)
+
+
+def code_mentions() -> list[tuple[int, str]]:
+    """(line number, names) of every ``code:`` mention outside the tables (the rules written
+    as paragraphs and bullets: ``(test...; code: `a.b.c`, `.d`)``), up to its closing
+    parenthesis or the end of its paragraph; a ``code:`` that names a path or a file
+    (``services/...``) is an overview, not a rule's code."""
+    text = DOC.read_text(encoding="utf-8")
+    out = []
+    roots = "|".join(ROOTS)
+    pattern = rf"\bcode: (`(?:{roots})[.`]" + r"(?:[^)\n]|\n(?!\n))*)"
+    for match in re.finditer(pattern, text, re.IGNORECASE):
+        line = text.count("\n", 0, match.start()) + 1
+        if not text.splitlines()[line - 1].startswith("|"):
+            out.append((line, match.group(1)))
+    return out
+
+
+MENTIONS = code_mentions()
+
+
+def test_the_prose_rules_name_their_code_too():
+    """The engine supervisor's and perf's rules are paragraphs: they name their code inline."""
+    assert len(MENTIONS) > 30
+
+
+@pytest.mark.parametrize(("line", "names"), MENTIONS, ids=[f"line{n}" for n, _ in MENTIONS])
+def test_code_named_in_the_prose_exists(line: int, names: str):
+    found = references(names)
+    assert found, f"docs/behaviour.md:{line}: `code:` names nothing"
+    for name in found:
+        resolve(name)
