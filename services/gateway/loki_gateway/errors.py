@@ -36,13 +36,15 @@ class NotFound(_NotFound):
 
 
 class ServiceUnavailable(Unavailable):
-    """503 ``service_unavailable``: a backing service did not answer over NATS."""
+    """503 ``service_unavailable``: a backing service did not answer over NATS, or the engine
+    was not to be had (lease refused, connection failed)."""
 
     openai_type = "service_unavailable"
 
 
 class UpstreamError(LokiError):
-    """502 ``upstream_error``: a backing service answered something the gateway cannot read."""
+    """502 ``upstream_error``: a backing service answered something the gateway cannot read,
+    or the engine's answer ended before its end."""
 
     http_status = 502
     openai_type = "upstream_error"
