@@ -61,6 +61,7 @@ RECALL_ARCHIVE = "loki.recall.archive"  # ArchiveRequest -> ArchiveReply
 RECALL_TOOL = "loki.recall.tool"  # ToolRequest -> ToolReply (recall, recall_search)
 RECALL_BLOCK = "loki.recall.block"  # BlockRequest -> BlockReply
 RECALL_BLOCKS = "loki.recall.blocks"  # BlocksRequest -> BlocksReply
+RECALL_PURGE = "loki.recall.purge"  # PurgeRequest -> PurgeReply
 
 # --- memory key (the gateway hands the user's memory key to the services) ------------------
 MEMORY_KEY = "loki.memory.key"  # MemoryKeyEvent, broadcast (set or cleared)

@@ -24,6 +24,7 @@ import uuid
 
 import redis.asyncio as aioredis
 
+from loki_shared import recall_purge
 from loki_shared.sealing import Sealer
 
 from .conversation import Conversation
@@ -44,6 +45,8 @@ redis.call('DEL', KEYS[2])
 redis.call('HDEL', KEYS[3], ARGV[2])
 redis.call('DEL', KEYS[4])
 redis.call('DEL', KEYS[1])
+redis.call('SADD', KEYS[5], ARGV[3])
+redis.call('SADD', KEYS[6], ARGV[3])
 return 1
 """
 _RESERVE = """
@@ -163,13 +166,23 @@ class Store:
             raise FencedWrite(f"lock of {conv.id} lost; write refused")
 
     async def delete(self, cid: str, lock_value: str) -> None:
-        """Remove the blob, its index entry and the lock.
+        """Remove the blob, its index entry and the lock, and record (same atomic script)
+        that the recall service must delete the blocks it archived
+        (:mod:`loki_shared.recall_purge`).
 
         Raises:
             FencedWrite: the lock is no longer this owner's.
         """
         ok = await self._delete(
-            keys=[lock_key(cid), conv_key(cid), INDEX, seq_key(cid)], args=[lock_value, cid]
+            keys=[
+                lock_key(cid),
+                conv_key(cid),
+                INDEX,
+                seq_key(cid),
+                recall_purge.PURGE_KEY,
+                recall_purge.GONE_KEY,
+            ],
+            args=[lock_value, cid, recall_purge.member(conversation=cid)],
         )
         if not ok:
             raise FencedWrite(f"lock of {cid} lost; delete refused")

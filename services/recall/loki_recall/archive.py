@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+from bisect import bisect_right
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,8 +23,9 @@ import numpy as np
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from loki_shared.messages.recall import ArchiveRequest, Block
+from loki_shared.messages.recall import DEFAULT_PROJECT, ArchiveRequest, Block
 from loki_shared.recall_label import recall_label
+from loki_shared.recall_purge import member
 from loki_shared.sealing import Sealer, SealError
 
 from .blocks import (  # noqa: F401 - re-exported: tests and the bench name them here
@@ -34,14 +36,21 @@ from .blocks import (  # noqa: F401 - re-exported: tests and the bench name them
     _decode,
     block_aad,
     memory_aad,
+    owners,
 )
 from .errors import StoreUnavailable
 from .index import FREEZE_AT, Index
-from .snapshot import Snapshot, archive_id
+from .snapshot import SNAPSHOT_EVERY, Snapshot, archive_id
 from .sync import Catalog
 from .text import MAX_SEQ, go_lower, score
 
 log = logging.getLogger("loki.recall.archive")
+
+
+def in_project(block: Block, project: str | None) -> bool:
+    """Whether ``block`` belongs to ``project`` (None: any project; a block archived without
+    a project belongs to the default project)."""
+    return project is None or (block.project or DEFAULT_PROJECT) == project
 
 
 class Archive:
@@ -65,6 +74,8 @@ class Archive:
         self._private: Index | None = None
         self._private_seqs: set[int] = set()
         self._loader: asyncio.Task[None] | None = None
+        #: While the owner sets are completed at start: the owners of plain blocks read.
+        self._unowned: list[tuple[int, str | None, str | None]] | None = None
 
     # --- state -----------------------------------------------------------------------------
     @property
@@ -95,6 +106,8 @@ class Archive:
             return
         if kind != KIND_MEMORY:
             data = json.loads(body)
+            if self._unowned is not None:
+                self._unowned.append((seq, data.get("conversation"), data.get("project")))
             self._record(seq, False, data["label"], data["content"])
             return
         label = content = None
@@ -146,32 +159,96 @@ class Archive:
             self.snapshot.archive_id = await archive_id(self.redis)
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
+        deleted = await self.store.deleted()
+        self.catalog.deleted_from = len(deleted)
+        owners_done = await self.store.owners_done()
         top = await self.store.top()
         stored = await self.store.stored()
-        snap = await asyncio.to_thread(self.snapshot.read)
+        # Before the owner sets cover every block, read every block once (no snapshot).
+        snap = await asyncio.to_thread(self.snapshot.read) if owners_done else None
         if snap is not None:
             index, private = snap
             seqs = set(index.seqs().tolist())
-            if seqs <= stored and private <= stored and not seqs & private:
-                self._plain, self._private_seqs = index, private
-                self.catalog.restore(seqs | private)
+            gone = (seqs | private) - stored
+            if gone <= set(deleted) and not seqs & private:
+                # Blocks deleted since the snapshot was saved leave the index at once.
+                if index.remove(gone):
+                    index.drop_removed()
+                    self.snapshot.since = SNAPSHOT_EVERY  # rewrite it without them
+                self._plain, self._private_seqs = index, private - gone
+                self.catalog.restore((seqs | private) - gone)
                 log.info("index snapshot restored: %d blocks", len(self.catalog))
             else:
                 log.warning("index snapshot not used: it names blocks this archive lacks")
         missing = sorted(stored - self.catalog.known)
         self._plain.freeze_at = 1 << 15  # fewer, bigger frozen parts while loading
+        self._unowned = None if owners_done else []
         try:
             await self.catalog.read(self.store, missing, self._ingest)
+            if self._unowned is not None:
+                await self.store.add_owners(self._unowned)
+                await self.store.owners_done(True)
+                log.info("owner sets completed: %d blocks", len(self._unowned))
         finally:
+            self._unowned = None
             self._plain.freeze()
             self._plain.freeze_at = FREEZE_AT
         # Seqs handed out but not stored yet (an archive in flight elsewhere).
         self.catalog.loaded(top)
+        await self.apply_purges()
         self.snapshot.after_load()
 
     async def sync(self) -> None:
-        """Catch up with blocks other recall instances stored since the last look."""
-        await self.catalog.sync(self.store, self._ingest)
+        """Catch up with blocks other recall instances stored or deleted since the last look,
+        and apply the deletions recorded but not applied yet."""
+        if await self.catalog.sync(self.store, self._ingest, self._forget):
+            await self.apply_purges()
+
+    # --- deletion --------------------------------------------------------------------------
+    def _forget(self, seqs: set[int]) -> None:
+        """Drop deleted ``seqs`` from this instance: the catalog and both indexes (their
+        postings, and words no other block holds); the snapshot is rewritten soon."""
+        self.catalog.remove(seqs)
+        self._private_seqs -= seqs
+        if self._plain.remove(seqs):
+            self._plain.drop_removed()
+            self.snapshot.since = SNAPSHOT_EVERY
+            self.snapshot.maybe()
+        if self._private is not None and self._private.remove(seqs):
+            self._private.drop_removed()
+
+    async def purge(self, conversation: str | None = None, project: str | None = None) -> list[int]:
+        """Delete every block of ``conversation`` or of ``project`` (exactly one): recorded
+        first (:mod:`loki_shared.recall_purge`), then applied in one Redis script; the seqs
+        deleted now. Their seqs are never given out again.
+
+        Raises:
+            ValueError: neither or both are given.
+            StoreUnavailable: Redis does not answer (the deletion stays recorded when the
+                record was written, and is applied later).
+        """
+        name = member(conversation=conversation, project=project)
+        await self.store.record_purge(name)
+        return await self._apply(name)
+
+    async def _apply(self, name: str) -> list[int]:
+        seqs = await self.store.purge(name)
+        if seqs:
+            self._forget(set(seqs))
+            log.info("deleted %d archived blocks of %s", len(seqs), name.split(":", 1)[0])
+        return seqs
+
+    async def apply_purges(self) -> int:
+        """Apply every deletion recorded and not applied yet (a conversation deleted while
+        no recall instance answered); the number of blocks deleted.
+
+        Raises:
+            StoreUnavailable: Redis does not answer.
+        """
+        total = 0
+        for name in await self.store.pending_purges():
+            total += len(await self._apply(name))
+        return total
 
     # --- memory key ------------------------------------------------------------------------
     async def set_memory_key(self, key: bytes | None) -> None:
@@ -194,6 +271,7 @@ class Archive:
 
     async def _load_private(self, index: Index, seqs: list[int]) -> None:
         try:
+            found: list[tuple[int, str | None, str | None]] = []
             async for chunk in self.store.fetch(seqs):
                 if self._private is not index:
                     return
@@ -201,11 +279,23 @@ class Archive:
                     block = self.store.open_safe(seq, blob)
                     if block is not None:
                         index.add(seq, go_lower(block.label), go_lower(block.content))
+                        found.append((seq, block.conversation, block.project))
                 await asyncio.sleep(0)
+            await self._own_memory_blocks(found)
         except StoreUnavailable as exc:
             log.error("memory blocks not indexed: %s", exc)
             return
         log.info("memory blocks indexed: %d", len(index))
+
+    async def _own_memory_blocks(self, found: list[tuple[int, str | None, str | None]]) -> None:
+        """Memory blocks stored before the owner sets existed become deletable once readable:
+        add them to their owner sets, then delete those whose conversation or project was
+        deleted meanwhile."""
+        await self.store.add_owners(found)
+        names = sorted({n for _, c, p in found for n in owners(c, p) if n})
+        for name, gone in zip(names, await self.store.gone(names)):
+            if gone:
+                await self._apply(name)
 
     async def wait_loaded(self) -> None:
         """Wait until memory blocks are indexed after an unlock (tests, benchmarks)."""
@@ -218,6 +308,7 @@ class Archive:
 
         Raises:
             MemoryLocked: the memory is encrypted (a KDF record exists) but locked.
+            Deleted: the conversation or project was deleted (nothing stored).
             StoreUnavailable: Redis does not answer.
         """
         memory = self.store.memory
@@ -233,25 +324,29 @@ class Archive:
             content=req.content,
             created=time.time(),
             conversation=req.conversation,
+            project=req.project,
         )
-        await self.store.put(seq, self.store.seal(block, memory))
+        await self.store.put(seq, self.store.seal(block, memory), req.conversation, req.project)
         self._record(seq, memory is not None, block.label, block.content)
         self.snapshot.maybe()
         return block
 
     # --- reads -----------------------------------------------------------------------------
-    async def get(self, seq: int) -> Block | None:
-        """The readable block ``seq``, or None (absent, out of range, or locked memory block).
+    async def get(self, seq: int, project: str | None = None) -> Block | None:
+        """The readable block ``seq``, or None (absent, out of range, locked memory block, or
+        outside ``project`` when one is given).
 
         Raises:
             StoreUnavailable: Redis does not answer.
         """
         if not 0 < seq <= MAX_SEQ:
             return None
-        return await self.store.get(seq)
+        block = await self.store.get(seq)
+        return block if block is not None and in_project(block, project) else None
 
-    async def search(self, kws: set[str], limit: int) -> list[Block]:
-        """The ``limit`` best readable blocks for ``kws`` (score, then seq, descending).
+    async def search(self, kws: set[str], limit: int, project: str | None = None) -> list[Block]:
+        """The ``limit`` best readable blocks for ``kws`` (score, then seq, descending); only
+        blocks of ``project`` when one is given.
 
         The indexes give each candidate an upper bound of its score; candidates are checked
         with the exact rule in bound order until no unchecked one can enter the top
@@ -282,7 +377,7 @@ class Archive:
             chunk = [int(seq[i]) for i in order[pos : pos + step]]
             pos += len(chunk)
             for block in await self.store.get_many(chunk):
-                if block is None:
+                if block is None or not in_project(block, project):
                     continue
                 s = score(kws, go_lower(block.label), go_lower(block.content))
                 if s > 0:
@@ -291,12 +386,36 @@ class Archive:
             del hits[limit:]
         return [b for _, _, b in hits]
 
-    async def page(self, after: int, max_bytes: int) -> tuple[list[Block], int | None]:
+    async def page(
+        self,
+        after: int,
+        max_bytes: int,
+        conversation: str | None = None,
+        project: str | None = None,
+    ) -> tuple[list[Block], int | None]:
         """Readable blocks with seq > ``after`` in increasing seq, up to about ``max_bytes``
-        of JSON (at least one), and the ``after`` of the next page (None at the end)."""
+        of JSON (at least one), and the ``after`` of the next page (None at the end); only
+        those archived by ``conversation`` / of ``project`` when given (read through their
+        owner sets).
+
+        Raises:
+            StoreUnavailable: Redis does not answer.
+        """
         await self.sync()
-        seqs = self.catalog.sorted()
-        start = self.catalog.after(after)
+        if conversation is None and project is None:
+            seqs = self.catalog.sorted()
+            start = self.catalog.after(after)
+        else:
+            sets = [
+                set(await self.store.owned(member(conversation=conversation)))
+                if conversation is not None
+                else None,
+                set(await self.store.owned(member(project=project)))
+                if project is not None
+                else None,
+            ]
+            seqs = sorted(set.intersection(*[x for x in sets if x is not None]))
+            start = bisect_right(seqs, after)
         out: list[Block] = []
         size = 0
         i = start
@@ -304,7 +423,11 @@ class Archive:
             chunk = seqs[i : i + 64]
             blocks = await self.store.get_many(chunk)
             for j, block in enumerate(blocks):
-                if block is not None:
+                if (
+                    block is not None
+                    and (conversation is None or block.conversation == conversation)
+                    and in_project(block, project)
+                ):
                     n = len(block.model_dump_json()) + 1
                     if out and size + n > max_bytes:
                         return out, chunk[j - 1] if j else seqs[i - 1]
@@ -321,3 +444,18 @@ class Archive:
             page, after = await self.page(after, 4_000_000)
             out.extend(page)
         return out
+
+
+class ScopedReader:
+    """A :class:`~loki_recall.tools.Reader` that sees only the blocks of one project (a
+    block of another is "no archived block")."""
+
+    def __init__(self, archive: Archive, project: str) -> None:
+        self.archive = archive
+        self.project = project
+
+    async def get(self, seq: int) -> Block | None:
+        return await self.archive.get(seq, self.project)
+
+    async def search(self, kws: set[str], limit: int) -> list[Block]:
+        return await self.archive.search(kws, limit, self.project)

@@ -4,7 +4,20 @@ Redis layout:
 
 - ``loki:recall:seq`` — the global sequence (``INCR``: from 1, strictly increasing, never
   reused, atomic across every recall instance);
-- ``loki:recall:blocks`` — a hash ``<seq>`` → sealed block.
+- ``loki:recall:blocks`` — a hash ``<seq>`` → sealed block;
+- ``loki:recall:owner:c:<conversation>`` and ``loki:recall:owner:p:<project>`` — the seqs a
+  conversation archived and the seqs of a project (every block is in its project's set,
+  :data:`~loki_shared.messages.recall.DEFAULT_PROJECT` when archived without one), written
+  in the same script as the block, so a deletion finds every block even while memory blocks
+  are unreadable;
+- ``loki:recall:deleted`` — a list of every deleted seq, in order (other instances drop them
+  from their index at their next catch-up);
+- ``loki:recall:owners_v1`` — set once every block stored before the owner sets existed has
+  been added to them (a one-time full read at start).
+
+Deletions are recorded in ``loki:recall:purge`` / ``loki:recall:gone``
+(:mod:`loki_shared.recall_purge`): a block is never stored for a conversation or project named
+in ``gone``.
 
 A stored block is sealed with the service key (associated data ``loki:recall:block:<seq>``,
 so a blob moved to another seq does not open). Inside, one kind byte: ``P`` then the block's
@@ -24,13 +37,17 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from loki_shared.memkey import KDF_REDIS_KEY
-from loki_shared.messages.recall import Block
+from loki_shared.messages.recall import DEFAULT_PROJECT, Block
+from loki_shared.recall_purge import GONE_KEY, PURGE_KEY, member
 from loki_shared.sealing import Sealer, SealError
 
-from .errors import MemoryLocked, StoreUnavailable
+from .errors import Deleted, MemoryLocked, StoreUnavailable
 
 SEQ_KEY = "loki:recall:seq"
 BLOCKS_KEY = "loki:recall:blocks"
+OWNER_PREFIX = "loki:recall:owner:"
+DELETED_KEY = "loki:recall:deleted"
+OWNERS_DONE_KEY = "loki:recall:owners_v1"
 KIND_PLAIN = b"P"
 KIND_MEMORY = b"M"
 #: Blocks asked of Redis in one ``HMGET``.
@@ -38,6 +55,29 @@ FETCH_CHUNK = 512
 _NEXT_SEQ = """
 if ARGV[1] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 return redis.call('INCR', KEYS[1])
+"""
+# KEYS: blocks, gone, owner set of the conversation (or of the project again), of the project.
+# ARGV: seq, blob, conversation member ('' when none), project member.
+_STORE = """
+if (ARGV[3] ~= '' and redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1)
+   or redis.call('SISMEMBER', KEYS[2], ARGV[4]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[3] ~= '' then redis.call('SADD', KEYS[3], ARGV[1]) end
+redis.call('SADD', KEYS[4], ARGV[1])
+return 1
+"""
+# KEYS: blocks, owner set, purge set, deleted list. ARGV: the member. Returns the seqs deleted.
+_PURGE = """
+local out = {}
+for _, s in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if redis.call('HDEL', KEYS[1], s) == 1 then
+    out[#out + 1] = s
+    redis.call('RPUSH', KEYS[4], s)
+  end
+end
+redis.call('DEL', KEYS[2])
+redis.call('SREM', KEYS[3], ARGV[1])
+return out
 """
 
 log = logging.getLogger("loki.recall.archive")
@@ -53,20 +93,31 @@ def memory_aad(seq: int) -> bytes:
     return b"loki:recall:block:%d:memory" % seq
 
 
+def owner_key(name: str) -> str:
+    """The Redis set of the seqs owned by ``name`` (a :func:`~loki_shared.recall_purge.member`)."""
+    return OWNER_PREFIX + name
+
+
+def owners(conversation: str | None, project: str | None) -> tuple[str, str]:
+    """The members a block belongs to: its conversation's (``""`` when none) and its
+    project's (the default project when None)."""
+    conv = member(conversation=conversation) if conversation is not None else ""
+    return conv, member(project=project or DEFAULT_PROJECT)
+
+
 def _encode(block: Block) -> bytes:
     # ensure_ascii keeps any str (lone surrogates included) exact through the round trip.
-    return json.dumps(
-        {
-            "label": block.label,
-            "role": block.role,
-            "tool_name": block.tool_name,
-            "content": block.content,
-            "created": block.created,
-            "conversation": block.conversation,
-        },
-        ensure_ascii=True,
-        separators=(",", ":"),
-    ).encode("ascii")
+    data = {
+        "label": block.label,
+        "role": block.role,
+        "tool_name": block.tool_name,
+        "content": block.content,
+        "created": block.created,
+        "conversation": block.conversation,
+    }
+    if block.project is not None:  # absent: the default project (blocks stored before)
+        data["project"] = block.project
+    return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def _decode(seq: int, raw: bytes) -> Block:
@@ -85,6 +136,8 @@ class BlockStore:
         self.sealer = sealer
         self.memory: Sealer | None = None
         self._next_seq = redis.register_script(_NEXT_SEQ)
+        self._store = redis.register_script(_STORE)
+        self._purge = redis.register_script(_PURGE)
 
     # --- sealing ---------------------------------------------------------------------------
     def outer(self, seq: int, blob: bytes) -> tuple[bytes, bytes]:
@@ -151,10 +204,132 @@ class BlockStore:
             raise MemoryLocked("the memory is locked: unlock it to archive")
         return seq
 
-    async def put(self, seq: int, blob: bytes) -> None:
-        """Store ``blob`` under ``seq``. Raises :class:`StoreUnavailable`."""
+    async def put(
+        self, seq: int, blob: bytes, conversation: str | None, project: str | None
+    ) -> None:
+        """Store ``blob`` under ``seq`` and add it to its owner sets, in one script.
+
+        Raises:
+            Deleted: the conversation or project was deleted (nothing stored).
+            StoreUnavailable: Redis does not answer.
+        """
+        conv, proj = owners(conversation, project)
         try:
-            await self.redis.hset(BLOCKS_KEY, str(seq), blob)
+            ok = await self._store(
+                keys=[BLOCKS_KEY, GONE_KEY, owner_key(conv or proj), owner_key(proj)],
+                args=[str(seq), blob, conv, proj],
+            )
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+        if not ok:
+            raise Deleted("the conversation or project of this block was deleted")
+
+    async def add_owners(self, items: list[tuple[int, str | None, str | None]]) -> None:
+        """Add ``(seq, conversation, project)`` of blocks stored before the owner sets existed
+        to them (idempotent).
+
+        Raises:
+            StoreUnavailable: Redis does not answer.
+        """
+        if not items:
+            return
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for seq, conversation, project in items:
+                    for name in owners(conversation, project):
+                        if name:
+                            pipe.sadd(owner_key(name), seq)
+                await pipe.execute()
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+
+    async def owned(self, name: str) -> list[int]:
+        """The seqs in the owner set of ``name``, increasing. Raises :class:`StoreUnavailable`."""
+        try:
+            return sorted(int(s) for s in await self.redis.smembers(owner_key(name)))
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+
+    async def record_purge(self, name: str) -> None:
+        """Record a deletion (pending, and gone for good) before applying it.
+
+        Raises:
+            StoreUnavailable: Redis does not answer.
+        """
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.sadd(PURGE_KEY, name)
+                pipe.sadd(GONE_KEY, name)
+                await pipe.execute()
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+
+    async def purge(self, name: str) -> list[int]:
+        """Delete every block owned by ``name`` and clear its pending record, in one script;
+        the seqs deleted (appended to ``loki:recall:deleted``).
+
+        Raises:
+            StoreUnavailable: Redis does not answer.
+        """
+        try:
+            out = await self._purge(
+                keys=[BLOCKS_KEY, owner_key(name), PURGE_KEY, DELETED_KEY], args=[name]
+            )
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+        return [int(s) for s in out]
+
+    async def pending_purges(self) -> list[str]:
+        """The deletions recorded and not applied yet. Raises :class:`StoreUnavailable`."""
+        try:
+            return sorted(m.decode() for m in await self.redis.smembers(PURGE_KEY))
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+
+    async def gone(self, names: list[str]) -> list[bool]:
+        """Whether each of ``names`` was deleted. Raises :class:`StoreUnavailable`."""
+        if not names:
+            return []
+        try:
+            return [bool(x) for x in await self.redis.smismember(GONE_KEY, names)]
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+
+    async def deleted(self) -> list[int]:
+        """Every deleted seq. Raises :class:`StoreUnavailable`."""
+        try:
+            return [int(s) for s in await self.redis.lrange(DELETED_KEY, 0, -1)]
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+
+    async def look(self, deleted_from: int) -> tuple[int, list[int], int]:
+        """One round trip: the last seq given out, the deleted seqs from position
+        ``deleted_from`` of the deletion list, and the number of pending deletions.
+
+        Raises:
+            StoreUnavailable: Redis does not answer.
+        """
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.get(SEQ_KEY)
+                pipe.lrange(DELETED_KEY, deleted_from, -1)
+                pipe.scard(PURGE_KEY)
+                top, deleted, pending = await pipe.execute()
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+        return int(top or 0), [int(s) for s in deleted], int(pending)
+
+    async def owners_done(self, done: bool = False) -> bool:
+        """Whether the owner sets cover every block (``done``: record that they do now).
+
+        Raises:
+            StoreUnavailable: Redis does not answer.
+        """
+        try:
+            if done:
+                await self.redis.set(OWNERS_DONE_KEY, b"1")
+                return True
+            return bool(await self.redis.exists(OWNERS_DONE_KEY))
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
 

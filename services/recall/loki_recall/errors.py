@@ -25,3 +25,7 @@ class StoreUnavailable(errors.Unavailable, RecallError):
 
 class BadRequest(errors.InvalidRequest, RecallError):
     """A request that is not valid JSON for its message model."""
+
+
+class Deleted(errors.NotFound, RecallError):
+    """An archive for a conversation or project that was deleted (a compaction in flight)."""

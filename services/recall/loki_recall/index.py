@@ -192,8 +192,11 @@ class _Postings:
 class Index:
     """Word → blocks index over a set of readable blocks.
 
-    Blocks are added with :meth:`add` (never removed: a lock drops a whole index). Positions
-    are dense (0, 1, 2, ... in order of addition); the ``seq`` of each position is kept.
+    Blocks are added with :meth:`add` and removed with :meth:`remove` (a deleted conversation
+    or project; a lock drops a whole index instead). Positions are dense (0, 1, 2, ... in
+    order of addition); the ``seq`` of each position is kept. A removed block is left out of
+    every answer at once; :meth:`drop_removed` then rewrites the postings and the vocabulary
+    without it (no posting, and no word only it held, remains).
     """
 
     def __init__(self) -> None:
@@ -207,9 +210,10 @@ class Index:
         self.freeze_at = FREEZE_AT
         self._match: dict[str, tuple[np.ndarray, int]] = {}
         self.vocab_chars = 0
+        self._removed: set[int] = set()  # positions
 
     def __len__(self) -> int:
-        return len(self._seqs)
+        return len(self._seqs) - len(self._removed)
 
     @property
     def vocabulary(self) -> int:
@@ -255,9 +259,51 @@ class Index:
         self._label.freeze()
         self._tail_blocks = 0
 
+    def remove(self, seqs: set[int]) -> int:
+        """Leave the blocks ``seqs`` out of every later answer; the number found here."""
+        if not seqs or not len(self._seqs):
+            return 0
+        held = np.array(self._seqs, dtype=np.uint64)
+        want = np.fromiter(seqs, dtype=np.uint64, count=len(seqs))
+        hit = np.flatnonzero(np.isin(held, want))
+        before = len(self._removed)
+        self._removed.update(hit.tolist())
+        return len(self._removed) - before
+
+    def drop_removed(self) -> None:
+        """Rewrite the index without the removed blocks: their postings go, positions are
+        renumbered, and words no remaining block holds leave the vocabulary."""
+        if not self._removed:
+            return
+        n = len(self._seqs)
+        alive = np.ones(n, dtype=np.bool_)
+        alive[np.fromiter(self._removed, dtype=np.int64, count=len(self._removed))] = False
+        new_pos = (np.cumsum(alive) - 1).astype(np.uint32)
+        pairs = []
+        for postings in (self._content, self._label):
+            part = postings.compact()
+            tids = np.repeat(part.tids, part.lens)
+            keep = alive[part.pos]
+            pairs.append((tids[keep], new_pos[part.pos[keep]]))
+        used = np.unique(np.concatenate([t for t, _ in pairs])).astype(np.int64)
+        new_tid = np.zeros(len(self._words), dtype=np.uint32)
+        new_tid[used] = np.arange(len(used), dtype=np.uint32)
+        self._words = [self._words[i] for i in used.tolist()]
+        self._ids = {w: i for i, w in enumerate(self._words)}
+        self.vocab_chars = sum(map(len, self._words))
+        self._texts = [None] * -(-len(self._words) // SEGMENT_WORDS)
+        self._match = {}
+        for postings, (tids, pos) in zip((self._content, self._label), pairs):
+            postings.parts = [_Part.from_pairs(new_tid[tids], pos)] if len(pos) else []
+        self._seqs = array("Q", np.array(self._seqs, dtype=np.uint64)[alive].tobytes())
+        self._removed = set()
+        self._tail_blocks = 0
+
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """The whole index as arrays (after merging everything into one part per field):
-        the snapshot the archive stores so a restart need not read every block again."""
+        """The whole index as arrays (after merging everything into one part per field and
+        dropping removed blocks): the snapshot the archive stores so a restart need not read
+        every block again."""
+        self.drop_removed()
         self.freeze()
         out: dict[str, np.ndarray] = {
             "words": np.frombuffer(b"\n".join(self._words), dtype=np.uint8),
@@ -306,8 +352,11 @@ class Index:
         return index
 
     def seqs(self) -> np.ndarray:
-        """The seq of every indexed block (a copy)."""
-        return np.array(self._seqs, dtype=np.uint64)
+        """The seq of every indexed block not removed (a copy)."""
+        held = np.array(self._seqs, dtype=np.uint64)
+        if self._removed:
+            held = np.delete(held, sorted(self._removed))
+        return held
 
     def _segment(self, seg: int) -> tuple[bytes, np.ndarray]:
         cached = self._texts[seg]
@@ -373,6 +422,8 @@ class Index:
             mark = self._label.mark(q, n)
             if mark is not None:
                 bound += 2 * mark.astype(np.int32)
+        if self._removed:
+            bound[np.fromiter(self._removed, dtype=np.int64, count=len(self._removed))] = 0
         hit = np.flatnonzero(bound)
         seqs = np.frombuffer(self._seqs, dtype=np.uint64)[hit]
         return bound[hit], seqs

@@ -1,7 +1,7 @@
 """The recall service: NATS handlers (FastStream) over an :class:`~loki_recall.archive.Archive`.
 
 Subjects served (queue group ``recall``): ``loki.recall.archive``, ``loki.recall.tool``,
-``loki.recall.block``, ``loki.recall.blocks``. Subscribed by every instance:
+``loki.recall.block``, ``loki.recall.blocks``, ``loki.recall.purge``. Subscribed by every instance:
 ``loki.memory.key`` (the gateway hands over or withdraws the memory key). At start the
 service reads the whole archive from Redis (building the search index) *before* it subscribes,
 so it never answers from a partial index, then asks ``loki.memory.status`` for the key.
@@ -33,6 +33,8 @@ from loki_shared.messages.recall import (
     BlockRequest,
     BlocksReply,
     BlocksRequest,
+    PurgeReply,
+    PurgeRequest,
     ToolReply,
     ToolRequest,
 )
@@ -40,7 +42,7 @@ from loki_shared.nats import make_broker, stop_broker
 from loki_shared.sealing import service_sealer
 
 from . import tools
-from .archive import Archive
+from .archive import Archive, ScopedReader
 from .errors import BadRequest, StoreUnavailable, UnknownTool
 from .settings import Settings
 
@@ -109,10 +111,13 @@ class RecallService:
         @broker.subscriber(subjects.RECALL_TOOL, queue=q, max_workers=workers)
         async def on_tool(msg: NatsMessage) -> ToolReply:
             req = _decode(ToolRequest, msg.body)
+            reader: tools.Reader = archive
+            if req.scope is not None:
+                reader = ScopedReader(archive, req.scope.project)
             if req.name == tools.RECALL:
-                text = await tools.recall(req.arguments, archive)
+                text = await tools.recall(req.arguments, reader)
             elif req.name == tools.RECALL_SEARCH:
-                text = await tools.recall_search(req.arguments, archive)
+                text = await tools.recall_search(req.arguments, reader)
             else:
                 raise UnknownTool(f"unknown tool {req.name!r}")
             return ToolReply(text=text)
@@ -125,8 +130,18 @@ class RecallService:
         @broker.subscriber(subjects.RECALL_BLOCKS, queue=q, max_workers=workers)
         async def on_blocks(msg: NatsMessage) -> BlocksReply:
             req = _decode(BlocksRequest, msg.body)
-            blocks, next_after = await archive.page(req.after, max(req.max_bytes, 1))
+            blocks, next_after = await archive.page(
+                req.after, max(req.max_bytes, 1), req.conversation, req.project
+            )
             return BlocksReply(blocks=blocks, next_after=next_after)
+
+        @broker.subscriber(subjects.RECALL_PURGE, queue=q, max_workers=workers)
+        async def on_purge(msg: NatsMessage) -> PurgeReply:
+            req = _decode(PurgeRequest, msg.body)
+            if (req.conversation is None) == (req.project is None):
+                raise BadRequest("name exactly one of conversation, project")
+            seqs = await archive.purge(req.conversation, req.project)
+            return PurgeReply(seqs=seqs)
 
         @broker.subscriber(subjects.MEMORY_KEY)
         async def on_memory_key(msg: NatsMessage) -> None:
@@ -175,8 +190,14 @@ class RecallService:
             await self.apply_memory(reply.state, reply.key_b64)
 
     async def _poll_memory(self) -> None:
+        """Every ``LOKI_RECALL_MEMORY_POLL_S``: ask for the memory state, and catch up with
+        the archive (deletions recorded while no instance answered are applied there)."""
         while True:
             await self._ask_memory()
+            try:
+                await self.archive.sync()
+            except StoreUnavailable as exc:
+                log.warning("archive catch-up failed: %s", exc)
             await asyncio.sleep(self.settings.recall_memory_poll_s)
 
     # --- lifecycle -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ PENDING_S = 60.0
 MAX_PENDING = 10_000
 
 Ingest = Callable[[int, bytes], None]
+Forget = Callable[[set[int]], None]
 
 
 class Catalog:
@@ -32,6 +33,8 @@ class Catalog:
         self._synced = 0
         self._pending: dict[int, float] = {}
         self._lock = asyncio.Lock()
+        #: How many entries of the deletion list (``loki:recall:deleted``) were applied.
+        self.deleted_from = 0
 
     def __len__(self) -> int:
         return len(self.known)
@@ -48,6 +51,15 @@ class Catalog:
             self._sorted_dirty = True
         self._sorted.append(seq)
         return True
+
+    def remove(self, seqs: set[int]) -> None:
+        """Forget deleted ``seqs`` (they are never given out again, so never pending)."""
+        for seq in seqs:
+            self._pending.pop(seq, None)
+        if not seqs & self.known:
+            return
+        self.known -= seqs
+        self._sorted = [s for s in self._sorted if s not in seqs]
 
     def restore(self, seqs: set[int]) -> None:
         """Start from ``seqs`` (an index snapshot's)."""
@@ -87,14 +99,18 @@ class Catalog:
             if len(self._pending) > MAX_PENDING:  # long-dead gaps: do not chase them
                 self._pending = dict(sorted(self._pending.items())[-MAX_PENDING:])
 
-    async def sync(self, store: BlockStore, ingest: Ingest) -> None:
-        """Catch up with blocks other recall instances stored since the last look.
+    async def sync(self, store: BlockStore, ingest: Ingest, forget: Forget) -> int:
+        """Catch up with blocks other recall instances stored or deleted since the last look
+        (deleted seqs go to ``forget``); the number of deletions recorded but not applied.
 
         Raises:
             StoreUnavailable: Redis does not answer.
         """
         async with self._lock:
-            top = await store.top()
+            top, deleted, pending_purges = await store.look(self.deleted_from)
+            self.deleted_from += len(deleted)
+            if deleted:
+                forget(set(deleted))
             now = time.monotonic()
             for seq in range(self._synced + 1, top + 1):
                 if seq not in self.known:
@@ -104,3 +120,4 @@ class Catalog:
             for seq, since in list(self._pending.items()):
                 if seq in self.known or now - since > PENDING_S:
                     del self._pending[seq]
+            return pending_purges

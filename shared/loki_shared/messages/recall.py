@@ -1,8 +1,9 @@
 """Messages of the recall service (``loki.recall.*``).
 
 Error replies (``error.type``): ``locked`` (archive refused: the memory is encrypted and
-locked, so the block could not be sealed with the memory key), ``invalid_request`` (unknown
-tool name), ``unavailable`` (Redis not reachable), ``internal``. The tool texts themselves are
+locked, so the block could not be sealed with the memory key), ``not_found`` (archive refused:
+its conversation or project was deleted), ``invalid_request`` (unknown tool name),
+``unavailable`` (Redis not reachable), ``internal``. The tool texts themselves are
 never errors: a bad argument gives an ``[error] ...`` text the model reads.
 """
 
@@ -13,6 +14,18 @@ from typing import Any
 from pydantic import Field
 
 from .base import Msg, Reply
+
+#: The project of every conversation until projects exist (and of a block archived without
+#: one).
+DEFAULT_PROJECT = "default"
+
+
+class RecallScope(Msg):
+    """The blocks a caller may see: those of ``project`` (a block archived without a project
+    belongs to :data:`DEFAULT_PROJECT`). The chat service sends the conversation's project;
+    until projects exist that is the default project for every conversation."""
+
+    project: str = DEFAULT_PROJECT
 
 
 class ArchiveRequest(Msg):
@@ -25,6 +38,7 @@ class ArchiveRequest(Msg):
     tool_name: str | None = None
     content: str
     conversation: str | None = None
+    project: str | None = None
 
 
 class ArchiveReply(Reply):
@@ -36,10 +50,14 @@ class ArchiveReply(Reply):
 
 class ToolRequest(Msg):
     """``loki.recall.tool``: ``name`` is ``recall`` or ``recall_search``; ``arguments`` is the
-    decoded JSON object the model sent (any JSON value is accepted and checked by the tool)."""
+    decoded JSON object the model sent (any JSON value is accepted and checked by the tool).
+
+    ``scope``: the blocks the tool sees (a block outside it is "no archived block"); None
+    (tests, admin): the whole archive."""
 
     name: str
     arguments: Any = None
+    scope: RecallScope | None = None
 
 
 class ToolReply(Reply):
@@ -49,7 +67,8 @@ class ToolReply(Reply):
 
 
 class Block(Msg):
-    """An archived block. ``created`` is a Unix time in seconds."""
+    """An archived block. ``created`` is a Unix time in seconds; ``project`` None is the
+    default project."""
 
     seq: int
     id: str
@@ -59,6 +78,7 @@ class Block(Msg):
     content: str
     created: float
     conversation: str | None = None
+    project: str | None = None
 
 
 class BlockRequest(Msg):
@@ -76,10 +96,13 @@ class BlockReply(Reply):
 class BlocksRequest(Msg):
     """``loki.recall.blocks``: readable blocks with ``seq > after``, in increasing seq, one
     page of at most about ``max_bytes`` of JSON (at least one block; NATS payloads are
-    limited to 1 MiB by default)."""
+    limited to 1 MiB by default). ``conversation`` / ``project``: only the blocks archived by
+    that conversation / of that project (both: both hold)."""
 
     after: int = 0
     max_bytes: int = 512_000
+    conversation: str | None = None
+    project: str | None = None
 
 
 class BlocksReply(Reply):
@@ -88,3 +111,19 @@ class BlocksReply(Reply):
 
     blocks: list[Block] = Field(default_factory=list)
     next_after: int | None = None
+
+
+class PurgeRequest(Msg):
+    """``loki.recall.purge``: delete every block of ``conversation`` or of ``project``
+    (exactly one is set) — content and index entries; their seqs are never given out again.
+    The deletion is recorded first (see :mod:`loki_shared.recall_purge`), so a purge the
+    recall service could not apply at once is applied when it next runs."""
+
+    conversation: str | None = None
+    project: str | None = None
+
+
+class PurgeReply(Reply):
+    """The seqs deleted by this request (those deleted before are not listed again)."""
+
+    seqs: list[int] = Field(default_factory=list)
