@@ -35,6 +35,7 @@ from loki_shared.messages.chat import (
     StateReply,
     StateRequest,
 )
+from loki_shared.messages.recall import PurgeReply, PurgeRequest
 
 from .actor import Actor, Shared
 from .context import ContextView
@@ -257,6 +258,29 @@ class ChatHandlers:
             size += n
         return ReplayReply(events=page, last_seq=conv.seq, more=more)
 
+    async def _purge_archive(self, cid: str) -> None:
+        """Ask the recall service to delete the blocks ``cid`` archived now. The deletion is
+        already recorded by the store's delete (same script); unanswered, the recall service
+        applies it when it next runs, so a failure here only delays it."""
+        try:
+            reply = await self.shared.bus.request(
+                subjects.RECALL_PURGE,
+                PurgeRequest(conversation=cid),
+                PurgeReply,
+                self.settings.recall_timeout_s,
+            )
+        except Exception as exc:  # noqa: BLE001 - recall down: the record completes it later
+            log.warning(
+                "archived blocks of %s: deletion recorded, recall unreachable (%r)", cid, exc
+            )
+            return
+        if reply.error is not None:
+            log.warning(
+                "archived blocks of %s: deletion recorded, not applied yet: %s",
+                cid,
+                reply.error.message,
+            )
+
     async def conversations(
         self, req: ConversationsRequest, forwarded: bool = False
     ) -> ConversationsReply:
@@ -306,6 +330,7 @@ class ChatHandlers:
                 await actor.persist()
                 return ConversationsReply(conversation=ConversationInfo(**actor.conv.info()))
             await self.ownership.delete(actor)
+            await self._purge_archive(cid)
             return ConversationsReply(conversation=ConversationInfo(**actor.conv.info()))
 
         return await self.ownership.owned(

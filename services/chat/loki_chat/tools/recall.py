@@ -1,7 +1,10 @@
 """The recall tools: ``recall`` and ``recall_search``, served by the recall service.
 
 Rule: each call goes to ``loki.recall.tool`` with a short timeout (``LOKI_RECALL_TIMEOUT_S``);
-unreachable, the result says so and invites a retry, and the turn goes on.
+unreachable, the result says so and invites a retry, and the turn goes on. Each call carries
+the conversation's scope (:class:`~loki_shared.messages.recall.RecallScope`): its project, the
+default project for every conversation until projects exist, so a block of another project is
+"no archived block" for it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loki_shared import subjects
-from loki_shared.messages.recall import ToolReply, ToolRequest
+from loki_shared.messages.recall import RecallScope, ToolReply, ToolRequest
 
 from .box import ToolFn, ToolSpec
 
@@ -26,20 +29,23 @@ UNREACHABLE = (
 def recall_tools(
     request: Callable[[str, ToolRequest, type[ToolReply], float], Awaitable[ToolReply]],
     timeout_s: float,
+    scope: RecallScope | None = None,
 ) -> list[ToolSpec]:
     """``recall`` and ``recall_search``, forwarded to ``loki.recall.tool``.
 
     ``request(subject, message, reply_type, timeout)`` sends the NATS request and returns
     the decoded reply; any exception from it (no responders, timeout, bad reply) becomes
-    the "unreachable" result.
+    the "unreachable" result. ``scope`` is sent with every call (default: the default
+    project, which holds every conversation until projects exist).
     """
+    sent_scope = scope if scope is not None else RecallScope()
 
     def make(name: str) -> ToolFn:
         async def run(args: dict[str, Any]) -> str:
             try:
                 reply = await request(
                     subjects.RECALL_TOOL,
-                    ToolRequest(name=name, arguments=args),
+                    ToolRequest(name=name, arguments=args, scope=sent_scope),
                     ToolReply,
                     timeout_s,
                 )

@@ -35,6 +35,7 @@ from ..bus import Bus
 from ..deps import get_bus
 from ..errors import BadRequest
 from ..sse import conversation_stream, replay_page
+from .recall import archived_blocks
 
 router = APIRouter(tags=["chat"])
 
@@ -249,10 +250,19 @@ async def conversations_delete(conversation: ConvPath, bus: Bus = Depends(get_bu
 
 
 @router.get("/api/conversations/{conversation}/export")
-async def conversations_export(conversation: ConvPath, bus: Bus = Depends(get_bus)) -> Any:
-    """The whole conversation as JSON (messages and display log), as a download."""
+async def conversations_export(
+    conversation: ConvPath, with_archive: bool = False, bus: Bus = Depends(get_bus)
+) -> Any:
+    """The whole conversation as JSON (messages and display log), as a download;
+    ``with_archive=1`` adds ``archive``: the blocks it archived (readable ones, in seq
+    order, as ``GET /api/recall/blocks?conversation=<id>`` lists them)."""
     reply = await _conversations(bus, action="export", conversation=conversation)
+    export = dict(reply.export or {})
+    if with_archive:
+        export["archive"] = [
+            b.model_dump(mode="json") async for b in archived_blocks(bus, conversation)
+        ]
     return JSONResponse(
-        reply.export or {},
+        export,
         headers={"Content-Disposition": f'attachment; filename="loki-{conversation}.json"'},
     )

@@ -3,7 +3,9 @@
 - ``GET /api/recall/block?seq=N`` → the block (200) or 404 when absent or unreadable while
   the memory is locked; a ``seq`` that is not decimal digits is a 400;
 - ``GET /api/recall/blocks`` → ``{"blocks": [...]}``, every readable block in increasing seq
-  (streamed page by page from ``loki.recall.blocks``); ``after=N`` starts after seq N.
+  (streamed page by page from ``loki.recall.blocks``); ``after=N`` starts after seq N;
+  ``conversation=<id>`` / ``project=<id>`` keep only the blocks that conversation archived /
+  of that project.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
 from loki_shared import subjects
-from loki_shared.messages.recall import BlockReply, BlockRequest, BlocksReply, BlocksRequest
+from loki_shared.messages.recall import (
+    Block,
+    BlockReply,
+    BlockRequest,
+    BlocksReply,
+    BlocksRequest,
+)
 
 from ..bus import Bus
 from ..deps import get_bus
@@ -38,10 +46,39 @@ async def recall_block(seq: str, bus: Bus = Depends(get_bus)) -> dict:
     return reply.block.model_dump(mode="json")
 
 
+async def archived_blocks(
+    bus: Bus, conversation: str | None = None, project: str | None = None
+) -> AsyncIterator[Block]:
+    """Every readable block archived by ``conversation`` / of ``project`` (None: any), in
+    increasing seq, page by page from ``loki.recall.blocks``.
+
+    Raises:
+        GatewayError: the recall service did not answer or answered an error.
+    """
+    after: int | None = 0
+    while after is not None:
+        page = await bus.request_ok(
+            subjects.RECALL_BLOCKS,
+            BlocksRequest(after=after, conversation=conversation, project=project),
+            BlocksReply,
+        )
+        for block in page.blocks:
+            yield block
+        after = page.next_after
+
+
 @router.get("/api/recall/blocks")
-async def recall_blocks(after: str = "0", bus: Bus = Depends(get_bus)) -> StreamingResponse:
+async def recall_blocks(
+    after: str = "0",
+    conversation: str | None = None,
+    project: str | None = None,
+    bus: Bus = Depends(get_bus),
+) -> StreamingResponse:
+    filters = {"conversation": conversation or None, "project": project or None}
     first = await bus.request_ok(
-        subjects.RECALL_BLOCKS, BlocksRequest(after=_parse_seq(after, "after")), BlocksReply
+        subjects.RECALL_BLOCKS,
+        BlocksRequest(after=_parse_seq(after, "after"), **filters),
+        BlocksReply,
     )
 
     async def body() -> AsyncIterator[bytes]:
@@ -55,7 +92,9 @@ async def recall_blocks(after: str = "0", bus: Bus = Depends(get_bus)) -> Stream
             if page.next_after is None:
                 break
             page = await bus.request_ok(
-                subjects.RECALL_BLOCKS, BlocksRequest(after=page.next_after), BlocksReply
+                subjects.RECALL_BLOCKS,
+                BlocksRequest(after=page.next_after, **filters),
+                BlocksReply,
             )
         yield b"]}"
 
