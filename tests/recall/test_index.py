@@ -113,3 +113,46 @@ def test_merge_and_snapshot_keep_every_answer() -> None:
     assert answers(copy) == before and copy.vocabulary == index.vocabulary
     copy.add(10_000, "", "brandnewword " + rand_text(rng, 20))
     assert copy.candidates({"brandnew"})[1].tolist() == [10_000]
+
+
+def test_removed_blocks_leave_answers_postings_and_vocabulary() -> None:
+    """Removing blocks (a deleted conversation) drops them from every answer at once; after
+    the rewrite (and through a snapshot round trip) every other block keeps its exact score,
+    words only they held are gone, and blocks added afterwards are indexed as before."""
+    rng = random.Random(28)
+    index = Index()
+    index.freeze_at = 9
+    blocks = {}
+    for seq in range(1, 201):
+        label, content = go_lower(rand_text(rng, 10)), go_lower(rand_text(rng, 60))
+        if seq % 7 == 0:
+            content += f" secret{seq:03d}zz"
+        blocks[seq] = (label, content)
+        index.add(seq, label, content)
+    removed = {s for s in blocks if s % 7 == 0 or s % 11 == 0}
+
+    def check(ix: Index) -> None:
+        for _ in range(150):
+            kws = keywords(rand_text(rng, rng.randint(1, 8))) | {"secret", "zz"}
+            bound, seqs = ix.candidates(kws)
+            got = dict(zip(seqs.tolist(), bound.tolist()))
+            want = {
+                s: sc
+                for s, (lab, con) in blocks.items()
+                if s not in removed and (sc := score(kws, lab, con)) > 0
+            }
+            assert got == want, kws
+
+    assert index.remove(removed) == len(removed)
+    check(index)  # left out at once, before the rewrite
+    index.drop_removed()
+    check(index)
+    assert len(index) == 200 - len(removed)
+    assert not any(w.startswith(b"secret") for w in index._ids)
+    assert not len(index.matching_words("secret"))
+    restored = Index.from_arrays(index.to_arrays())
+    check(restored)
+    assert set(restored.seqs().tolist()) == set(blocks) - removed
+    for ix in (index, restored):
+        ix.add(500, "", "secret007zz again")
+        assert ix.candidates({"secret007zz"})[1].tolist() == [500]

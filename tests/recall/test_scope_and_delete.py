@@ -22,7 +22,7 @@ from loki_gateway.routes import recall as recall_routes
 from loki_recall.archive import BLOCKS_KEY
 from loki_recall.service import RecallService
 from loki_recall.tools import NO_MATCH, not_found_text
-from loki_shared import recall_purge, subjects
+from loki_shared import memkey, recall_purge, subjects
 from loki_shared.messages.recall import (
     ArchiveReply,
     ArchiveRequest,
@@ -331,3 +331,48 @@ async def test_blocks_stored_before_owner_sets_are_deletable(
         assert await tool(client, "recall_search", {"query": "quince"}) == NO_MATCH
     finally:
         await second.stop()
+
+
+async def test_memory_blocks_deleted_while_the_memory_is_locked(
+    recall: RecallService, client: Client, redis: Redis
+) -> None:
+    """A block sealed with the memory key is deleted with its conversation even while the
+    memory is locked (the owner sets name it without opening it), and stays gone after the
+    next unlock."""
+    params, key = memkey.new_params("pass phrase", n=2**10)
+    await redis.set(memkey.KDF_REDIS_KEY, params.to_json())
+    await recall.apply_memory("unlocked", memkey.b64(key))
+    sealed = await seq_of(client, "diary: the medlar tree secret", conversation="c9")
+    kept = await seq_of(client, "diary: the medlar jam", conversation="c8")
+    await recall.apply_memory("locked", None)
+    assert await purge(client, conversation="c9") == [sealed]
+    assert not await redis.hexists(BLOCKS_KEY, str(sealed))
+    await recall.apply_memory("unlocked", memkey.b64(key))
+    await recall.archive.wait_loaded()
+    hits = await tool(client, "recall_search", {"query": "medlar"})
+    assert [x for x in hits.splitlines() if x.startswith("- ")] == [
+        f"- r{kept} · read_file: diary: the medlar jam"
+    ]
+
+
+async def test_chat_recall_tools_send_the_scope() -> None:
+    """The chat service's recall tools put the scope (the default project, every
+    conversation's until projects exist) on each ``loki.recall.tool`` request."""
+    from loki_chat.tools import recall_tools
+
+    sent: list[ToolRequest] = []
+
+    async def request(subject: str, message: Any, reply_type: Any, timeout: float) -> Any:
+        assert subject == subjects.RECALL_TOOL
+        sent.append(message)
+        return ToolReply(text="ok")
+
+    specs = recall_tools(request, 1.0)
+    for spec in specs:
+        assert await spec.run({"id": "r1", "query": "x"}) == "ok"
+    assert [m.scope for m in sent] == [RecallScope(project="default")] * 2
+    wire = json.loads(sent[0].model_dump_json())
+    assert wire["scope"] == {"project": "default"}
+    scoped = recall_tools(request, 1.0, RecallScope(project="p7"))
+    await scoped[0].run({"id": "r1"})
+    assert sent[-1].scope == RecallScope(project="p7")

@@ -218,7 +218,7 @@ class Index:
     @property
     def vocabulary(self) -> int:
         """Number of distinct words."""
-        return len(self._words)
+        return len(self._ids)
 
     def _tids(self, found: set[bytes]) -> list[int]:
         ids = self._ids
@@ -272,29 +272,36 @@ class Index:
 
     def drop_removed(self) -> None:
         """Rewrite the index without the removed blocks: their postings go, positions are
-        renumbered, and words no remaining block holds leave the vocabulary."""
+        renumbered, and a word no remaining block holds leaves the vocabulary (its slot
+        becomes an empty word, which no keyword matches; word ids are kept)."""
         if not self._removed:
             return
         n = len(self._seqs)
         alive = np.ones(n, dtype=np.bool_)
         alive[np.fromiter(self._removed, dtype=np.int64, count=len(self._removed))] = False
         new_pos = (np.cumsum(alive) - 1).astype(np.uint32)
-        pairs = []
+        used = np.zeros(len(self._words), dtype=np.bool_)
         for postings in (self._content, self._label):
             part = postings.compact()
-            tids = np.repeat(part.tids, part.lens)
             keep = alive[part.pos]
-            pairs.append((tids[keep], new_pos[part.pos[keep]]))
-        used = np.unique(np.concatenate([t for t, _ in pairs])).astype(np.int64)
-        new_tid = np.zeros(len(self._words), dtype=np.uint32)
-        new_tid[used] = np.arange(len(used), dtype=np.uint32)
-        self._words = [self._words[i] for i in used.tolist()]
-        self._ids = {w: i for i, w in enumerate(self._words)}
-        self.vocab_chars = sum(map(len, self._words))
-        self._texts = [None] * -(-len(self._words) // SEGMENT_WORDS)
+            # Still grouped by word id after filtering: the part is rebuilt without a sort.
+            tids = np.repeat(part.tids, part.lens)[keep]
+            pos = new_pos[part.pos[keep]]
+            used[tids] = True
+            if not len(tids):
+                postings.parts = []
+                continue
+            starts = np.concatenate(([0], np.flatnonzero(np.diff(tids)) + 1)).astype(np.int64)
+            lens = np.diff(np.append(starts, len(tids))).astype(np.int64)
+            postings.parts = [_Part(tids[starts], starts, lens, pos)]
+        for tid in np.flatnonzero(~used).tolist():
+            word = self._words[tid]
+            if word:
+                del self._ids[word]
+                self._words[tid] = b""
+                self.vocab_chars -= len(word)
+                self._texts[tid // SEGMENT_WORDS] = None
         self._match = {}
-        for postings, (tids, pos) in zip((self._content, self._label), pairs):
-            postings.parts = [_Part.from_pairs(new_tid[tids], pos)] if len(pos) else []
         self._seqs = array("Q", np.array(self._seqs, dtype=np.uint64)[alive].tobytes())
         self._removed = set()
         self._tail_blocks = 0
@@ -331,8 +338,9 @@ class Index:
         index = cls()
         text = arrays["words"].tobytes()
         index._words = text.split(b"\n") if text else []
-        index._ids = {w: i for i, w in enumerate(index._words)}
-        if len(index._ids) != len(index._words):
+        # An empty word is the slot of a word whose blocks were all deleted.
+        index._ids = {w: i for i, w in enumerate(index._words) if w}
+        if len(index._ids) != sum(1 for w in index._words if w):
             raise ValueError("snapshot vocabulary has duplicates")
         index.vocab_chars = sum(map(len, index._words))
         index._texts = [None] * -(-len(index._words) // SEGMENT_WORDS)
