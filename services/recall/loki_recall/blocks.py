@@ -282,9 +282,10 @@ class BlockStore:
     async def pending_purges(self) -> list[str]:
         """The deletions recorded and not applied yet. Raises :class:`StoreUnavailable`."""
         try:
-            return sorted(m.decode() for m in await self.redis.smembers(PURGE_KEY))
+            members = await self.redis.smembers(PURGE_KEY)
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
+        return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
     async def gone(self, names: list[str]) -> list[bool]:
         """Whether each of ``names`` was deleted. Raises :class:`StoreUnavailable`."""
