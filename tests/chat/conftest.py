@@ -9,7 +9,7 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 from fakes.fake_engine import FakeEngine
+from fakes.fake_supervisor import FakeSupervisor as SupervisorFake
 
 from loki_chat.context import ContextPolicy
 from loki_chat.service import ChatService
@@ -41,11 +42,7 @@ from loki_shared.messages.chat import (
     StateRequest,
 )
 from loki_shared.messages.engine import (
-    EngineInfo,
-    Lease,
     LeaseRequest,
-    ReleaseReply,
-    ReleaseRequest,
 )
 from loki_shared.nats import make_broker
 from loki_shared.sealing import service_sealer
@@ -59,71 +56,13 @@ def fake_engine() -> Iterator[FakeEngine]:
         yield engine
 
 
-@dataclass
-class FakeSupervisor:
-    """Answers ``loki.engine.lease`` / ``release`` / ``info`` for one engine URL."""
+class FakeSupervisor(SupervisorFake):
+    """The shared fake supervisor (``tests/fakes/fake_supervisor.py``); here ``leases`` lists
+    every lease request, in order."""
 
-    nc: Any
-    base_url: str
-    n_ctx: int = 4096
-    model: str = "fake-model"
-    id_slot: int | None = None
-    external: bool = False
-    api_key: str | None = None
-    total_slots: int = 1
-    leases: list[LeaseRequest] = field(default_factory=list)
-    released: list[str] = field(default_factory=list)
-    subs: list[Any] = field(default_factory=list)
-    refuse: bool = False
-
-    async def start(self) -> FakeSupervisor:
-        async def lease(msg: Any) -> None:
-            req = LeaseRequest.model_validate_json(msg.data)
-            self.leases.append(req)
-            if self.refuse:
-                reply = Lease(error={"type": "unavailable", "message": "engine stopped"})
-            else:
-                reply = Lease(
-                    lease_id=f"l{len(self.leases)}",
-                    kind=req.kind,
-                    base_url=self.base_url,
-                    id_slot=self.id_slot,
-                    n_ctx=self.n_ctx,
-                    model=self.model,
-                    external=self.external,
-                    api_key=self.api_key,
-                )
-            await msg.respond(reply.model_dump_json().encode())
-
-        async def release(msg: Any) -> None:
-            req = ReleaseRequest.model_validate_json(msg.data)
-            self.released.append(req.lease_id)
-            await msg.respond(ReleaseReply(ok=True).model_dump_json().encode())
-
-        async def info(msg: Any) -> None:
-            await msg.respond(
-                EngineInfo(
-                    state="ready",
-                    base_url=self.base_url,
-                    n_ctx=self.n_ctx,
-                    total_slots=self.total_slots,
-                    model=self.model,
-                )
-                .model_dump_json()
-                .encode()
-            )
-
-        self.subs = [
-            await self.nc.subscribe(subjects.ENGINE_LEASE, cb=lease),
-            await self.nc.subscribe(subjects.ENGINE_RELEASE, cb=release),
-            await self.nc.subscribe(subjects.ENGINE_INFO, cb=info),
-        ]
-        await self.nc.flush()
-        return self
-
-    async def stop(self) -> None:
-        for sub in self.subs:
-            await sub.unsubscribe()
+    @property
+    def leases(self) -> list[LeaseRequest]:
+        return self.requests
 
 
 class EventTap:

@@ -5,6 +5,7 @@
 - the chat service's subjects (``loki.chat.send/control/state/replay/conversations``) with an
   in-memory conversation store whose display log and live events follow the real contract
   (log appended first, then the event published on ``loki.chat.events.<id>``);
+- the recall service's ``loki.recall.blocks`` (an empty archive);
 - the engine supervisor's ``loki.engine.info/lease/renew/release``, pointing at
   ``engine_url`` (the real llama-server or the scripted fake engine) and counting leases.
 
@@ -15,7 +16,6 @@ event with ``finish_reason``, ``usage`` and ``timings``.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 import time
 import uuid
@@ -42,14 +42,13 @@ from loki_shared.messages.chat import (
     StateRequest,
 )
 from loki_shared.messages.engine import (
-    EngineInfo,
-    Lease,
     LeaseRequest,
-    ReleaseReply,
     ReleaseRequest,
     RenewRequest,
 )
 from loki_shared.messages.perf import PerfRecord
+from loki_shared.messages.recall import BlocksReply, BlocksRequest
+from tests.fakes.fake_supervisor import FakeSupervisor, responder
 
 
 @dataclass
@@ -62,27 +61,45 @@ class Conv:
     deleted_blob: bool = False
 
 
+def _supervisor_field(name: str) -> Any:
+    """A read-write attribute of the peers that is ``name`` on their fake supervisor."""
+    return property(
+        lambda self: getattr(self.supervisor, name),
+        lambda self, value: setattr(self.supervisor, name, value),
+    )
+
+
 class FakePeers:
     """Fake chat service and engine supervisor (see the module docstring)."""
 
+    engine_url = _supervisor_field("base_url")
+    id_slot = _supervisor_field("id_slot")
+    api_key = _supervisor_field("api_key")
+    lease_ttl_s = _supervisor_field("ttl_s")
+    lease_error = _supervisor_field("refuse")
+    leases = _supervisor_field("live")
+    lease_count = _supervisor_field("granted")
+    release_count = _supervisor_field("release_count")
+    renew_count = _supervisor_field("renew_count")
+
     def __init__(self, nats_url: str, engine_url: str = "", id_slot: int | None = 1) -> None:
         self.nats_url = nats_url
-        self.engine_url = engine_url
-        self.id_slot = id_slot
+        self.supervisor = FakeSupervisor(
+            base_url=engine_url,
+            model="fake",
+            id_slot=id_slot,
+            total_slots=2,
+            ttl_s=30.0,
+            lease_prefix="L",
+            refuse_message="no lease for you",
+            info_stopped_without_url=True,
+        )
         self.convs: dict[str, Conv] = {}
         self.reply_pieces: list[str] = ["Hello", ", ", "wörld", " 🌍", "!"]
         self.reasoning_pieces: list[str] = []
         self.delay_s = 0.01
-        self.leases: dict[str, LeaseRequest] = {}
-        self.lease_count = 0
-        self.release_count = 0
-        self.renew_count = 0
-        self.lease_ttl_s = 30.0
-        self.lease_error: str | None = None
-        self.skip_publish: set[int] = set()
+        self.skip_publish: set[int] = set()  # seqs appended to the log but not published
         self.perf_records: list[PerfRecord] = []
-        self.api_key: str | None = None  # seqs appended to the log but not published
-        self._ids = itertools.count(1)
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -118,10 +135,11 @@ class FakePeers:
             subjects.CHAT_STATE: (StateRequest, self._state),
             subjects.CHAT_REPLAY: (ReplayRequest, self._replay),
             subjects.CHAT_CONVERSATIONS: (ConversationsRequest, self._conversations),
-            subjects.ENGINE_INFO: (None, self._info),
-            subjects.ENGINE_LEASE: (LeaseRequest, self._lease),
-            subjects.ENGINE_RENEW: (RenewRequest, self._renew),
-            subjects.ENGINE_RELEASE: (ReleaseRequest, self._release),
+            subjects.RECALL_BLOCKS: (BlocksRequest, self._blocks),
+            subjects.ENGINE_INFO: (None, self.supervisor.info),
+            subjects.ENGINE_LEASE: (LeaseRequest, self.supervisor.lease),
+            subjects.ENGINE_RENEW: (RenewRequest, self.supervisor.renew),
+            subjects.ENGINE_RELEASE: (ReleaseRequest, self.supervisor.release),
         }
         for subject, (model, handler) in table.items():
             await self.nc.subscribe(subject, cb=self._wrap(model, handler))
@@ -133,12 +151,7 @@ class FakePeers:
         await self.nc.flush()
 
     def _wrap(self, model: Any, handler: Any) -> Any:
-        async def cb(msg: Any) -> None:
-            request = model.model_validate_json(msg.data) if model else None
-            reply = await handler(request)
-            await msg.respond(reply.model_dump_json().encode())
-
-        return cb
+        return responder(model, handler)
 
     # -- chat ---------------------------------------------------------------------------
     def new_conv(self, title: str = "") -> Conv:
@@ -273,44 +286,12 @@ class FakePeers:
             }
         )
 
-    # -- engine supervisor ---------------------------------------------------------------
-    async def _info(self, _: Any) -> EngineInfo:
-        return EngineInfo(
-            state="ready" if self.engine_url else "stopped",
-            base_url=self.engine_url,
-            model="fake",
-            n_ctx=4096,
-            total_slots=2,
-        )
+    # -- recall ---------------------------------------------------------------------------
+    async def _blocks(self, req: BlocksRequest) -> BlocksReply:
+        """An empty archive (``GET /api/conversations/<id>/export?with_archive=1``)."""
+        return BlocksReply()
 
-    async def _lease(self, req: LeaseRequest) -> Lease:
-        if self.lease_error:
-            return Lease(error=ErrorInfo(type=self.lease_error, message="no lease for you"))
-        lease_id = f"L{next(self._ids)}"
-        self.leases[lease_id] = req
-        self.lease_count += 1
-        return Lease(
-            lease_id=lease_id,
-            kind=req.kind,
-            base_url=self.engine_url,
-            id_slot=self.id_slot,
-            n_ctx=4096,
-            model="fake",
-            ttl_s=self.lease_ttl_s,
-            api_key=self.api_key,
-        )
-
-    async def _renew(self, req: RenewRequest) -> Lease:
-        self.renew_count += 1
-        if req.lease_id not in self.leases:
-            return Lease(error=ErrorInfo(type="not_found", message="expired"))
-        return Lease(lease_id=req.lease_id, base_url=self.engine_url, ttl_s=self.lease_ttl_s)
-
-    async def _release(self, req: ReleaseRequest) -> ReleaseReply:
-        ok = self.leases.pop(req.lease_id, None) is not None
-        self.release_count += ok
-        return ReleaseReply(ok=ok)
-
+    # -- engine supervisor (the shared fake, tests/fakes/fake_supervisor.py) -------------
     def held(self) -> int:
         """Leases granted and not released."""
-        return len(self.leases)
+        return self.supervisor.held()
