@@ -40,16 +40,15 @@ import asyncio
 import json
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import EngineLease, LeaseError, LeaseStopped
 from loki_shared.messages.chat import ChatEvent, ChatMessage, LokiMeta, ToolCall, ToolCallFunction
 from loki_shared.messages.engine import Lease
 from loki_shared.messages.perf import PerfRecord
+from loki_shared.perf_publish import build_record
 
 from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
@@ -592,10 +591,10 @@ class TurnRunner:
     def publish_perf(self, lease: Lease, wire: list[dict[str, Any]]) -> None:
         result = self.result
         assert result is not None
-        record = PerfRecord(
-            ts=time.time(),
-            conversation=self.conv.id,
+        record = build_record(
             kind="main",
+            messages=wire,
+            conversation=self.conv.id,
             model=lease.model,
             preset="external" if lease.external else "local",
             slot=lease.id_slot,
@@ -605,8 +604,6 @@ class TurnRunner:
             total_ms=result.total_ms,
             finish_reason=result.acc.finish_reason,
             cut=result.cut,
-            fingerprints=fingerprints(wire),
-            roles=[m["role"] for m in wire],
         )
         self.host.publish_perf(record)
 

@@ -37,11 +37,9 @@ from fastapi import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import LeaseError, lease
 from loki_shared.messages.engine import Lease, LeaseRequest
-from loki_shared.messages.perf import PerfRecord
-from loki_shared.perf_publish import publish_record
+from loki_shared.perf_publish import build_record, publish_record
 from loki_shared.sse import StreamFigures
 
 from ...errors import ServiceUnavailable, UpstreamError
@@ -249,9 +247,9 @@ class Exchange(Response):
         messages: list[Any] = listed if isinstance(listed, list) else []
         figures = outcome.figures or StreamFigures()
         lease_ = outcome.lease
-        record = PerfRecord(
-            ts=time.time(),
+        record = build_record(
             kind="foreign",
+            messages=messages,
             model=str(figures.model or lease_.model or ""),
             preset="external" if lease_.external else "local",
             slot=lease_.id_slot,
@@ -261,8 +259,6 @@ class Exchange(Response):
             total_ms=(time.monotonic() - outcome.started) * 1000.0,
             finish_reason=figures.finish_reason,
             cut=outcome.cut,
-            fingerprints=fingerprints(messages),
-            roles=[str(m.get("role")) for m in messages if isinstance(m, dict)],
         )
         tasks: set = state.background
         task = asyncio.create_task(publish_record(state.bus.client, record))
