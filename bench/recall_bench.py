@@ -42,7 +42,16 @@ from loki_recall.archive import BLOCKS_KEY, _decode, block_aad
 from loki_recall.text import keywords
 from loki_recall.tools import hits_text, reference_search
 from loki_shared import servers, subjects
-from loki_shared.messages.recall import ArchiveReply, ArchiveRequest, Block, ToolReply, ToolRequest
+from loki_shared.messages.recall import (
+    ArchiveReply,
+    ArchiveRequest,
+    Block,
+    PurgeReply,
+    PurgeRequest,
+    RecallScope,
+    ToolReply,
+    ToolRequest,
+)
 from loki_shared.recall_label import recall_label
 from loki_shared.sealing import Sealer, key_from_text
 
@@ -136,8 +145,10 @@ class Service:
             self.proc.wait(timeout=60)
 
 
-async def ask_tool(nc, name: str, arguments: dict, timeout: float = 30.0) -> tuple[str, float]:
-    body = ToolRequest(name=name, arguments=arguments).model_dump_json().encode()
+async def ask_tool(
+    nc, name: str, arguments: dict, timeout: float = 30.0, scope: RecallScope | None = None
+) -> tuple[str, float]:
+    body = ToolRequest(name=name, arguments=arguments, scope=scope).model_dump_json().encode()
     t0 = time.perf_counter()
     msg = await nc.request(subjects.RECALL_TOOL, body, timeout=timeout)
     dt = time.perf_counter() - t0
@@ -242,13 +253,15 @@ async def measure(n_blocks: int, out_path: Path | None = None) -> dict:
         text_bytes = sum(len(c.encode("utf-8")) for _, _, c in specs)
         sem = asyncio.Semaphore(64)
 
-        async def archive_one(role: str, tool: str | None, content: str) -> int:
+        async def archive_one(
+            role: str, tool: str | None, content: str, conversation: str = "bench"
+        ) -> int:
             req = ArchiveRequest(
                 label=recall_label(role, content, tool),
                 role=role,
                 tool_name=tool,
                 content=content,
-                conversation="bench",
+                conversation=conversation,
             )
             async with sem:
                 msg = await nc.request(
@@ -307,6 +320,19 @@ async def measure(n_blocks: int, out_path: Path | None = None) -> dict:
             "calls": len(recall_times),
         }
 
+        # --- the same queries as the chat service sends them: scoped to the default project
+        scoped_times = []
+        for i, q in enumerate(queries[:200]):
+            text, dt = await ask_tool(nc, "recall_search", q, scope=RecallScope())
+            assert text == answers[i], ("scoped answer differs", q)
+            scoped_times.append(dt)
+        result["recall_search_scoped_ms"] = {
+            "p50": round(pct(scoped_times, 50) * 1000, 2),
+            "p99": round(pct(scoped_times, 99) * 1000, 2),
+            "queries": len(scoped_times),
+            "answers_equal": len(scoped_times),
+        }
+
         # --- full-scan baseline, and the same answers ---------------------------------------
         sealer = Sealer(key_from_text(SECRET))
         scan_times, checked = [], 0
@@ -363,6 +389,26 @@ async def measure(n_blocks: int, out_path: Path | None = None) -> dict:
             rss_after_cold_restart_mib=round(mem3["VmRSS"] / 1024, 1),
             hwm_after_cold_restart_mib=round(mem3["VmHWM"] / 1024, 1),
         )
+        # --- deleting a conversation (issue 28): its 200 blocks, in one request ------------
+        doomed = [
+            await archive_one("tool", "read_file", f"purgeable{i:03d}zz block {i}", "bench-delete")
+            for i in range(200)
+        ]
+        await ask_tool(nc, "recall_search", {"query": "purgeable007zz"})  # indexed
+        body = PurgeRequest(conversation="bench-delete").model_dump_json().encode()
+        t0 = time.perf_counter()
+        msg = await nc.request(subjects.RECALL_PURGE, body, timeout=120)
+        purge_s = time.perf_counter() - t0
+        purged = PurgeReply.model_validate_json(msg.data)
+        assert purged.error is None and purged.seqs == doomed, purged.error
+        text, _ = await ask_tool(nc, "recall_search", {"query": "purgeable007zz"})
+        assert text == "[no archived block matches]", text
+        after = [(await ask_tool(nc, "recall_search", q))[1] for q in queries[:100]]
+        result["delete_conversation"] = {
+            "blocks": len(doomed),
+            "request_ms": round(purge_s * 1000, 1),
+            "recall_search_p50_after_ms": round(pct(after, 50) * 1000, 2),
+        }
         worst_rss = max(mem["VmRSS"], mem2["VmRSS"], mem3["VmRSS"]) * 1024
         result["memory"]["rss_over_text"] = round(worst_rss / text_bytes, 2)
         result["memory"]["growth_over_text"] = round((worst_rss - rss_empty * 1024) / text_bytes, 2)
@@ -412,11 +458,17 @@ def run(quick: bool) -> dict:
                     ["full scan mean (ms)", scan_ms],
                     ["full scan / recall_search p50", raw["speedup_p50"]],
                     ["answers equal to the full scan", raw["full_scan_ms"]["answers_equal"]],
+                    ["recall_search scoped p50 (ms)", raw["recall_search_scoped_ms"]["p50"]],
+                    ["scoped answers equal", raw["recall_search_scoped_ms"]["answers_equal"]],
                     ["recall p50 (ms)", recall_ms["p50"]],
                     ["archive (blocks/s)", raw["archive"]["blocks_per_s"]],
                     ["resident memory / archived text", mem["rss_over_text"]],
                     ["restart with index snapshot (s)", raw["restart_s"]],
                     ["restart without snapshot (s)", raw["restart_cold_s"]],
+                    [
+                        "delete a conversation of 200 blocks (ms)",
+                        raw["delete_conversation"]["request_ms"],
+                    ],
                 ],
                 notes="Latencies end to end over NATS; the full scan reads, opens and scores "
                 "every block as the original did.",

@@ -277,7 +277,7 @@ class BlockStore:
             )
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
-        return [int(s) for s in out]
+        return sorted(int(s) for s in out)
 
     async def pending_purges(self) -> list[str]:
         """The deletions recorded and not applied yet. Raises :class:`StoreUnavailable`."""
