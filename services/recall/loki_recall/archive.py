@@ -36,13 +36,14 @@ from .blocks import (  # noqa: F401 - re-exported: tests and the bench name them
     _decode,
     block_aad,
     memory_aad,
-    owners,
 )
 from .errors import StoreUnavailable
 from .index import FREEZE_AT, Index
+from .owners import Owners, owners
+from .search import best_blocks
 from .snapshot import SNAPSHOT_EVERY, Snapshot, archive_id
 from .sync import Catalog
-from .text import MAX_SEQ, go_lower, score
+from .text import MAX_SEQ, go_lower
 
 log = logging.getLogger("loki.recall.archive")
 
@@ -68,6 +69,7 @@ class Archive:
         self.redis = redis
         self.sealer = sealer
         self.store = BlockStore(redis, sealer)
+        self.owners = Owners(redis)
         self.snapshot = Snapshot(snapshot, sealer, self._snapshot_arrays)
         self.catalog = Catalog()
         self._plain = Index()
@@ -159,9 +161,9 @@ class Archive:
             self.snapshot.archive_id = await archive_id(self.redis)
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
-        deleted = await self.store.deleted()
+        deleted = await self.owners.deleted()
         self.catalog.deleted_from = len(deleted)
-        owners_done = await self.store.owners_done()
+        owners_done = await self.owners.complete()
         top = await self.store.top()
         stored = await self.store.stored()
         # Before the owner sets cover every block, read every block once (no snapshot).
@@ -186,8 +188,8 @@ class Archive:
         try:
             await self.catalog.read(self.store, missing, self._ingest)
             if self._unowned is not None:
-                await self.store.add_owners(self._unowned)
-                await self.store.owners_done(True)
+                await self.owners.add(self._unowned)
+                await self.owners.complete(True)
                 log.info("owner sets completed: %d blocks", len(self._unowned))
         finally:
             self._unowned = None
@@ -228,11 +230,11 @@ class Archive:
                 record was written, and is applied later).
         """
         name = member(conversation=conversation, project=project)
-        await self.store.record_purge(name)
+        await self.owners.record(name)
         return await self._apply(name)
 
     async def _apply(self, name: str) -> list[int]:
-        seqs = await self.store.purge(name)
+        seqs = await self.owners.purge(name)
         if seqs:
             self._forget(set(seqs))
             log.info("deleted %d archived blocks of %s", len(seqs), name.split(":", 1)[0])
@@ -246,7 +248,7 @@ class Archive:
             StoreUnavailable: Redis does not answer.
         """
         total = 0
-        for name in await self.store.pending_purges():
+        for name in await self.owners.pending():
             total += len(await self._apply(name))
         return total
 
@@ -291,9 +293,9 @@ class Archive:
         """Memory blocks stored before the owner sets existed become deletable once readable:
         add them to their owner sets, then delete those whose conversation or project was
         deleted meanwhile."""
-        await self.store.add_owners(found)
+        await self.owners.add(found)
         names = sorted({n for _, c, p in found for n in owners(c, p) if n})
-        for name, gone in zip(names, await self.store.gone(names)):
+        for name, gone in zip(names, await self.owners.gone(names)):
             if gone:
                 await self._apply(name)
 
@@ -348,43 +350,18 @@ class Archive:
         """The ``limit`` best readable blocks for ``kws`` (score, then seq, descending); only
         blocks of ``project`` when one is given.
 
-        The indexes give each candidate an upper bound of its score; candidates are checked
-        with the exact rule in bound order until no unchecked one can enter the top
-        ``limit``. Raises :class:`StoreUnavailable` when Redis does not answer.
+        See :func:`loki_recall.search.best_blocks`. Raises :class:`StoreUnavailable` when
+        Redis does not answer.
         """
         await self.sync()
-        bounds, seqs = [], []
-        for index in (self._plain, self._private if self.store.memory is not None else None):
-            if index is None or not len(index):
-                continue
-            b, s = index.candidates(kws)
-            bounds.append(b)
-            seqs.append(s)
-        if not bounds:
-            return []
-        bound = np.concatenate(bounds)
-        seq = np.concatenate(seqs)
-        order = np.lexsort((seq, bound))[::-1]
-        hits: list[tuple[int, int, Block]] = []
-        pos, total = 0, len(order)
-        step = max(limit, 8)
-        while pos < total:
-            if len(hits) >= limit:
-                worst = hits[limit - 1]
-                nxt = order[pos]
-                if (worst[0], worst[1]) > (int(bound[nxt]), int(seq[nxt])):
-                    break
-            chunk = [int(seq[i]) for i in order[pos : pos + step]]
-            pos += len(chunk)
-            for block in await self.store.get_many(chunk):
-                if block is None or not in_project(block, project):
-                    continue
-                s = score(kws, go_lower(block.label), go_lower(block.content))
-                if s > 0:
-                    hits.append((s, block.seq, block))
-            hits.sort(key=lambda t: (t[0], t[1]), reverse=True)
-            del hits[limit:]
-        return [b for _, _, b in hits]
+        private = self._private if self.store.memory is not None else None
+        return await best_blocks(
+            kws,
+            limit,
+            (self._plain, private),
+            self.store.get_many,
+            lambda block: in_project(block, project),
+        )
 
     async def page(
         self,
@@ -407,10 +384,10 @@ class Archive:
             start = self.catalog.after(after)
         else:
             sets = [
-                set(await self.store.owned(member(conversation=conversation)))
+                set(await self.owners.owned(member(conversation=conversation)))
                 if conversation is not None
                 else None,
-                set(await self.store.owned(member(project=project)))
+                set(await self.owners.owned(member(project=project)))
                 if project is not None
                 else None,
             ]

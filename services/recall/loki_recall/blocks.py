@@ -5,19 +5,9 @@ Redis layout:
 - ``loki:recall:seq`` — the global sequence (``INCR``: from 1, strictly increasing, never
   reused, atomic across every recall instance);
 - ``loki:recall:blocks`` — a hash ``<seq>`` → sealed block;
-- ``loki:recall:owner:c:<conversation>`` and ``loki:recall:owner:p:<project>`` — the seqs a
-  conversation archived and the seqs of a project (every block is in its project's set,
-  :data:`~loki_shared.messages.recall.DEFAULT_PROJECT` when archived without one), written
-  in the same script as the block, so a deletion finds every block even while memory blocks
-  are unreadable;
-- ``loki:recall:deleted`` — a list of every deleted seq, in order (other instances drop them
-  from their index at their next catch-up);
-- ``loki:recall:owners_v1`` — set once every block stored before the owner sets existed has
-  been added to them (a one-time full read at start).
-
-Deletions are recorded in ``loki:recall:purge`` / ``loki:recall:gone``
-(:mod:`loki_shared.recall_purge`): a block is never stored for a conversation or project named
-in ``gone``.
+- ``loki:recall:owner:...`` — the owner sets, written by :meth:`BlockStore.put` with the block
+  (see :mod:`loki_recall.owners`); a block is never stored for a conversation or project named
+  in ``loki:recall:gone`` (:mod:`loki_shared.recall_purge`).
 
 A stored block is sealed with the service key (associated data ``loki:recall:block:<seq>``,
 so a blob moved to another seq does not open). Inside, one kind byte: ``P`` then the block's
@@ -37,17 +27,14 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from loki_shared.memkey import KDF_REDIS_KEY
-from loki_shared.messages.recall import DEFAULT_PROJECT, Block
-from loki_shared.recall_purge import GONE_KEY, PURGE_KEY, member
+from loki_shared.messages.recall import Block
+from loki_shared.recall_purge import GONE_KEY, PURGE_KEY
 from loki_shared.sealing import Sealer, SealError
 
 from .errors import Deleted, MemoryLocked, StoreUnavailable
+from .keys import BLOCKS_KEY, DELETED_KEY, SEQ_KEY
+from .owners import owner_key, owners
 
-SEQ_KEY = "loki:recall:seq"
-BLOCKS_KEY = "loki:recall:blocks"
-OWNER_PREFIX = "loki:recall:owner:"
-DELETED_KEY = "loki:recall:deleted"
-OWNERS_DONE_KEY = "loki:recall:owners_v1"
 KIND_PLAIN = b"P"
 KIND_MEMORY = b"M"
 #: Blocks asked of Redis in one ``HMGET``.
@@ -66,20 +53,6 @@ if ARGV[3] ~= '' then redis.call('SADD', KEYS[3], ARGV[1]) end
 redis.call('SADD', KEYS[4], ARGV[1])
 return 1
 """
-# KEYS: blocks, owner set, purge set, deleted list. ARGV: the member. Returns the seqs deleted.
-_PURGE = """
-local out = {}
-for _, s in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  if redis.call('HDEL', KEYS[1], s) == 1 then
-    out[#out + 1] = s
-    redis.call('RPUSH', KEYS[4], s)
-  end
-end
-redis.call('DEL', KEYS[2])
-redis.call('SREM', KEYS[3], ARGV[1])
-return out
-"""
-
 log = logging.getLogger("loki.recall.archive")
 
 
@@ -91,18 +64,6 @@ def block_aad(seq: int) -> bytes:
 def memory_aad(seq: int) -> bytes:
     """Associated data of the memory-key seal of block ``seq``."""
     return b"loki:recall:block:%d:memory" % seq
-
-
-def owner_key(name: str) -> str:
-    """The Redis set of the seqs owned by ``name`` (a :func:`~loki_shared.recall_purge.member`)."""
-    return OWNER_PREFIX + name
-
-
-def owners(conversation: str | None, project: str | None) -> tuple[str, str]:
-    """The members a block belongs to: its conversation's (``""`` when none) and its
-    project's (the default project when None)."""
-    conv = member(conversation=conversation) if conversation is not None else ""
-    return conv, member(project=project or DEFAULT_PROJECT)
 
 
 def _encode(block: Block) -> bytes:
@@ -137,7 +98,6 @@ class BlockStore:
         self.memory: Sealer | None = None
         self._next_seq = redis.register_script(_NEXT_SEQ)
         self._store = redis.register_script(_STORE)
-        self._purge = redis.register_script(_PURGE)
 
     # --- sealing ---------------------------------------------------------------------------
     def outer(self, seq: int, blob: bytes) -> tuple[bytes, bytes]:
@@ -224,85 +184,6 @@ class BlockStore:
         if not ok:
             raise Deleted("the conversation or project of this block was deleted")
 
-    async def add_owners(self, items: list[tuple[int, str | None, str | None]]) -> None:
-        """Add ``(seq, conversation, project)`` of blocks stored before the owner sets existed
-        to them (idempotent).
-
-        Raises:
-            StoreUnavailable: Redis does not answer.
-        """
-        if not items:
-            return
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for seq, conversation, project in items:
-                    for name in owners(conversation, project):
-                        if name:
-                            pipe.sadd(owner_key(name), seq)
-                await pipe.execute()
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
-
-    async def owned(self, name: str) -> list[int]:
-        """The seqs in the owner set of ``name``, increasing. Raises :class:`StoreUnavailable`."""
-        try:
-            return sorted(int(s) for s in await self.redis.smembers(owner_key(name)))
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
-
-    async def record_purge(self, name: str) -> None:
-        """Record a deletion (pending, and gone for good) before applying it.
-
-        Raises:
-            StoreUnavailable: Redis does not answer.
-        """
-        try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.sadd(PURGE_KEY, name)
-                pipe.sadd(GONE_KEY, name)
-                await pipe.execute()
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
-
-    async def purge(self, name: str) -> list[int]:
-        """Delete every block owned by ``name`` and clear its pending record, in one script;
-        the seqs deleted (appended to ``loki:recall:deleted``).
-
-        Raises:
-            StoreUnavailable: Redis does not answer.
-        """
-        try:
-            out = await self._purge(
-                keys=[BLOCKS_KEY, owner_key(name), PURGE_KEY, DELETED_KEY], args=[name]
-            )
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
-        return sorted(int(s) for s in out)
-
-    async def pending_purges(self) -> list[str]:
-        """The deletions recorded and not applied yet. Raises :class:`StoreUnavailable`."""
-        try:
-            members = await self.redis.smembers(PURGE_KEY)
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
-        return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
-
-    async def gone(self, names: list[str]) -> list[bool]:
-        """Whether each of ``names`` was deleted. Raises :class:`StoreUnavailable`."""
-        if not names:
-            return []
-        try:
-            return [bool(x) for x in await self.redis.smismember(GONE_KEY, names)]
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
-
-    async def deleted(self) -> list[int]:
-        """Every deleted seq. Raises :class:`StoreUnavailable`."""
-        try:
-            return [int(s) for s in await self.redis.lrange(DELETED_KEY, 0, -1)]
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
-
     async def look(self, deleted_from: int) -> tuple[int, list[int], int]:
         """One round trip: the last seq given out, the deleted seqs from position
         ``deleted_from`` of the deletion list, and the number of pending deletions.
@@ -319,20 +200,6 @@ class BlockStore:
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
         return int(top or 0), [int(s) for s in deleted], int(pending)
-
-    async def owners_done(self, done: bool = False) -> bool:
-        """Whether the owner sets cover every block (``done``: record that they do now).
-
-        Raises:
-            StoreUnavailable: Redis does not answer.
-        """
-        try:
-            if done:
-                await self.redis.set(OWNERS_DONE_KEY, b"1")
-                return True
-            return bool(await self.redis.exists(OWNERS_DONE_KEY))
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
 
     async def top(self) -> int:
         """The last seq the counter gave out (0: none). Raises :class:`StoreUnavailable`."""
