@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -222,9 +223,10 @@ class BlockStore:
             StoreUnavailable: Redis does not answer.
         """
         try:
-            return await self.redis.hmget(BLOCKS_KEY, [str(s) for s in seqs])
+            blobs = await self.redis.hmget(BLOCKS_KEY, [str(s) for s in seqs])
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
+        return cast("list[bytes | None]", blobs)  # a client without decode_responses
 
     async def fetch(self, seqs: Iterable[int]) -> AsyncIterator[list[tuple[int, bytes]]]:
         """The stored ``(seq, blob)`` pairs of ``seqs``, by chunks of :data:`FETCH_CHUNK`
@@ -241,7 +243,7 @@ class BlockStore:
             blob = await self.redis.hget(BLOCKS_KEY, str(seq))
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
-        return self.open_safe(seq, blob)
+        return self.open_safe(seq, cast("bytes | None", blob))
 
     async def get_many(self, seqs: list[int]) -> list[Block | None]:
         """The readable blocks of ``seqs`` (None where absent or unreadable), aligned."""

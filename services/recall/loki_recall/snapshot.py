@@ -18,6 +18,7 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from redis.asyncio import Redis
@@ -37,7 +38,7 @@ log = logging.getLogger("loki.recall.archive")
 async def archive_id(redis: Redis) -> str:
     """This archive's random name (created on first use). Raises ``RedisError``."""
     await redis.set(ARCHIVE_ID_KEY, secrets.token_hex(16), nx=True)
-    return (await redis.get(ARCHIVE_ID_KEY)).decode("ascii")
+    return cast(bytes, await redis.get(ARCHIVE_ID_KEY)).decode("ascii")
 
 
 class Snapshot:
