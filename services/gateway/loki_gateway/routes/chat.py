@@ -244,7 +244,9 @@ async def conversations_rename(
 
 @router.delete("/api/conversations/{conversation}")
 async def conversations_delete(conversation: ConvPath, bus: Bus = Depends(get_bus)) -> Any:
-    """Delete the conversation and its stored blob."""
+    """Delete the conversation, its stored blob and the blocks it archived (the chat service
+    records that deletion for the recall service, which applies it at once or when it next
+    runs)."""
     await _conversations(bus, action="delete", conversation=conversation)
     return {"ok": True, "deleted": conversation}
 
