@@ -13,10 +13,11 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from redis.asyncio import Redis
 
 from loki_gateway.bus import Bus
-from loki_gateway.errors import GatewayError, gateway_error_handler
+from loki_gateway.errors import GatewayError, gateway_error_handler, validation_error_handler
 from loki_gateway.routes import chat as chat_routes
 from loki_gateway.routes import recall as recall_routes
 from loki_recall.archive import BLOCKS_KEY
@@ -229,6 +230,7 @@ async def http(nats_url: str) -> AsyncIterator[httpx.AsyncClient]:
     app.include_router(chat_routes.router)
     app.include_router(recall_routes.router)
     app.add_exception_handler(GatewayError, gateway_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.state.bus = await Bus.connect(nats_url)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://gateway"
@@ -275,6 +277,10 @@ async def test_delete_while_recall_is_down_completes_when_it_returns(
     assert "archive" not in (await http.get(f"/api/conversations/{cid}/export")).json()
     r = await http.get("/api/recall/blocks", params={"conversation": cid})
     assert [b["seq"] for b in r.json()["blocks"]] == mine
+    r = await http.get("/api/recall/blocks", params={"project": "default"})
+    assert [b["seq"] for b in r.json()["blocks"]] == [*mine, other]
+    r = await http.get("/api/recall/blocks", params={"conversation": "no spaces"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     await recall.stop()  # the snapshot saved now still indexes the two blocks
 
     r = await http.delete(f"/api/conversations/{cid}")

@@ -31,11 +31,11 @@ from loki_shared.messages.chat import (
     StateRequest,
 )
 
+from ..archive_reader import archived_blocks
 from ..bus import Bus
 from ..deps import get_bus
 from ..errors import BadRequest
 from ..sse import conversation_stream, replay_page
-from .recall import archived_blocks
 
 router = APIRouter(tags=["chat"])
 

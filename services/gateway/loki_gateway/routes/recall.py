@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
 from loki_shared import subjects
 from loki_shared.messages.recall import (
-    Block,
     BlockReply,
     BlockRequest,
     BlocksReply,
@@ -27,6 +27,7 @@ from loki_shared.messages.recall import (
 from ..bus import Bus
 from ..deps import get_bus
 from ..errors import BadRequest, NotFound
+from .chat import CONV_PATTERN
 
 router = APIRouter()
 
@@ -46,32 +47,11 @@ async def recall_block(seq: str, bus: Bus = Depends(get_bus)) -> dict:
     return reply.block.model_dump(mode="json")
 
 
-async def archived_blocks(
-    bus: Bus, conversation: str | None = None, project: str | None = None
-) -> AsyncIterator[Block]:
-    """Every readable block archived by ``conversation`` / of ``project`` (None: any), in
-    increasing seq, page by page from ``loki.recall.blocks``.
-
-    Raises:
-        GatewayError: the recall service did not answer or answered an error.
-    """
-    after: int | None = 0
-    while after is not None:
-        page = await bus.request_ok(
-            subjects.RECALL_BLOCKS,
-            BlocksRequest(after=after, conversation=conversation, project=project),
-            BlocksReply,
-        )
-        for block in page.blocks:
-            yield block
-        after = page.next_after
-
-
 @router.get("/api/recall/blocks")
 async def recall_blocks(
     after: str = "0",
-    conversation: str | None = None,
-    project: str | None = None,
+    conversation: Annotated[str | None, Query(pattern=CONV_PATTERN)] = None,
+    project: Annotated[str | None, Query(pattern=CONV_PATTERN)] = None,
     bus: Bus = Depends(get_bus),
 ) -> StreamingResponse:
     filters = {"conversation": conversation or None, "project": project or None}
