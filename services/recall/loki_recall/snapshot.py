@@ -96,7 +96,7 @@ class Snapshot:
 
         def write() -> None:
             buf = io.BytesIO()
-            np.savez(buf, **arrays)
+            np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy types ** as allow_pickle
             blob = sealer.seal(buf.getvalue(), aad)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + f".{os.getpid()}.tmp")

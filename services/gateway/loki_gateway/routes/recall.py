@@ -54,10 +54,10 @@ async def recall_blocks(
     project: Annotated[str | None, Query(pattern=CONV_PATTERN)] = None,
     bus: Bus = Depends(get_bus),
 ) -> StreamingResponse:
-    filters = {"conversation": conversation or None, "project": project or None}
+    conversation, project = conversation or None, project or None
     first = await bus.request_ok(
         subjects.RECALL_BLOCKS,
-        BlocksRequest(after=_parse_seq(after, "after"), **filters),
+        BlocksRequest(after=_parse_seq(after, "after"), conversation=conversation, project=project),
         BlocksReply,
     )
 
@@ -73,7 +73,7 @@ async def recall_blocks(
                 break
             page = await bus.request_ok(
                 subjects.RECALL_BLOCKS,
-                BlocksRequest(after=page.next_after, **filters),
+                BlocksRequest(after=page.next_after, conversation=conversation, project=project),
                 BlocksReply,
             )
         yield b"]}"
