@@ -13,11 +13,10 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 from redis.asyncio import Redis
 
+from loki_gateway import errors as gateway_errors
 from loki_gateway.bus import Bus
-from loki_gateway.errors import GatewayError, gateway_error_handler, validation_error_handler
 from loki_gateway.routes import chat as chat_routes
 from loki_gateway.routes import recall as recall_routes
 from loki_recall.archive import BLOCKS_KEY
@@ -229,8 +228,7 @@ async def http(nats_url: str) -> AsyncIterator[httpx.AsyncClient]:
     app = FastAPI()
     app.include_router(chat_routes.router)
     app.include_router(recall_routes.router)
-    app.add_exception_handler(GatewayError, gateway_error_handler)
-    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    gateway_errors.install(app)
     app.state.bus = await Bus.connect(nats_url)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://gateway"
