@@ -164,6 +164,7 @@ class EngineLease:
         self._renewer: asyncio.Task[None] | None = None
         self._usage: tuple[int | None, int | None] = (None, None)
         self._job_done = False
+        self._fingerprint: str | None = None
         self._exited = False
         self.renewals = 0
         self.lost = False
@@ -183,12 +184,16 @@ class EngineLease:
         cached_tokens: int | None = None,
         *,
         job_done: bool = False,
+        prompt_fingerprint: str | None = None,
     ) -> None:
         """What the release will tell the supervisor: ``usage.prompt_tokens`` and
         ``prompt_tokens_details.cached_tokens`` of a ``main`` completion; ``job_done``: the
-        last request of a side job (the supervisor may then erase slot 0)."""
+        last request of a side job (the supervisor may then erase slot 0);
+        ``prompt_fingerprint``: the last :func:`loki_shared.fingerprint.fingerprints` value of
+        the messages a ``main`` request sent (names the saved slot file with SLOT_PERSIST)."""
         self._usage = (prompt_tokens, cached_tokens)
         self._job_done = job_done
+        self._fingerprint = prompt_fingerprint
 
     async def __aenter__(self) -> EngineLease:
         asking = asyncio.ensure_future(
@@ -273,6 +278,7 @@ class EngineLease:
         req = ReleaseRequest(
             lease_id=lease_id,
             job_done=self._job_done,
+            prompt_fingerprint=self._fingerprint,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,
         )

@@ -270,7 +270,11 @@ class TurnRunner:
                     on_retry=on_retry,
                 )
                 usage = self.result.acc.usage or {}
-                held.report(usage.get("prompt_tokens"), usage.get("cached_tokens"))
+                held.report(
+                    usage.get("prompt_tokens"),
+                    usage.get("cached_tokens"),
+                    prompt_fingerprint=(fingerprints(wire) or [None])[-1],
+                )
         except LeaseStopped:
             self.outcome.stopped = True
             return self.finish

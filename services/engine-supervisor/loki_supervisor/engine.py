@@ -107,12 +107,15 @@ async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | No
     )
 
 
-def prepare_slot_dir(path: Path) -> None:
+def prepare_slot_dir(path: Path, keep: Callable[[str], bool] | None = None) -> None:
     """Create ``path`` with mode 0700 and empty it (slot files of a previous engine are
-    stale: another model or another launch)."""
+    stale: another model or another launch), except the plain files whose name ``keep``
+    accepts (SLOT_PERSIST's files: their own rules delete them)."""
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)
     for child in path.iterdir():
+        if keep is not None and keep(child.name) and child.is_file() and not child.is_symlink():
+            continue
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child, ignore_errors=True)
         else:
@@ -204,6 +207,7 @@ class LaunchSpec:
     auto_port: bool = False  # port chosen by the supervisor: take another if it is taken
     model: Path | None = None  # checked before every launch (preflight.check_model_file)
     model_source: str = "LOKI_MODEL"  # where the model path came from, for messages
+    keep_slot_file: Callable[[str], bool] | None = None  # SLOT_PERSIST: kept at launch
 
 
 class EngineRunner:
@@ -401,7 +405,7 @@ class EngineRunner:
 
     async def _spawn_and_wait(self, spec: LaunchSpec) -> None:
         if spec.slot_dir is not None:
-            prepare_slot_dir(spec.slot_dir)
+            prepare_slot_dir(spec.slot_dir, spec.keep_slot_file)
         probe = spec.host if spec.host not in ("0.0.0.0", "::") else "127.0.0.1"
         if servers.port_open(probe, spec.port):
             if not spec.auto_port:

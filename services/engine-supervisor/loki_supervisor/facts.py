@@ -291,6 +291,65 @@ def try_read_gguf(path: Path | None) -> GgufFacts | None:
         return None
 
 
+#: llama.cpp's tolerance between a model's and its draft's vocabulary sizes
+#: (``common/speculative.cpp``: ``SPEC_VOCAB_MAX_SIZE_DIFFERENCE``), and the first token id
+#: whose text it compares (``SPEC_VOCAB_CHECK_START_TOKEN_ID``).
+VOCAB_MAX_SIZE_DIFFERENCE = 128
+VOCAB_CHECK_START_TOKEN_ID = 5
+_VOCAB_KEYS = (
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+)
+
+
+def read_vocab(path: Path) -> dict[str, object]:
+    """The tokenizer keys of a GGUF header that decide whether two models share a
+    vocabulary (``tokenizer.ggml.model``, ``.tokens``, bos/eos ids, add_bos/add_eos).
+
+    Raises:
+        OSError, ValueError: as :func:`read_gguf_metadata`.
+    """
+    return read_gguf_metadata(path, lambda k: k in _VOCAB_KEYS)
+
+
+def vocab_difference(main: dict[str, object], draft: dict[str, object]) -> str | None:
+    """Why a draft model cannot draft for a model (None: the same vocabulary), by
+    llama.cpp's compatibility rule for speculative decoding: the same tokenizer type, the
+    same bos/eos ids and add_bos/add_eos flags, vocabulary sizes within 128 tokens, and the
+    same text for every token id from 5 up to the smaller size."""
+    for key, what in (
+        ("tokenizer.ggml.model", "tokenizer type"),
+        ("tokenizer.ggml.bos_token_id", "bos token id"),
+        ("tokenizer.ggml.eos_token_id", "eos token id"),
+        ("tokenizer.ggml.add_bos_token", "add_bos"),
+        ("tokenizer.ggml.add_eos_token", "add_eos"),
+    ):
+        if main.get(key) != draft.get(key):
+            return f"{what} {main.get(key)!r} vs {draft.get(key)!r}"
+    a = main.get("tokenizer.ggml.tokens")
+    b = draft.get("tokenizer.ggml.tokens")
+    if not isinstance(a, list) or not isinstance(b, list):
+        return "a GGUF header has no tokenizer.ggml.tokens"
+    if abs(len(a) - len(b)) > VOCAB_MAX_SIZE_DIFFERENCE:
+        return f"{len(a)} vs {len(b)} tokens (more than {VOCAB_MAX_SIZE_DIFFERENCE} apart)"
+    for i in range(VOCAB_CHECK_START_TOKEN_ID, min(len(a), len(b))):
+        if a[i] != b[i]:
+            return f"token {i} is {a[i]!r} vs {b[i]!r}"
+    return None
+
+
+def try_vocab_difference(main: Path, draft: Path) -> str | None:
+    """:func:`vocab_difference` of two GGUF files; an unreadable header is a difference."""
+    try:
+        return vocab_difference(read_vocab(main), read_vocab(draft))
+    except (OSError, ValueError) as exc:
+        return f"tokenizer unreadable ({exc})"
+
+
 # ------------------------------------------------------------------------------------ GPU
 @dataclass(frozen=True)
 class Gpu:
@@ -411,17 +470,25 @@ class EngineHelp:
 
     ``flags``: every option spelling listed (``-c``, ``--ctx-size``, ...); ``env``: the
     ``LLAMA_ARG_*`` variable of each spelling (from the ``(env: ...)`` notes);
-    ``ngl_auto``: ``-ngl`` accepts ``auto``. Unknown help (empty text) knows no flag.
+    ``ngl_auto``: ``-ngl`` accepts ``auto``; ``removed``: spellings listed only to say
+    "the argument has been removed"; ``options``: each spelling → its help lines (the
+    option line and its indented continuation). Unknown help (empty text) knows no flag.
     """
 
     text: str = ""
     flags: frozenset[str] = frozenset()
     env: dict[str, str] = field(default_factory=dict)
     ngl_auto: bool = False
+    removed: frozenset[str] = frozenset()
+    options: dict[str, str] = field(default_factory=dict)
 
     def has(self, *spellings: str) -> bool:
         """Whether any of ``spellings`` is a listed option."""
         return any(s in self.flags for s in spellings)
+
+    def option_text(self, spelling: str) -> str:
+        """The help lines of one option ("" when not listed)."""
+        return self.options.get(spelling, "")
 
     def env_of(self, *spellings: str) -> list[str]:
         """The ``LLAMA_ARG_*`` variables of the given option spellings (those listed)."""
@@ -439,6 +506,8 @@ def parse_help(text: str) -> EngineHelp:
     lines indented)."""
     flags: set[str] = set()
     env: dict[str, str] = {}
+    removed: set[str] = set()
+    options: dict[str, str] = {}
     current: list[str] = []
     ngl_auto = False
     for raw in text.splitlines():
@@ -447,13 +516,26 @@ def parse_help(text: str) -> EngineHelp:
         if m:
             current = [o for o in _OPT.findall(m.group(1).replace(",", " "))]
             flags.update(current)
+        elif line and not line[0].isspace():
+            current = []  # a section title ends the option
+        for o in current:
+            options[o] = f"{options[o]}\n{line}" if o in options else line
+        if current and "has been removed" in line:
+            removed.update(current)
         e = _ENV.search(line)
         if e and current:
             for o in current:
                 env.setdefault(o, e.group(1))
         if current and ("--gpu-layers" in current or "-ngl" in current) and "'auto'" in line:
             ngl_auto = True
-    return EngineHelp(text=text, flags=frozenset(flags), env=env, ngl_auto=ngl_auto)
+    return EngineHelp(
+        text=text,
+        flags=frozenset(flags),
+        env=env,
+        ngl_auto=ngl_auto,
+        removed=frozenset(removed),
+        options=options,
+    )
 
 
 _HELP_CACHE: dict[tuple[str, float], EngineHelp] = {}

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .draft import DraftRequest, DraftVerdict, draft_bytes, draft_verdict, memory_refusal
 from .facts import MIB, EngineHelp, GgufFacts, GpuFacts, HostMemory
 
 #: llama-server's default ``--cache-ram`` (MiB); CACHE_RAM auto never goes below it.
@@ -82,7 +83,8 @@ class LocalConfig:
 
     ``ngl``: None/"auto"/"all"/"999" or a layer count (text). ``parallel``: PARALLEL or None.
     ``extra_args``: EXTRA_ARGS, shell-quoted text. ``cache_ram``: CACHE_RAM text.
-    ``slot_dir``: ``LOKI_HOME/slots``.
+    ``slot_dir``: ``LOKI_HOME/slots``. ``draft``: the draft model fields
+    (speculative decoding, :mod:`loki_supervisor.draft`).
     """
 
     model: Path
@@ -97,6 +99,7 @@ class LocalConfig:
     api_key: str | None = None
     threads: int | None = None
     slot_dir: Path | None = None
+    draft: DraftRequest = field(default_factory=DraftRequest)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,10 @@ class Facts:
     env: Mapping[str, str] = field(default_factory=dict)
     #: GPU devices the engine build lists (``[]``: CPU-only build; None: unknown).
     engine_devices: list[str] | None = None
+    #: The draft model's GGUF facts (None: no draft asked, or unreadable).
+    draft_gguf: GgufFacts | None = None
+    #: Why the draft's vocabulary differs from the model's (None: the same, or no draft).
+    draft_vocab: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,7 @@ class LaunchPlan:
     slot_save_path: Path | None
     shared_window: bool
     side_slot_bytes: int | None = None
+    draft: DraftVerdict = field(default_factory=DraftVerdict)
 
     def masked_args(self) -> list[str]:
         """``args`` with the value of ``--api-key`` replaced by ``***``."""
@@ -317,7 +325,7 @@ def placement(cfg: LocalConfig, facts: Facts, tokens: list[str]) -> Placement:
 
 # --------------------------------------------------------------------------- SIDE_SLOT
 def side_slot_verdict(
-    cfg: LocalConfig, facts: Facts, tokens: list[str], place: Placement
+    cfg: LocalConfig, facts: Facts, tokens: list[str], place: Placement, draft_size: int = 0
 ) -> tuple[str | None, str | None, int | None]:
     """Decide SIDE_SLOT. Returns ``(refusal, note, second_slot_bytes)``: ``refusal`` is None
     when accepted (then ``note`` is the VRAM/RAM note).
@@ -327,7 +335,8 @@ def side_slot_verdict(
     ``--kv-unified-per-slot``/``--cache-idle-slots`` in EXTRA_ARGS or their ``LLAMA_ARG_*``
     set; the engine's help lacks ``--no-kv-unified``; GGUF unknown; weights on CPU beside a
     GPU (or placement unknown); VRAM (GPU) or available RAM (CPU-only engine) unknown;
-    model + two KV states above 90% of it.
+    model + two KV states (+ a draft model and its two KV states, ``draft_size`` bytes) above
+    90% of it.
     """
     if cfg.parallel is not None and cfg.parallel != 2:
         return f"PARALLEL={cfg.parallel}: SIDE_SLOT needs PARALLEL unset or 2", None, None
@@ -348,7 +357,7 @@ def side_slot_verdict(
         return f"{place.why}: the second slot's memory cannot be checked", None, None
     ctk, ctv = cache_types(tokens, facts.env)
     state = facts.gguf.kv_bytes(cfg.ctx, ctk, ctv) + facts.gguf.recurrent_state_bytes()
-    need = facts.gguf.file_size + 2 * state
+    need = facts.gguf.file_size + 2 * state + draft_size
     if place.kind == "gpu":
         room, what = facts.gpu.total, "VRAM"
     else:
@@ -356,9 +365,10 @@ def side_slot_verdict(
     if room is None:
         return f"{what} unknown: the second slot's size cannot be checked", None, None
     limit = SIDE_SLOT_MEMORY_SHARE * room
+    with_draft = f" + draft {mib(draft_size)} MiB" if draft_size else ""
     figures = (
-        f"model {mib(facts.gguf.file_size)} MiB + 2 × {mib(state)} MiB KV = {mib(need)} MiB"
-        f" of {mib(room)} MiB {what}"
+        f"model {mib(facts.gguf.file_size)} MiB + 2 × {mib(state)} MiB KV{with_draft}"
+        f" = {mib(need)} MiB of {mib(room)} MiB {what}"
     )
     if need > limit:
         return f"{figures}: above 90%", None, None
@@ -471,14 +481,30 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
     refusal: str | None = None
     side_bytes: int | None = None
     side = False
+    draft = draft_verdict(
+        cfg.draft,
+        facts.help,
+        facts.gguf,
+        facts.draft_gguf,
+        facts.draft_vocab,
+        arg_names(tokens),
+    )
+    ctk, ctv = cache_types(tokens, facts.env)
     if cfg.side_slot:
-        refusal, note, side_bytes = side_slot_verdict(cfg, facts, tokens, place)
+        two = 0
+        if draft.on and facts.draft_gguf is not None:
+            two = draft_bytes(facts.draft_gguf, cfg.ctx, 2, ctk, ctv)
+        refusal, note, side_bytes = side_slot_verdict(cfg, facts, tokens, place, two)
         if refusal is None:
             side = True
             notes.append(note or "SIDE_SLOT on")
         else:
             notes.append(f"SIDE_SLOT refused, one slot kept: {refusal}")
     slots = 2 if side else (cfg.parallel or 1)
+    draft = _draft_memory(draft, cfg, facts, place, slots, (ctk, ctv))
+    if draft.refusal is not None:
+        notes.append(f"draft model refused: {draft.refusal}")
+    notes += draft.notes
     args: list[str] = ["-m", str(cfg.model), "-c", str(cfg.ctx * 2 if side else cfg.ctx)]
     args += ["-np", str(slots)]
     if side:
@@ -499,6 +525,7 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
     if cram.value_mib is not None:
         args += ["--cache-ram", str(cram.value_mib)]
         notes.append(f"CACHE_RAM {cram.value_mib} MiB ({cram.reason})")
+    args += draft.args
     args += tokens
     names = arg_names(tokens)
     unified = bool(names & {"-kvu", "--kv-unified"}) or truthy(
@@ -518,4 +545,34 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
         slot_save_path=slot_path,
         shared_window=shared,
         side_slot_bytes=side_bytes,
+        draft=draft,
     )
+
+
+def _draft_memory(
+    draft: DraftVerdict,
+    cfg: LocalConfig,
+    facts: Facts,
+    place: Placement,
+    slots: int,
+    cache: tuple[str, str],
+) -> DraftVerdict:
+    """The draft's memory check: model + its KV for every slot + the draft (file and KV
+    for every slot) within 90% of VRAM (all-GPU model) or available RAM (CPU-only engine);
+    a split or unknown placement, or unknown memory, is not refused (noted)."""
+    if not draft.on or facts.draft_gguf is None or facts.gguf is None:
+        return draft
+    size = draft_bytes(facts.draft_gguf, cfg.ctx, slots, *cache)
+    per_slot = facts.gguf.kv_bytes(cfg.ctx, *cache) + facts.gguf.recurrent_state_bytes()
+    need = facts.gguf.file_size + slots * per_slot
+    if place.kind == "gpu":
+        room, what = facts.gpu.total, "VRAM"
+    elif place.kind == "cpu":
+        room, what = facts.host.available, "available RAM"
+    else:
+        room, what = None, f"memory ({place.why})"
+    refusal, figures = memory_refusal(need, size, room, what)
+    if refusal is not None:
+        return DraftVerdict(refusal=refusal)
+    note = f"draft model {Path(cfg.draft.model).name}: {figures}"
+    return DraftVerdict(draft.args, None, (*draft.notes, note), size)

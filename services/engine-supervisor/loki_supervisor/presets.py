@@ -50,8 +50,9 @@ def validate(preset: Preset) -> None:
     """Check a preset's fields.
 
     Raises:
-        InvalidRequest: bad id, missing model file, CTX, NGL, CACHE_RAM, external preset
-            without ``base_url`` or ``api_model``.
+        InvalidRequest: bad id, missing model or draft model file, CTX, NGL, CACHE_RAM,
+            SLOT_PERSIST_MAX_MB, DRAFT_MAX/DRAFT_MIN/DRAFT_NGL, external preset without
+            ``base_url`` or ``api_model``.
     """
     if not _ID.match(preset.id):
         raise InvalidRequest("preset id: 1-64 letters, digits, '-' or '_'")
@@ -70,6 +71,23 @@ def validate(preset: Preset) -> None:
         raise InvalidRequest("NGL: auto, all, 999 or a number of layers")
     if preset.parallel is not None and preset.parallel < 1:
         raise InvalidRequest("PARALLEL must be at least 1")
+    if preset.draft_model and not Path(preset.draft_model).is_file():
+        raise InvalidRequest(f"draft model file not found: {preset.draft_model}")
+    for name, value in (("DRAFT_MAX", preset.draft_max), ("DRAFT_MIN", preset.draft_min)):
+        if value is not None and value < 0:
+            raise InvalidRequest(f"{name} must be at least 0 tokens")
+    if (
+        preset.draft_max is not None
+        and preset.draft_min is not None
+        and preset.draft_min > preset.draft_max
+    ):
+        raise InvalidRequest("DRAFT_MIN must not exceed DRAFT_MAX")
+    dngl = (preset.draft_ngl or "").strip().lower()
+    if dngl not in ("", "auto", "all") and not dngl.lstrip("-").isdigit():
+        raise InvalidRequest("DRAFT_NGL: auto, all or a number of layers")
+    persist_mb = (preset.features.get("SLOT_PERSIST_MAX_MB") or "").strip()
+    if persist_mb and not persist_mb.isdigit():
+        raise InvalidRequest("SLOT_PERSIST_MAX_MB: empty (2048) or MiB")
     cram = (preset.features.get("CACHE_RAM") or "").strip().lower()
     if cram not in ("", "auto"):
         try:

@@ -33,6 +33,8 @@ from loki_shared.messages.engine import (
 from loki_shared.sealing import Sealer
 
 from . import facts as facts_mod
+from . import slot_files
+from .draft import DraftRequest
 from .engine import EngineRunner, LaunchSpec
 from .errors import InvalidRequest, SupervisorError
 from .lease import LeaseManager, Target
@@ -41,6 +43,7 @@ from .preflight import check_model_file
 from .presets import ENV_PRESET_ID, PresetStore, public, test_connection
 from .routing import SIDE_KINDS, EngineView, cache_ram_advice, erase_decision
 from .settings import Settings
+from .slot_persist import SAVE_TIMEOUT_S, PersistConfig, SlotPersister
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +64,22 @@ def env_preset(settings: Settings) -> Preset:
             "SIDE_SLOT": settings.side_slot,
             "CACHE_RAM": settings.cache_ram,
             "CACHE_ISOLATE": settings.cache_isolate,
+            "SLOT_PERSIST": settings.slot_persist,
+            "SLOT_PERSIST_MAX_MB": settings.slot_persist_max_mb,
         },
+        draft_model=settings.draft_model,
+        draft_max=settings.draft_max,
+        draft_min=settings.draft_min,
+        draft_ngl=settings.draft_ngl,
     )
 
 
-def collect_facts(model: Path | None, binary: Path | None) -> Facts:
-    """Read every fact the launch rules need (blocking: GGUF header, NVML, ``--help``)."""
+def collect_facts(model: Path | None, binary: Path | None, draft: Path | None = None) -> Facts:
+    """Read every fact the launch rules need (blocking: GGUF headers, NVML, ``--help``);
+    with a draft model, its GGUF facts and how its vocabulary differs from the model's."""
     return Facts(
+        draft_gguf=facts_mod.try_read_gguf(draft) if draft else None,
+        draft_vocab=facts_mod.try_vocab_difference(model, draft) if draft and model else None,
         gguf=facts_mod.try_read_gguf(model),
         gpu=facts_mod.read_gpus(),
         host=facts_mod.read_host_memory(),
@@ -100,6 +112,7 @@ class Supervisor:
             self._on_state, settings.engine_start_timeout, settings.engine_backoff_max
         )
         self.leases = LeaseManager(self.target, ttl=settings.lease_ttl)
+        self.persist = SlotPersister(self.leases)
         self.store = PresetStore(redis, sealer, env_preset(settings))
         self.preset: Preset = env_preset(settings)
         self.plan: LaunchPlan | None = None
@@ -121,17 +134,87 @@ class Supervisor:
         await self.apply(self.preset)
 
     async def close(self) -> None:
-        """Stop the engine (SIGTERM) and fail waiting lease requests."""
+        """Save slot 0 when SLOT_PERSIST asks it (a planned stop), stop the engine (SIGTERM)
+        and fail waiting lease requests."""
         if self._apply_task:
             self._apply_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._apply_task
+        await self._save_before_stop()
         await self.leases.close()
         await self.runner.close()
+        await self.persist.close()
+
+    async def _save_before_stop(self) -> None:
+        """SLOT_PERSIST: save slot 0 before a planned stop of a ready engine (bounded)."""
+        if not self.persist.enabled or self.runner.state != "ready" or self.runner.external:
+            return
+        try:
+            why = await asyncio.wait_for(self.persist.save("stop"), SAVE_TIMEOUT_S + 5)
+        except TimeoutError:
+            why = "save timed out"
+        if why is not None:
+            log.info("slot 0 not saved before the stop: %s", why)
 
     async def _on_state(self, event: EngineState) -> None:
-        await self.publish_state(event)
+        restore = (
+            event.state == "ready"
+            and self.persist.enabled
+            and not self.runner.external
+            and not self.settings.engine_url
+        )
+        if restore:
+            self.leases.pause()  # before anything can be granted: the restore comes first
+        try:
+            if event.state == "ready":
+                self.persist.engine_ready(
+                    self.runner.base_url, self.runner.api_key, self._slot0_n_ctx()
+                )
+            else:
+                self.persist.engine_ready("", None, 0)
+            await self.publish_state(event)
+            if restore:
+                try:
+                    why = await asyncio.wait_for(self.persist.restore(), SAVE_TIMEOUT_S + 5)
+                except TimeoutError:
+                    why = "restore timed out"
+                if why is not None:
+                    log.info("slot 0 not restored: %s", why)
+        finally:
+            if restore:
+                self.leases.resume()
         self.leases.pump()
+
+    def _slot0_n_ctx(self) -> int:
+        slots = self.runner.props.slot_n_ctx
+        return slots[0] if slots else 0
+
+    def persist_config(
+        self, preset: Preset, plan: LaunchPlan, cfg: LocalConfig
+    ) -> PersistConfig | None:
+        """SLOT_PERSIST for a launch: None when the key is off, or (with a note in the
+        plan's notes) when the engine has no slot directory or the conversation's slot is not
+        slot 0 (several slots without SIDE_SLOT)."""
+        if not truthy(preset.features.get("SLOT_PERSIST")):
+            return None
+        if plan.slot_save_path is None:
+            plan.notes.append("SLOT_PERSIST off: the engine has no --slot-save-path")
+            return None
+        if plan.slots != 1 and not plan.side_slot:
+            plan.notes.append(
+                f"SLOT_PERSIST off: {plan.slots} slots without SIDE_SLOT (the conversation's "
+                "slot is not known)"
+            )
+            return None
+        raw = (preset.features.get("SLOT_PERSIST_MAX_MB") or "").strip()
+        max_mb = int(raw) if raw.isdigit() else slot_files.DEFAULT_MAX_MB
+        try:
+            model = slot_files.model_key(cfg.model)
+        except OSError as exc:
+            plan.notes.append(f"SLOT_PERSIST off: model file unreadable ({exc})")
+            return None
+        plan.notes.append(f"SLOT_PERSIST on: slot 0 kept in {plan.slot_save_path} (≤ {max_mb} MiB)")
+        return PersistConfig(plan.slot_save_path, model, max_mb * 1024 * 1024)
 
     # ------------------------------------------------------------------ the plan
     def local_config(self, preset: Preset) -> LocalConfig:
@@ -152,6 +235,12 @@ class Supervisor:
             else None,
             threads=self.settings.engine_threads,
             slot_dir=Path(self.settings.home).resolve() / "slots",
+            draft=DraftRequest(
+                model=preset.draft_model,
+                max=preset.draft_max,
+                min=preset.draft_min,
+                ngl=preset.draft_ngl,
+            ),
         )
 
     async def make_plan(self, preset: Preset) -> tuple[LocalConfig, LaunchPlan]:
@@ -165,7 +254,8 @@ class Supervisor:
         cfg = self.local_config(preset)
         await asyncio.to_thread(check_model_file, cfg.model, self.model_source(preset))
         binary = servers.find_llama_server()
-        facts = await asyncio.to_thread(collect_facts, cfg.model, binary)
+        draft = Path(cfg.draft.model) if cfg.draft.model else None
+        facts = await asyncio.to_thread(collect_facts, cfg.model, binary, draft)
         try:
             return cfg, plan_launch(cfg, facts)
         except ValueError as exc:
@@ -178,6 +268,8 @@ class Supervisor:
         llama-server is (re)launched from the preset's plan. A preset that cannot be planned
         leaves the engine ``failed`` with the reason."""
         async with self._apply_lock:
+            await self._save_before_stop()
+            self.persist.configure(None)
             self.preset = preset
             self.plan = None
             self.plan_error = None
@@ -203,6 +295,8 @@ class Supervisor:
                 self.plan_error = str(exc)
                 await self.runner._set("failed", f"cannot launch: {exc}")
                 return
+            persist = self.persist_config(preset, plan, cfg)
+            self.persist.configure(persist)
             self.plan = plan
             self.runner.build_hint = facts_mod.package_build(binary)
             for note in plan.notes:
@@ -220,6 +314,7 @@ class Supervisor:
                     auto_port=self.settings.engine_port is None,
                     model=cfg.model,
                     model_source=self.model_source(preset),
+                    keep_slot_file=slot_files.is_slot_file if persist else None,
                 ),
                 plan.notes,
             )
@@ -305,6 +400,9 @@ class Supervisor:
             in_flight=self.leases.in_flight,
             cache_ram_mib=plan.cache_ram.effective_mib if plan else None,
             restarts=self.runner.restarts,
+            slot_persist=dict(self.persist.last) if self.persist.enabled else None,
+            draft_model=self.preset.draft_model if plan and plan.draft.on else None,
+            draft_refusal=plan.draft.refusal if plan else None,
         )
 
     # ------------------------------------------------------------------ leases
@@ -329,6 +427,10 @@ class Supervisor:
             lease = held.lease
             if lease.kind in SIDE_KINDS and lease.shares_main_slot:
                 self._side_counter += 1
+            if lease.kind == "main" and lease.id_slot in (None, 0):
+                self.persist.turn_done(held.conversation, req.prompt_fingerprint)
+            elif lease.shares_main_slot:
+                self.persist.slot_used()
             if lease.kind == "main" and held.conversation:
                 reply.advice = self._advice(held.conversation, req)
             if req.job_done:
@@ -483,6 +585,11 @@ class Supervisor:
             "cache_ram": plan.cache_ram.as_dict(),
             "argv": plan.masked_args(),
             "placement": plan.placement,
+            "draft": {
+                "on": plan.draft.on,
+                "refusal": plan.draft.refusal,
+                "mib": -(-plan.draft.bytes // 1048576) if plan.draft.bytes else None,
+            },
         }
 
     async def _test(self, req: PresetsRequest) -> dict[str, Any]:

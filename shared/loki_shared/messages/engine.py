@@ -49,6 +49,11 @@ class EngineInfo(Reply):
     lines, and ``retry_in_s`` says when the supervisor launches again (a crash after a
     healthy start, restarted with backoff) or is None: the failure would happen again, so
     nothing is retried until a preset is applied (saved or switched to).
+
+    ``slot_persist``: with SLOT_PERSIST on, the last save or restore of slot 0 (``action``,
+    ``file``, ``n_saved``/``n_restored`` tokens, ``ms``, or ``error``); None when off.
+    ``draft_model``: the draft model passed to the engine (speculative decoding);
+    ``draft_refusal``: why a preset's draft model was not passed.
     """
 
     state: EngineStateName = "stopped"
@@ -78,6 +83,9 @@ class EngineInfo(Reply):
     restarts: int = 0
     stderr_tail: list[str] = Field(default_factory=list)
     retry_in_s: float | None = None
+    slot_persist: dict[str, Any] | None = None
+    draft_model: str | None = None
+    draft_refusal: str | None = None
 
 
 class EngineState(Msg):
@@ -149,12 +157,16 @@ class ReleaseRequest(Msg):
     the supervisor erases slot 0 when CACHE_ISOLATE allows it (synchronously, at most 2 s,
     before replying). ``prompt_tokens`` / ``cached_tokens``: ``usage.prompt_tokens`` and
     ``usage.prompt_tokens_details.cached_tokens`` of a ``main`` completion, when known.
+    ``prompt_fingerprint``: the last cumulative fingerprint of the messages a ``main``
+    request sent (:mod:`loki_shared.fingerprint`); with SLOT_PERSIST it keys the file slot 0
+    is saved to.
     """
 
     lease_id: str
     job_done: bool = False
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    prompt_fingerprint: str | None = None
 
 
 class ReleaseReply(Reply):
@@ -174,7 +186,11 @@ class Preset(Msg):
     Local preset: ``model`` (GGUF path; empty: the bundled model), ``ctx`` (CTX, tokens),
     ``ngl`` (``None``/"auto", "all", 999, or a layer count), ``parallel`` (PARALLEL, ``None``:
     unset), ``extra_args`` (llama-server arguments, shell-quoted), ``features`` (feature keys
-    without the ``LOKI_`` prefix: ``SIDE_SLOT``, ``CACHE_RAM``, ``CACHE_ISOLATE``, ...).
+    without the ``LOKI_`` prefix: ``SIDE_SLOT``, ``CACHE_RAM``, ``CACHE_ISOLATE``,
+    ``SLOT_PERSIST``, ``SLOT_PERSIST_MAX_MB``, ...). Speculative decoding with a draft model
+    (llama.cpp ``--spec-draft-model`` and friends): ``draft_model`` (GGUF path; empty: none),
+    ``draft_max`` / ``draft_min`` (tokens drafted at most / at least per step; None: the
+    engine's default), ``draft_ngl`` (the draft's GPU layers, as ``ngl``).
     External preset (``external`` true): ``base_url`` (OpenAI-compatible root, with or
     without ``/v1``), ``api_model``, ``api_key`` (write-only: never returned; an empty or
     missing value on save keeps the stored key), ``vision``. ``api_key_set`` tells whether a
@@ -191,6 +207,10 @@ class Preset(Msg):
     sampling: dict[str, Any] = Field(default_factory=dict)
     system_prompt: str = ""
     features: dict[str, str] = Field(default_factory=dict)
+    draft_model: str = ""
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_ngl: str | None = None
     external: bool = False
     base_url: str = ""
     api_model: str = ""
