@@ -495,7 +495,7 @@ class EngineHelp:
         return sorted({self.env[s] for s in spellings if s in self.env})
 
 
-_OPT_LINE = re.compile(r"^(-[^\s].*?)(?:(?<!,)\s{2,}|\t|$)")
+_OPT_LINE = re.compile(r"^(-[^\s].*?)(?:(?<![,\s])\s{2,}|\t|$)")
 _OPT = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 _ENV = re.compile(r"\(env:\s*(LLAMA_ARG_[A-Z0-9_]+)\)")
 
