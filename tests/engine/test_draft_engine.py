@@ -85,3 +85,61 @@ async def test_the_bundled_model_drafts_for_itself(engine_env, supervisor_factor
     # the model drafting for itself at temperature 0: drafts are made and accepted
     assert timings.get("draft_n", 0) > 0, timings
     assert 0 < timings.get("draft_n_accepted", 0) <= timings["draft_n"], timings
+
+
+def metric_sum(text: str, name: str) -> float:
+    """Sum of every sample of ``name`` in a Prometheus text exposition."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_drafts_flow_to_perf_records_summary_and_prometheus(tmp_path: Path):
+    """The whole stack with the bundled model as its own draft: a turn's perf record carries
+    ``draft_n``/``draft_n_accepted``, ``/api/perf/summary`` ``detail.draft`` sums them, and the
+    perf service's Prometheus counters (the dashboard's draft-acceptance panel reads them)
+    count them."""
+    import time
+
+    from loki_cli.stack import Stack, StackConfig
+    from tests.e2e.conftest import StackClient
+
+    metrics_port = servers.free_port()
+    env = {
+        "LOKI_CTX": "2048",
+        "LOKI_DRAFT_MODEL": str(servers.find_bundled_model()),
+        **DRAFT_ENV,
+        "LOKI_PERF_METRICS_PORT": str(metrics_port),
+        "LOKI_MAX_TOKENS": "64",
+    }
+    stack = Stack(StackConfig(home=tmp_path, web_port=servers.free_port(), env=env, echo=False))
+    stack.start()
+    try:
+        info = stack.wait_engine_ready(timeout=240)
+        assert info["draft_model"] == env["LOKI_DRAFT_MODEL"], info
+        client = StackClient(f"http://127.0.0.1:{stack.config.web_port}")
+        conv = client.send("Count from 1 to 30, separated by commas.")
+        client.events(conv)
+        client.wait_idle(conv)
+        deadline = time.monotonic() + 30
+        draft: dict = {}
+        while time.monotonic() < deadline:
+            draft = client.http.get("/api/perf/summary").json()["detail"]["draft"]
+            if draft["draft_n"]:
+                break
+            time.sleep(0.5)
+        assert draft["draft_n"] > 0, draft
+        assert 0 < draft["draft_n_accepted"] <= draft["draft_n"], draft
+        assert 0 < draft["acceptance"] <= 1, draft
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert metric_sum(text, "lokiassist_draft_tokens_total") >= draft["draft_n"]
+        assert (
+            metric_sum(text, "lokiassist_draft_tokens_accepted_total")
+            >= (draft["draft_n_accepted"])
+        )
+    finally:
+        stack.stop()
