@@ -73,9 +73,14 @@ async def turn(nc, base_url: str, messages: list[dict]) -> dict:
     return body
 
 
-def cached_share(body: dict) -> float:
+def cached_share(body: dict, what: str = "") -> float:
+    """``cache_n / (cache_n + prompt_n)`` of a completion (printed with ``what``: the
+    figures ``-s`` shows)."""
     t = body["timings"]
-    return t["cache_n"] / (t["cache_n"] + t["prompt_n"])
+    share = t["cache_n"] / (t["cache_n"] + t["prompt_n"])
+    if what:
+        print(f"slot-persist {what}: cache_n {t['cache_n']} prompt_n {t['prompt_n']} {share:.3f}")
+    return share
 
 
 def followed(messages: list[dict], body: dict, text: str) -> list[dict]:
@@ -104,6 +109,7 @@ async def test_slot_survives_a_crash_and_a_planned_stop(engine_env, supervisor_f
     # saved once the engine stayed idle after the turn
     info = await wait_info(nc, saved("idle"), timeout=60, sup=sup)
     assert info.slot_persist["n_saved"] >= prompt_n
+    print(f"slot-persist idle save: {info.slot_persist}")
     (name,) = [p.name for p in slots.iterdir()]
     key = slot_files.parse(name)
     assert key is not None and key.n_ctx == 4096
@@ -124,14 +130,15 @@ async def test_slot_survives_a_crash_and_a_planned_stop(engine_env, supervisor_f
         sup=sup,
     )
     assert info.slot_persist.get("n_restored", 0) >= prompt_n, info.slot_persist
+    print(f"slot-persist restore after a crash: {info.slot_persist}")
     messages = followed(messages, first, "Which parcel left depot 3 first?")
     second = await turn(nc, info.base_url, messages)
-    assert cached_share(second) >= 0.95, second["timings"]
+    assert cached_share(second, "after a crash") >= 0.95, second["timings"]
 
     # 2. a planned stop right after the turn (before the idle save): saved before it stops
     messages = followed(messages, second, "And the last one?")
     third = await turn(nc, info.base_url, messages)
-    assert cached_share(third) >= 0.95, third["timings"]
+    assert cached_share(third, "same engine") >= 0.95, third["timings"]
     assert sup.stop() == 0
     assert "slot 0 saved (stop)" in sup.log() or "slot 0 saved (idle)" in sup.log()
     files = [slot_files.parse(p.name) for p in slots.iterdir()]
@@ -143,7 +150,7 @@ async def test_slot_survives_a_crash_and_a_planned_stop(engine_env, supervisor_f
     assert info.slot_persist.get("action") == "restore" and "error" not in info.slot_persist
     messages = followed(messages, third, "Thanks.")
     fourth = await turn(nc, info.base_url, messages)
-    assert cached_share(fourth) >= 0.95, fourth["timings"]
+    assert cached_share(fourth, "after a planned stop") >= 0.95, fourth["timings"]
     assert sup.stop() == 0
 
     # 3. the key off: nothing restored, the directory emptied at launch (today's behaviour)
@@ -152,7 +159,7 @@ async def test_slot_survives_a_crash_and_a_planned_stop(engine_env, supervisor_f
     assert info.slot_persist is None and list(slots.iterdir()) == []
     messages = followed(messages, fourth, "Bye.")
     fifth = await turn(nc, info.base_url, messages)
-    assert cached_share(fifth) < 0.05, fifth["timings"]
+    assert cached_share(fifth, "key off, after a stop") < 0.05, fifth["timings"]
 
 
 async def test_stale_files_go_at_launch(engine_env, supervisor_factory, nc):
