@@ -20,12 +20,14 @@ class Settings(LokiSettings):
     - ``LOKI_EXTRA_ARGS``: more llama-server arguments (shell-quoted), appended last.
     - ``LOKI_SIDE_SLOT`` (``on``/``off``, default off), ``LOKI_CACHE_RAM`` (MiB: empty/auto,
       a number, -1, 0), ``LOKI_CACHE_ISOLATE`` (default on).
-    - ``LOKI_SLOT_PERSIST`` (``on``/``off``, default off): slot 0 saved when the engine is
-      idle after a turn and before a planned stop, restored after a restart;
-      ``LOKI_SLOT_PERSIST_MAX_MB`` (default 2048): all kept slot files together.
-    - ``LOKI_DRAFT_MODEL`` (GGUF path of a draft model for speculative decoding, default
-      none), ``LOKI_DRAFT_MAX`` / ``LOKI_DRAFT_MIN`` (tokens drafted at most / at least),
-      ``LOKI_DRAFT_NGL`` (the draft's GPU layers, as ``LOKI_NGL``).
+    - ``LOKI_SLOT_PERSIST``: ``on``/``off`` (default off): slot 0 saved when the engine is
+      idle after a turn and before a planned stop, restored after a restart.
+    - ``LOKI_SLOT_PERSIST_MAX_MB``: all kept slot files together, MiB (empty: 2048).
+    - ``LOKI_DRAFT_MODEL``: GGUF path of a draft model for speculative decoding (empty: none).
+    - ``LOKI_DRAFT_MAX``: tokens drafted at most per step (unset: the engine's default).
+    - ``LOKI_DRAFT_MIN``: tokens drafted at least per step (unset: the engine's default).
+    - ``LOKI_DRAFT_NGL``: the draft model's GPU layers: a number, ``auto`` or ``all``
+      (unset: the engine's default).
     - ``LOKI_ENGINE_URL``: use the llama-server already running there (nothing launched).
     - ``LOKI_ENGINE_HOST`` (default 127.0.0.1), ``LOKI_ENGINE_PORT`` (default: a free port),
       ``LOKI_ENGINE_API_KEY`` (``--api-key`` of the local engine; the key sent to it).
