@@ -46,7 +46,9 @@ async def turn(nc, base_url: str, messages: list[dict]) -> dict:
     lease = await request(
         nc,
         subjects.ENGINE_LEASE,
-        LeaseRequest(kind="main", conversation=CONVERSATION, wait_s=60),
+        # a whole prompt recomputed on a loaded 2-core machine outlasts the default TTL,
+        # and this helper does not renew
+        LeaseRequest(kind="main", conversation=CONVERSATION, wait_s=60, ttl_s=600),
         Lease,
         timeout=65,
     )
