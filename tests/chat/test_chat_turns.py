@@ -21,6 +21,7 @@ from fakes.fake_engine import (
 from loki_chat.context import NoCompaction
 from loki_chat.turn import NO_TOOL_INSTRUCTION
 from loki_shared import subjects
+from loki_shared.fingerprint import fingerprints
 from loki_shared.messages.recall import ToolReply, ToolRequest
 
 
@@ -55,6 +56,15 @@ async def test_prefix_byte_identical_across_turns_and_restarts(
     cid2, _ = await client.turn("Hi")
     assert fake_engine.requests[4].body == r1
     assert b"\n" not in r1 and b'", "' not in r1  # canonical: no insignificant white space
+
+
+async def test_main_release_carries_the_prompt_fingerprint(chat, supervisor, client, fake_engine):
+    """The release of a turn's lease reports the last fingerprint of the messages it sent
+    (SLOT_PERSIST keys slot 0's file by it)."""
+    fake_engine.push(text_reply("Hello"))
+    await client.turn("Hi")
+    sent = fake_engine.requests[0].json["messages"]
+    assert [r.prompt_fingerprint for r in supervisor.release_requests] == [fingerprints(sent)[-1]]
 
 
 async def test_parallel_tool_calls_split_fragments_in_index_order(chat, client, fake_engine):

@@ -58,6 +58,7 @@ class FakeSupervisor:
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
+    release_requests: list[ReleaseRequest] = field(default_factory=list)
     granted: int = 0
     release_count: int = 0
     renew_count: int = 0
@@ -101,6 +102,7 @@ class FakeSupervisor:
 
     def release(self, req: ReleaseRequest) -> ReleaseReply:
         self.released.append(req.lease_id)
+        self.release_requests.append(req)
         ok = self.live.pop(req.lease_id, None) is not None
         self.release_count += ok
         return ReleaseReply(ok=ok)
