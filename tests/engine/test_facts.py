@@ -114,5 +114,16 @@ def test_real_engine_help_lists_what_the_rules_need():
     assert help_.env_of("-c") == ["LLAMA_ARG_CTX_SIZE"]
     assert help_.env_of("-np") == ["LLAMA_ARG_N_PARALLEL"]
     assert "LLAMA_ARG_KV_UNIFIED" in help_.env_of("--no-kv-unified")
+    # both spellings of a "-c,    --ctx-size" line (short option padded with spaces)
+    assert help_.has("--ctx-size") and help_.has("--parallel")
+    # the draft options under the pinned build's names; the old ones are listed as removed
+    from loki_supervisor.draft import MAX_FLAGS, MIN_FLAGS, MODEL_FLAGS, NGL_FLAGS, spelling
+
+    assert spelling(help_, MODEL_FLAGS) == "--spec-draft-model"
+    assert spelling(help_, MAX_FLAGS) == "--spec-draft-n-max"
+    assert spelling(help_, MIN_FLAGS) == "--spec-draft-n-min"
+    assert spelling(help_, NGL_FLAGS) == "--spec-draft-ngl"
+    assert {"--draft-max", "--draft-min"} <= help_.removed
+    assert "draft-simple" in help_.option_text("--spec-type")
     devices = facts.read_engine_devices(servers.find_llama_server())
     assert devices is not None
