@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import EngineLease, LeaseError, LeaseStopped
 from loki_shared.messages.chat import ChatEvent, ChatMessage, LokiMeta, ToolCall, ToolCallFunction
 from loki_shared.messages.engine import Lease
