@@ -274,7 +274,7 @@ class TurnRunner:
                 held.report(
                     usage.get("prompt_tokens"),
                     usage.get("cached_tokens"),
-                    prompt_fingerprint=(fingerprints(wire) or [None])[-1],
+                    prompt_fingerprint=next(reversed(fingerprints(wire)), None),
                 )
         except LeaseStopped:
             self.outcome.stopped = True
