@@ -142,6 +142,7 @@ EXCHANGES: dict[str, Exchange] = _table(
     Exchange(RECALL_TOOL, recall.ToolRequest, recall.ToolReply),
     Exchange(RECALL_BLOCK, recall.BlockRequest, recall.BlockReply),
     Exchange(RECALL_BLOCKS, recall.BlocksRequest, recall.BlocksReply),
+    Exchange(RECALL_PURGE, recall.PurgeRequest, recall.PurgeReply),
     Exchange(MEMORY_KEY, memory.MemoryKeyEvent, None),
     Exchange(MEMORY_STATUS, memory.MemoryStatusRequest, memory.MemoryStatusReply),
     Exchange(ENGINE_INFO, engine.EngineInfoRequest, engine.EngineInfo),
