@@ -25,10 +25,11 @@ from typing import Any
 import httpx
 
 from loki_shared import servers
-from loki_shared.messages.engine import EngineState, EngineStateName
+from loki_shared.messages.engine import EngineState, EngineStateName, TemplateProbe
 
 from .errors import EngineStartError
 from .preflight import check_model_file
+from .probe import ProbeCache
 from .routing import build_number
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class Props:
     slot_n_ctx: list[int] = field(default_factory=list)
     build_info: str | None = None
     chat_template: str | None = None
+    chat_template_caps: dict[str, Any] | None = None
     model: str = ""
     model_path: str | None = None
 
@@ -68,7 +70,7 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | None) -> Props:
     """Read ``/props`` (``total_slots``, ``default_generation_settings.n_ctx``,
-    ``build_info``, ``chat_template``, ``model_path``), then ``/slots`` for the per-slot
+    ``build_info``, ``chat_template``, ``chat_template_caps``, ``model_path``), then ``/slots`` for the per-slot
     ``n_ctx`` when the engine exposes it, and ``/v1/models`` for the model id.
 
     Raises:
@@ -102,6 +104,7 @@ async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | No
         slot_n_ctx=slot_ctx,
         build_info=props.get("build_info"),
         chat_template=props.get("chat_template"),
+        chat_template_caps=caps if isinstance(caps := props.get("chat_template_caps"), dict) else None,
         model=model,
         model_path=str(model_path) if model_path else None,
     )
@@ -223,15 +226,24 @@ class EngineRunner:
     (the same one after a fix, or another) launches again. A crash after a healthy start is
     restarted with backoff (``retry_in_s`` says when).
 
+    Before a launched or followed engine is said ``ready``, its chat template is probed
+    (:mod:`loki_supervisor.probe`, cached by template hash): ``template`` holds the verdicts
+    (None for an external API, or until the first probe).
+
     Args:
         on_state: awaited on every state change.
         start_timeout: seconds ``/health`` has to answer 200 after a spawn.
         backoff_max: longest wait between restarts (doubling from 1 s, reset after the
             engine stayed ready for 60 s).
+        probes: the template probe cache (shared across launches; a new one by default).
     """
 
     def __init__(
-        self, on_state: StateCallback, start_timeout: float = 300.0, backoff_max: float = 30.0
+        self,
+        on_state: StateCallback,
+        start_timeout: float = 300.0,
+        backoff_max: float = 30.0,
+        probes: ProbeCache | None = None,
     ) -> None:
         self.on_state = on_state
         self.start_timeout = start_timeout
@@ -248,6 +260,8 @@ class EngineRunner:
         self.build_hint: int | None = None
         self.process: EngineProcess | None = None
         self.notes: list[str] = []
+        self.probes = probes or ProbeCache()
+        self.template: TemplateProbe | None = None
         self._task: asyncio.Task[None] | None = None
         self._client = httpx.AsyncClient(timeout=5.0)
 
@@ -320,6 +334,7 @@ class EngineRunner:
         root = base_url.rstrip("/")
         self.base_url = root[:-3] if root.endswith("/v1") else root
         self.props = Props(model=model)
+        self.template = None
         await self._set("ready", f"external API {self.base_url}")
 
     async def stop(self) -> None:
@@ -335,6 +350,7 @@ class EngineRunner:
         if self.state != "stopped":
             await self._set("stopped")
         self.props = Props()
+        self.template = None
 
     async def close(self) -> None:
         await self.stop()
@@ -448,6 +464,19 @@ class EngineRunner:
             raise EngineStartError(
                 f"/props unreadable: {exc}", list(self.process.tail)[-15:]
             ) from exc
+        await self.probe()
+
+    async def probe(self) -> None:
+        """Probe the ready engine's chat template (cached by its hash) into ``template``.
+        Never raises: a probe that cannot run leaves verdicts None with its ``error``."""
+        self.template = await self.probes.get(
+            self._client,
+            self.base_url,
+            self.api_key,
+            template=self.props.chat_template,
+            model=self.props.model,
+            caps=self.props.chat_template_caps,
+        )
 
     async def _follow_loop(self) -> None:
         while True:
@@ -463,6 +492,7 @@ class EngineRunner:
             if healthy and self.state != "ready":
                 try:
                     self.props = await read_props(self._client, self.base_url, self.api_key)
+                    await self.probe()
                     await self._set("ready", f"engine at {self.base_url}")
                 except (httpx.HTTPError, ValueError) as exc:
                     await self._set("failed", f"/props unreadable: {exc}")

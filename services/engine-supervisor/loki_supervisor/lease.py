@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from loki_shared.messages.engine import Lease, LeaseRequest
+from loki_shared.messages.engine import Lease, LeaseRequest, TemplateProbe
 
 from .errors import Busy, NotFound, Unavailable
 from .routing import EngineView, route, shares_main_slot
@@ -39,6 +39,7 @@ class Target:
     view: EngineView
     preset_id: str | None = None
     n_ctx: int = 0  # the conversation window granted (0: view.ctx)
+    template: TemplateProbe | None = None  # the chat template probe's verdicts
 
 
 @dataclass
@@ -234,6 +235,7 @@ class LeaseManager:
                 ttl_s=ttl,
                 shares_main_slot=shares_main_slot(req.kind, id_slot, target.view),
                 preset_id=target.preset_id,
+                template=target.template,
             )
             self.held[lease.lease_id] = Held(
                 lease=lease,

@@ -367,6 +367,7 @@ class Supervisor:
             view=self.view(),
             preset_id=self.preset.id,
             n_ctx=self.n_ctx(),
+            template=self.runner.template,
         )
 
     def info(self) -> EngineInfo:
@@ -403,6 +404,7 @@ class Supervisor:
             slot_persist=dict(self.persist.last) if self.persist.enabled else None,
             draft_model=self.preset.draft_model if plan and plan.draft.on else None,
             draft_refusal=plan.draft.refusal if plan else None,
+            template=self.runner.template,
         )
 
     # ------------------------------------------------------------------ leases

@@ -27,6 +27,40 @@ from .base import Msg, Reply, RequestKind
 EngineStateName = Literal["starting", "ready", "failed", "stopped"]
 
 
+class TemplateProbe(Msg):
+    """What the engine's chat template really does, found by rendering small probe
+    conversations through llama-server's ``POST /apply-template`` (no generation) when the
+    engine became ready; cached by ``template_hash`` (sha256 of ``/props`` ``chat_template``).
+
+    Each verdict is True, False, or None (not decided: the rendering failed, or the check
+    does not apply; ``notes`` says why):
+
+    - ``supports_tools``: a probe tool's name and description appear in the rendering when
+      ``tools`` is sent. ``caps_supports_tools`` is what ``/props``
+      ``chat_template_caps.supports_tools`` claims (None: not reported); the rendering wins.
+    - ``renders_reasoning``: an earlier assistant message's ``reasoning_content`` appears in
+      the rendering of a later request (what REASONING_ECHO needs to be worth anything).
+    - ``stable_prefix``: the rendering of a conversation starts, byte for byte, with the
+      rendering of every shorter one: [system, user] then + assistant, then + user, and
+      (when tools are rendered) + a tool result after an assistant's tool call. A template
+      that re-renders the last turn or moves the system prompt fails it.
+    - ``strict_alternation``: the template refuses (raises on) two user messages in a row.
+
+    ``notes``: one sentence per verdict that matters to a person ("this model's template
+    ignores tools: recall is off for it"). ``error``: why the probe could not run at all.
+    """
+
+    template_hash: str = ""
+    model: str = ""
+    supports_tools: bool | None = None
+    caps_supports_tools: bool | None = None
+    renders_reasoning: bool | None = None
+    stable_prefix: bool | None = None
+    strict_alternation: bool | None = None
+    notes: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
 class EngineInfoRequest(Msg):
     """``loki.engine.info``."""
 
@@ -54,6 +88,8 @@ class EngineInfo(Reply):
     ``file``, ``n_saved``/``n_restored`` tokens, ``ms``, or ``error``); None when off.
     ``draft_model``: the draft model passed to the engine (speculative decoding);
     ``draft_refusal``: why a preset's draft model was not passed.
+    ``template``: the chat template probe's verdicts (:class:`TemplateProbe`) once the local
+    engine is ready; None for an external API or before the first probe.
     """
 
     state: EngineStateName = "stopped"
@@ -86,6 +122,7 @@ class EngineInfo(Reply):
     slot_persist: dict[str, Any] | None = None
     draft_model: str | None = None
     draft_refusal: str | None = None
+    template: TemplateProbe | None = None
 
 
 class EngineState(Msg):
@@ -128,7 +165,9 @@ class Lease(Reply):
     or renewed by then. ``shares_main_slot``: the request runs in the slot that holds the
     conversation's prompt (one slot), so it may evict it; False for a slot-1 request with
     SIDE_SLOT (the "slot holds the prompt" state stays true) and for an external preset.
-    ``api_key``: the key of THIS endpoint (the local engine's, or the external preset's)."""
+    ``api_key``: the key of THIS endpoint (the local engine's, or the external preset's).
+    ``template``: the probe's verdicts on the engine's chat template (None: not probed, as
+    for an external API: the caller then assumes what it always did)."""
 
     lease_id: str = ""
     kind: str = ""
@@ -141,6 +180,7 @@ class Lease(Reply):
     ttl_s: float = 0.0
     shares_main_slot: bool = False
     preset_id: str | None = None
+    template: TemplateProbe | None = None
 
 
 class RenewRequest(Msg):

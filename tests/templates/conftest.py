@@ -1,0 +1,17 @@
+"""Fixtures of the template tests: the chat tests' fake engine, fake supervisor, in-process
+chat service and NATS client (re-exported from ``tests/chat/conftest.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the ``fakes`` package
+
+from tests.chat.conftest import (  # noqa: F401 - fixtures
+    chat_runner,
+    client,
+    fake_engine,
+    nc,
+    supervisor,
+)
