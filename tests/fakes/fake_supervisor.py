@@ -19,6 +19,7 @@ from loki_shared.messages.engine import (
     LeaseRequest,
     ReleaseReply,
     ReleaseRequest,
+    TemplateProbe,
     RenewRequest,
 )
 
@@ -55,6 +56,7 @@ class FakeSupervisor:
     refuse: str | None = None
     refuse_message: str = "engine stopped"
     info_stopped_without_url: bool = False
+    template: TemplateProbe | None = None  # the template probe's verdicts, sent with leases
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -92,6 +94,7 @@ class FakeSupervisor:
             ttl_s=self.ttl_s,
             external=self.external,
             api_key=self.api_key,
+            template=self.template,
         )
 
     def renew(self, req: RenewRequest) -> Lease:

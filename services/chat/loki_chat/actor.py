@@ -84,6 +84,9 @@ class Actor:
         self._emit_lock = asyncio.Lock()
         self._persist_lock = asyncio.Lock()
         self.reserved = 0  # seqs up to this one are reserved in Redis
+        #: the tools the last step could not offer and why (the model's template drops
+        #: them; ``/api/chat/state``), None when they were offered
+        self.tools_unavailable: dict[str, Any] | None = None
 
     @property
     def busy(self) -> bool:
@@ -134,6 +137,10 @@ class Actor:
 
     def publish_perf(self, record: PerfRecord) -> None:
         self.shared.bus.publish_perf(record)
+
+    def tools_withheld(self, unavailable: dict[str, Any] | None) -> None:
+        """Record what the last step could not offer (None: the tools were offered)."""
+        self.tools_unavailable = unavailable
 
     async def total_slots(self) -> int | None:
         """The engine's slot count (``loki.engine.info``), None when unknown."""

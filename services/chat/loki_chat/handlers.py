@@ -220,6 +220,7 @@ class ChatHandlers:
             generating=bool(actor and actor.busy),
             queued=len(conv.pending),  # the running turn's message already left the queue
             last_seq=conv.seq,
+            tools_unavailable=actor.tools_unavailable if actor else None,
         )
 
     async def replay(self, req: ReplayRequest, forwarded: bool = False) -> ReplayReply:

@@ -44,6 +44,9 @@ class Settings(LokiSettings):
       (off by default; see docs/behaviour.md (compaction)).
     - ``LOKI_COMPACT_THRESHOLD`` — share of the window past which the context is compacted
       (0.75).
+    - ``LOKI_NUDGE_IN_TOOL`` — the budget reminder goes at the end of the last tool result
+      instead of a separate user message, on a local engine whose template probe says
+      ``stable_prefix`` (off by default; see docs/behaviour.md (chat)).
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -65,3 +68,4 @@ class Settings(LokiSettings):
     instance_id: str | None = None
     compact_continuation: bool = False
     compact_threshold: float = Field(default=0.75, gt=0.1, le=0.95)
+    nudge_in_tool: bool = False

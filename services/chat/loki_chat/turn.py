@@ -17,6 +17,16 @@ Rules implemented here (tests named in docs/behaviour.md (chat)):
   ``loki.injected`` (never a text prefix). Behind another user message a reminder is sent
   once at the end of that message and not stored (no two consecutive user messages). One
   left unanswered by a stop or an error is removed before the conversation is persisted.
+- NUDGE_IN_TOOL (seeds; ``LOKI_NUDGE_IN_TOOL``, off by default): the budget reminder is
+  appended to the last tool result (that message, persisted as sent) instead of a separate
+  user message, only on a local engine whose template probe says ``stable_prefix`` and when
+  the last message is a tool result with text; otherwise the separate message. Off, the
+  requests are byte-identical to before (frozen copy in tests/templates).
+- The chat template probe's verdicts come with every lease (``Lease.template``): a template
+  that drops tools (``supports_tools`` false) gets no ``tools`` at all, and the user is told
+  once per turn (event ``tools_unavailable``, and ``/api/chat/state``); REASONING_ECHO sends
+  nothing back to a template that does not render ``reasoning_content``. No verdict (an
+  external API, an engine not probed): as before.
 - Text the model wrote before a tool call is stored once (in the message that carries the
   calls). Calls written as text (``<tool_call>…</tool_call>``) are executed like native ones.
   Calls run in index order; invalid JSON arguments are not executed (see :mod:`.tools`).
@@ -47,7 +57,7 @@ from typing import Any, Protocol
 from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import EngineLease, LeaseError, LeaseStopped
 from loki_shared.messages.chat import ChatEvent, ChatMessage, LokiMeta, ToolCall, ToolCallFunction
-from loki_shared.messages.engine import Lease
+from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import build_record
 
@@ -98,6 +108,7 @@ class TurnHost(Protocol):
     def lease(self) -> EngineLease: ...
     def publish_perf(self, record: PerfRecord) -> None: ...
     async def total_slots(self) -> int | None: ...
+    def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
 
 
 @dataclass
@@ -148,6 +159,9 @@ class TurnRunner:
     pending_calls: list[ToolCall] = field(default_factory=list)
     pending_raw: dict[str, str] = field(default_factory=dict)
     estimate_at_send: int = 0
+    template: TemplateProbe | None = None
+    withheld_told: bool = False
+    nudged: tuple[ChatMessage, Any] | None = None
 
     @property
     def conv(self) -> Conversation:
@@ -217,11 +231,8 @@ class TurnRunner:
                     self.conv.meter.n_ctx = lease.n_ctx
                 self.model = lease.model
                 self.external = lease.external
-                echo_model = (
-                    lease.model
-                    if self.settings.reasoning_echo and not lease.external and self.plan.echo
-                    else None
-                )
+                self.template = lease.template
+                echo_model = lease.model if self.echo_reasoning() and self.plan.echo else None
                 wire = wire_messages(
                     self.settings.system_prompt,
                     self.conv.messages,
@@ -229,6 +240,7 @@ class TurnRunner:
                     suffix=self.plan.suffix,
                 )
                 tools = self.offered_tools()
+                await self.tell_withheld()
                 payload = build_payload(
                     self.settings,
                     lease,
@@ -414,6 +426,10 @@ class TurnRunner:
 
     async def finish(self) -> None:
         conv = self.conv
+        if self.nudged is not None and conv.messages and conv.messages[-1] is self.nudged[0]:
+            # a nudge left unanswered goes like an unanswered reminder: the tool result as it was
+            conv.messages[-1].content = self.nudged[1]
+        self.nudged = None
         # a reminder left unanswered (stop, error, budget) never stays in the history
         while (
             conv.messages
@@ -450,11 +466,60 @@ class TurnRunner:
     # -- helpers --------------------------------------------------------------------------
     def offered_tools(self) -> list[dict[str, Any]] | None:
         """The tool schemas offered to the next step (None: no ``tools`` key): the host's
-        tool box, none in the no-tools fallback. Every rule that takes tools away for a
-        step or a model (``self.model``, the lease's) belongs here."""
+        tool box, none in the no-tools fallback, none to a model whose chat template drops
+        them (the lease's probe says ``supports_tools`` false: sending them would only
+        waste tokens the model never sees). Every rule that takes tools away for a step or
+        a model (``self.model``, the lease's) belongs here."""
         if self.plan.mode == "no_tools":
             return None
+        if self.tools_dropped():
+            return None
         return self.host.toolbox.schemas()
+
+    def tools_dropped(self) -> bool:
+        """The lease's template probe says the template ignores ``tools``."""
+        return self.template is not None and self.template.supports_tools is False
+
+    async def tell_withheld(self) -> None:
+        """Tell the user, once per turn, that the tools are off for this model (display
+        event ``tools_unavailable``; also kept for ``/api/chat/state``)."""
+        if not self.tools_dropped():
+            self.host.tools_withheld(None)
+            return
+        names = [t["function"]["name"] for t in self.host.toolbox.schemas() or []]
+        unavailable = {
+            "tools": names,
+            "model": self.model,
+            "reason": "this model's template ignores tools: recall is off for it",
+        }
+        self.host.tools_withheld(unavailable)
+        if names and not self.withheld_told:
+            self.withheld_told = True
+            await self.host.emit({}, loki={"event": "tools_unavailable", **unavailable})
+
+    def echo_reasoning(self) -> bool:
+        """REASONING_ECHO applies to this step: the key is on, the engine is local, and its
+        template renders ``reasoning_content`` (or was not probed)."""
+        return (
+            self.settings.reasoning_echo
+            and not self.external
+            and not (self.template is not None and self.template.renders_reasoning is False)
+        )
+
+    def nudge_fits(self) -> bool:
+        """NUDGE_IN_TOOL may put the budget reminder in the last tool result: the key is on,
+        the engine is local, its template keeps a stable prefix (probe), and the last message
+        is a tool result with text (any other shape: the separate message)."""
+        last = self.conv.messages[-1] if self.conv.messages else None
+        return bool(
+            self.settings.nudge_in_tool
+            and not self.external
+            and self.template is not None
+            and self.template.stable_prefix is True
+            and last is not None
+            and last.role == "tool"
+            and isinstance(last.content, str)
+        )
 
     async def refused(self, error: StepError) -> State:
         """The engine refused the request before streaming (HTTP error or unreachable)."""
@@ -493,8 +558,18 @@ class TurnRunner:
 
     async def remind(self, kind: str, text: str) -> None:
         """Inject a reminder: persisted as a marked user message, unless the last message is
-        a user message (then sent once at its end, not stored)."""
+        a user message (then sent once at its end, not stored), or, for the budget reminder
+        with NUDGE_IN_TOOL, appended to the last tool result (:meth:`nudge_fits`)."""
         conv = self.conv
+        if kind == "budget" and self.nudge_fits():
+            last = conv.messages[-1]
+            self.nudged = (last, last.content)
+            last.content = f"{last.content}\n\n{text}" if last.content else text
+            await self.host.emit(
+                {}, loki={"event": "reminder", "injected": kind, "stored": True, "in_tool": True}
+            )
+            await self.host.persist()
+            return
         if conv.messages and conv.messages[-1].role == "user":
             self.plan.suffix = text if not self.plan.suffix else f"{self.plan.suffix}\n\n{text}"
             await self.host.emit({}, loki={"event": "reminder", "injected": kind, "stored": False})
@@ -508,7 +583,7 @@ class TurnRunner:
 
     def accept_message(self, message: ChatMessage) -> None:
         acc = self.result.acc if self.result else None
-        echo = self.settings.reasoning_echo and not self.external
+        echo = self.echo_reasoning()
         if acc is not None and echo and acc.reasoning:
             message.reasoning_content = acc.reasoning
             message.reasoning_model = self.model

@@ -70,8 +70,9 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | None) -> Props:
     """Read ``/props`` (``total_slots``, ``default_generation_settings.n_ctx``,
-    ``build_info``, ``chat_template``, ``chat_template_caps``, ``model_path``), then ``/slots`` for the per-slot
-    ``n_ctx`` when the engine exposes it, and ``/v1/models`` for the model id.
+    ``build_info``, ``chat_template``, ``chat_template_caps``, ``model_path``), then
+    ``/slots`` for the per-slot ``n_ctx`` when the engine exposes it, and ``/v1/models``
+    for the model id.
 
     Raises:
         httpx.HTTPError: ``/props`` is unreachable or not 200.
@@ -97,6 +98,7 @@ async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | No
         if rm.status_code == 200:
             model = str(rm.json()["data"][0]["id"])
     model_path = props.get("model_path")
+    caps = props.get("chat_template_caps")
     if not model and model_path:
         model = Path(str(model_path)).name
     return Props(
@@ -104,7 +106,7 @@ async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | No
         slot_n_ctx=slot_ctx,
         build_info=props.get("build_info"),
         chat_template=props.get("chat_template"),
-        chat_template_caps=caps if isinstance(caps := props.get("chat_template_caps"), dict) else None,
+        chat_template_caps=caps if isinstance(caps, dict) else None,
         model=model,
         model_path=str(model_path) if model_path else None,
     )

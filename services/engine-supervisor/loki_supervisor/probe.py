@@ -54,7 +54,11 @@ _CALL = {
     "role": "assistant",
     "content": "",
     "tool_calls": [
-        {"id": "call_probe0", "type": "function", "function": {"name": TOOL_NAME, "arguments": "{}"}}
+        {
+            "id": "call_probe0",
+            "type": "function",
+            "function": {"name": TOOL_NAME, "arguments": "{}"},
+        }
     ],
 }
 _RESULT = {"role": "tool", "tool_call_id": "call_probe0", "content": TOOL_RESULT}

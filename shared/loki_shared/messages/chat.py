@@ -155,7 +155,12 @@ class StateRequest(Msg):
 
 
 class StateReply(Reply):
-    """Model-view messages, context use (tokens) and whether a turn runs."""
+    """Model-view messages, context use (tokens) and whether a turn runs.
+
+    ``tools_unavailable``: the tools the last step could not offer and why, as
+    ``{"tools": [names], "model", "reason"}`` (the model's chat template drops them, per the
+    engine's template probe); None when they were offered or no step ran on this owner.
+    """
 
     conversation: str = ""
     messages: list[ChatMessage] = Field(default_factory=list)
@@ -164,6 +169,7 @@ class StateReply(Reply):
     generating: bool = False
     queued: int = 0
     last_seq: int = 0
+    tools_unavailable: dict[str, Any] | None = None
 
 
 class ReplayRequest(Msg):
