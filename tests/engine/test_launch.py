@@ -70,11 +70,18 @@ async def test_one_slot_launch_lease_and_clean_stop(engine_env, supervisor_facto
     assert argv[argv.index("-c") + 1] == "2048" and argv[argv.index("-np") + 1] == "1"
     assert "--metrics" in argv and "--slot-save-path" in argv
     assert info.chat_template and info.model
+    # the template was probed before "ready": SmolLM2's drops tools (tests/templates)
+    template = info.template
+    assert template is not None and template.error is None
+    assert (template.supports_tools, template.stable_prefix) == (False, True)
+    assert "recall is off" in " ".join(template.notes)
+    assert "chat template" in sup.log()  # the verdicts are logged once
     assert [s["state"] for s in states][:2] == ["starting", "ready"]
 
     granted = await lease(nc, "main", conversation="c1")
     assert granted.id_slot is None and granted.base_url == info.base_url
     assert granted.n_ctx == 2048 and granted.shares_main_slot
+    assert granted.template == template  # the verdicts travel with every lease
     # One slot: a second request waits; with a short wait it is refused as busy.
     busy = await request(
         nc, subjects.ENGINE_LEASE, LeaseRequest(kind="verify", wait_s=0.3), Lease, timeout=5
@@ -227,6 +234,7 @@ async def test_follows_an_engine_already_running(engine_env, supervisor_factory,
     info = await wait_info(nc, lambda i: i.state == "ready", sup=sup)
     assert info.base_url == engine_url and info.total_slots == 1 and info.slot_n_ctx
     assert sup.engine_pids() == []  # nothing launched
+    assert info.template is not None and info.template.supports_tools is False
     granted = await lease(nc, "main")
     assert granted.base_url == engine_url and granted.id_slot is None
     await release(nc, granted.lease_id)
