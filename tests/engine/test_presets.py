@@ -137,6 +137,8 @@ def test_presets_external_key_switch_test_and_cacheram(
     assert LOCAL_KEY not in r.text and "api_key" not in info
     assert "***" in info["argv"]
     local_url = info["base_url"]
+    # the template probe ran with the engine's key and its verdicts reach GET /api/engine
+    assert info["template"]["supports_tools"] is False and info["template"]["error"] is None
 
     listed = gateway.get("/api/presets").json()
     assert listed["active"] == "env" and [p["id"] for p in listed["presets"]] == ["env"]
@@ -193,6 +195,7 @@ def test_presets_external_key_switch_test_and_cacheram(
     assert sw["active"] == "remote"
     ext = wait_engine(gateway, lambda b: b["external"] and b["state"] == "ready")
     assert ext["base_url"] == fake_api.url and ext["total_slots"] == 0
+    assert ext["template"] is None  # an external API is not probed
     assert not servers.port_open("127.0.0.1", int(local_url.rsplit(":", 1)[1]))
     assert sup.engine_pids() == []
     got = lease(nats_url, "main")

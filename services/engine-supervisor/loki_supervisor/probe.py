@@ -205,10 +205,11 @@ async def _stable_prefix(r: Any, base: str, supports_tools: bool | None) -> bool
     """The prefix checks (see :func:`probe_template`); None when a rendering failed.
 
     ``base`` is [S, U1] with its generation prompt: what the engine cached before the
-    answer. The answered conversation closed ([S, U1, A1], no generation prompt) and the
-    next request ([S, U1, A1, U2]) must both start with it, and the next request must start
-    with the closed conversation; with tools rendered, an assistant's tool call followed by
-    its result must start with the call alone.
+    answer. llama-server renders a conversation that ends with an assistant message as a
+    prefill (the generation prompt, then that message's text, no end of turn), which is
+    what the engine holds once it has answered; so [S, U1, A1] must start with ``base``,
+    and the next request [S, U1, A1, U2] with [S, U1, A1]. With tools rendered, an
+    assistant's tool call followed by its result must start with the call alone.
     """
     closed = await r([_S, _U1, _A1], add_generation_prompt=False)
     follow = await r([_S, _U1, _A1, _U2])

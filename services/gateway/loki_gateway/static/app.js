@@ -400,6 +400,8 @@
     const st = info.state || "unknown";
     pill.textContent = "engine: " + st + (info.model ? " · " + String(info.model).split("/").pop() : "");
     pill.className = "pill " + st;
+    const tnotes = (info.template && info.template.notes) || []; // the template probe, in words
+    pill.title = tnotes.join("\n"); if (tnotes.length) pill.textContent += " · " + tnotes[0];
     const presets = await firstJSON(["/api/presets"]);
     const sel = $("preset-picker");
     if (presets && Array.isArray(presets.presets)) {
