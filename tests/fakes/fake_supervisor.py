@@ -19,8 +19,8 @@ from loki_shared.messages.engine import (
     LeaseRequest,
     ReleaseReply,
     ReleaseRequest,
-    TemplateProbe,
     RenewRequest,
+    TemplateProbe,
 )
 
 
