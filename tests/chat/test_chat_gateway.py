@@ -54,6 +54,11 @@ def test_tool_call_turns_through_the_gateway(tmp_path: Path, fake_engine: FakeEn
         assert sent[3]["role"] == "tool" and sent[3]["tool_call_id"] == "call_a"
         assert sent[3]["content"] == tool[0]["content"]  # the recall service answered
         m2 = json.dumps(sent, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-        assert r3.decode().startswith('{"messages":' + m2[:-1])  # prefix kept byte for byte
+        # the real supervisor caps each step at a quarter of the window (issue 23): the
+        # cap comes first in the canonical body, the same in every request
+        cap = json.loads(r3)["max_tokens"]
+        assert cap == json.loads(r2)["max_tokens"] == 4096 // 4  # the fake engine's window
+        head = '{"max_tokens":' + str(cap) + ',"messages":'
+        assert r3.decode().startswith(head + m2[:-1])  # prefix kept byte for byte
     finally:
         stack.stop()

@@ -54,3 +54,32 @@ async def test_real_engine_stop_frees_the_slot(chat_runner, real_supervisor, cli
         assert not any(s["is_processing"] for s in slots)
     last = (await client.state(cid)).messages[-1]
     assert last.role == "assistant" and last.loki.stopped and last.content
+
+
+async def test_real_engine_continue_prefills_only_the_new_tokens(
+    chat_runner, real_supervisor, client
+):
+    """Issue 23: a reply cut at the preset's ``max_tokens`` is resumed by Continue; the
+    prefix (the prompt and the reply so far) is in the slot's cache, so the continue request
+    prefills only a few tokens, and the reply stays one message."""
+    real_supervisor.max_tokens = 24
+    await chat_runner.start(tools=False, temperature=0.0)
+    cid, end = await client.turn("Count from 1 to 100, separated by commas.", timeout=120)
+    assert end.finish_reason == "length" and end.loki["cut_at"] == 24, end.loki
+    first = (await client.state(cid)).messages[-1].content
+    for _ in range(100):  # the turn end is published just before the worker is done
+        if not (await client.state(cid)).generating:
+            break
+        await asyncio.sleep(0.05)
+    reply = await client.control(cid, "continue")
+    assert reply.ok, reply
+    ends = await client.tap.wait_turn_ends(cid, 2, timeout=120)
+    timings = ends[1].timings
+    assert ends[1].finish_reason in ("stop", "length"), ends[1].loki
+    assert timings["cache_n"] > end.usage["prompt_tokens"]  # the prompt and the cut reply
+    assert timings["prompt_n"] <= 8, timings  # only the new tokens are computed
+    state = await client.state(cid)
+    assert [m.role for m in state.messages] == ["system", "user", "assistant"]
+    assert state.messages[-1].content.startswith(first) and len(state.messages[-1].content) > len(
+        first
+    )

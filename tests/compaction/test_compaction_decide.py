@@ -83,6 +83,21 @@ def test_cut_keeps_the_tail_and_reinjects_the_request_only_when_the_tail_has_non
     assert plan_cut([U("only")]) is None
 
 
+def test_a_big_request_is_reinjected_as_its_excerpt_and_id():
+    """A long paste re-injected whole would be a second verbatim copy (the ten-paste case of
+    issue 23): archived, it comes back as its excerpt and id; not archived, whole."""
+    paste = "def f(x):\n    return x * 2\n" * 100
+    msgs = [U("hi"), A("hello"), U(paste), A("d" * 3000)]
+    cut = plan_cut(msgs)
+    assert cut is not None and cut.request is msgs[2] and cut.reinject
+    installed = summary_message(cut, "S", {(2, paste): "r7"})
+    tail = installed.content.split(REQUEST_HEADER, 1)[1]
+    assert tail == paste[:400] + " […] (archived verbatim as recall:r7)"
+    assert summary_message(cut, "S", {(2, paste): None}).content.endswith(paste)
+    # the gain is measured with the excerpt: the cut saves the paste
+    assert cut.gain > estimate_tokens(msgs[2]) - 200
+
+
 def test_cut_refused_when_an_empty_summary_saves_under_a_fifth():
     cut = plan_cut([U("hi"), A("hello"), U("x" * 12000), A("ok")])
     assert cut is not None and not cut.saves_enough(3300)

@@ -185,15 +185,23 @@ async def test_refusal_without_reduction_and_hold_off(harness, fake_engine, supe
     assert not await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3500))
     await asyncio.sleep(0.2)
     assert len(events) == 1
-    # ... except at 90% of the window
-    assert not await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3700))
-    await until(lambda: len(events) == 2)
     # +10%: tried again (and refused again)
-    assert not await h.policy.maybe_compact(h.view(conv, "end", ctx_used=4080))
-    await until(lambda: len(events) == 3)
+    assert not await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3640))
+    await until(lambda: len(events) == 2)
     # the context drops: the refusal is forgotten
     assert not await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3100))
-    await until(lambda: len(events) == 4)
+    await until(lambda: len(events) == 3)
+    assert not summary_requests(fake_engine) and not h.markers
+    # at 90% of the window the hold-off never applies, and a refused summary goes on to
+    # archive-then-drop: the request would not fit (issue 23's ten pastes)
+    big = conv.messages[2]
+    assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3700))
+    await until(lambda: len(events) == 5)
+    assert [CompactionEvent.model_validate_json(e.data).path for e in events[3:]] == [
+        "refused",
+        "shrink",
+    ]
+    assert conv.messages == [big, A("ok")] and h.markers[-1]["path"] == "shrink"
     assert not summary_requests(fake_engine)
 
 

@@ -134,3 +134,20 @@ async def test_pause_holds_grants_until_resume():
     assert not task.done()
     lm.resume()
     assert (await asyncio.wait_for(task, 1)).lease_id
+
+
+async def test_lease_carries_the_step_cap_of_the_preset():
+    """Issue 23: ``max_tokens`` per preset — its own value, else a quarter of the window on
+    a local engine, none for an external preset; every lease carries it."""
+    from loki_shared.messages.engine import Preset
+    from loki_supervisor.presets import step_cap
+
+    assert step_cap(Preset(id="p"), 2048) == 512
+    assert step_cap(Preset(id="p", max_tokens=300), 2048) == 300
+    assert step_cap(Preset(id="x", external=True), 2048) is None
+    assert step_cap(Preset(id="x", external=True, max_tokens=1000), 2048) == 1000
+    target = Target(base_url="http://127.0.0.1:1", model="m", api_key="k", view=ONE, max_tokens=512)
+    lm = LeaseManager(lambda: target, ttl=30.0)
+    lease = await lm.acquire(req())
+    assert lease.max_tokens == 512
+    lm.release(lease.lease_id)

@@ -76,6 +76,7 @@ async def test_new_preset_gets_an_id(store):
         {"id": "x", "external": True, "base_url": "ftp://x", "api_model": "m"},
         {"id": "x", "external": True, "base_url": "https://x"},
         {"id": "x", "ctx": "many"},
+        {"id": "x", "max_tokens": 0},
     ],
 )
 async def test_invalid_presets_are_refused(store, bad):

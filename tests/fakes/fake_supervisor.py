@@ -57,6 +57,7 @@ class FakeSupervisor:
     refuse_message: str = "engine stopped"
     info_stopped_without_url: bool = False
     template: TemplateProbe | None = None  # the template probe's verdicts, sent with leases
+    max_tokens: int | None = None  # the preset's cap on one step, sent with leases
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -95,6 +96,7 @@ class FakeSupervisor:
             external=self.external,
             api_key=self.api_key,
             template=self.template,
+            max_tokens=self.max_tokens,
         )
 
     def renew(self, req: RenewRequest) -> Lease:

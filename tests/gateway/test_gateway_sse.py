@@ -242,7 +242,7 @@ def test_state_and_controls(gateway, peers):
         assert st["ctx_used"] == 45 and st["n_ctx"] == 4096
         assert [m["role"] for m in st["messages"]] == ["user", "assistant"]
         assert "error" not in st
-        for action in ("stop", "reset", "compact"):
+        for action in ("stop", "reset", "compact", "continue"):
             r = c.post(f"/api/chat/{action}", json={"conversation": cid})
             assert r.status_code == 200 and r.json() == {"ok": True, "detail": action}
         r = c.post("/api/chat/stop", json={"conversation": "nope"})

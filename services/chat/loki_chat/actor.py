@@ -32,6 +32,7 @@ from .errors import FencedWrite
 from .leases import EngineLeases
 from .settings import Settings
 from .store import Store
+from .tokens import TokenCounts
 from .tools import ToolBox
 from .turn import TurnRunner
 
@@ -58,6 +59,7 @@ class Shared:
     toolbox: ToolBox
     policy: ContextPolicy
     closing: bool = False
+    tokens: TokenCounts | None = None  # exact token counts (None: estimates)
 
 
 class Actor:
@@ -72,6 +74,7 @@ class Actor:
     def __init__(self, shared: Shared, conv: Conversation, lock_value: str) -> None:
         self.shared = shared
         self.conv = conv
+        conv.meter.counter = shared.tokens
         self.lock_value = lock_value
         self.settings = shared.settings
         self.toolbox = shared.toolbox
@@ -184,6 +187,34 @@ class Actor:
         await self.persist()
         self._ensure_worker()
         return busy
+
+    def can_continue(self) -> bool:
+        """Whether the last message is an assistant reply (text, no tool call) to resume."""
+        last = self.conv.messages[-1] if self.conv.messages else None
+        return bool(
+            last is not None
+            and last.role == "assistant"
+            and isinstance(last.content, str)
+            and last.content
+            and not last.tool_calls
+        )
+
+    def resume(self) -> None:
+        """Continue the last assistant reply in a turn of its own (Continue, after a reply
+        cut at ``max_tokens``); what was queued meanwhile runs after it. The caller checked
+        :meth:`can_continue` and that no turn runs."""
+
+        async def run() -> None:
+            self.stop.clear()
+            try:
+                await TurnRunner(self, None, resume=True).run()
+            except Exception:
+                log.exception("continue failed in %s", self.conv.id)
+                self.conv.turn_open = False
+                await self.persist()
+            await self._work()
+
+        self.worker = asyncio.create_task(run(), name=f"continue-{self.conv.id}")
 
     def _ensure_worker(self) -> None:
         if not self.busy:

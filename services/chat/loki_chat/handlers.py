@@ -157,7 +157,8 @@ class ChatHandlers:
     async def control(self, req: ControlRequest, forwarded: bool = False) -> ControlReply:
         """``stop`` the running turn (partial reply kept, marked stopped); ``reset`` the
         conversation (turn stopped, queue, Messages and Log emptied; seq goes on);
-        ``compact`` it through the compaction policy."""
+        ``compact`` it through the compaction policy; ``continue`` the last assistant reply
+        (cut at ``max_tokens``) in a turn of its own."""
 
         async def local(actor: Actor) -> ControlReply:
             if req.action == "stop":
@@ -176,6 +177,11 @@ class ChatHandlers:
                 return ControlReply(ok=True, detail="reset")
             if actor.busy:
                 return ControlReply(ok=False, detail="a turn is running")
+            if req.action == "continue":
+                if not actor.can_continue():
+                    return ControlReply(ok=False, detail="no assistant reply to continue")
+                actor.resume()
+                return ControlReply(ok=True, detail="continuing")
             conv = actor.conv
             view = ContextView(
                 conversation=conv,

@@ -5,13 +5,15 @@ that will be sent back; reasoning that is not sent back is not counted (only
 ``reasoning_content`` pieces separated by the server are subtracted, each at most one token
 — an under-estimate of reasoning, so an over-estimate of the context: the safe direction).
 Messages added since that measure (the new user message, queued ones, tool results the
-engine has not seen yet) are added as estimates (characters / 4 + 4 per message).
+engine has not seen yet) are added as counts: the engine's own (:mod:`loki_chat.tokens`,
+when the meter has a ``counter`` and it was primed), else estimates (characters / 4 + 4 per
+message).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from loki_shared.canonical import canonical_json
 from loki_shared.messages.chat import ChatMessage
@@ -26,15 +28,42 @@ def estimate_tokens(message: ChatMessage | dict[str, Any] | str) -> int:
     return len(canonical_json(message).decode("utf-8")) // 4 + 4
 
 
+class Counter(Protocol):
+    """What the meter asks of a token counter (:class:`loki_chat.tokens.TokenCounts`)."""
+
+    def message_tokens(self, message: ChatMessage | dict[str, Any]) -> int: ...
+    def use(self, base_url: str, api_key: str | None, model: str, external: bool) -> None: ...
+    def prompt_base(self) -> int: ...
+    def reply_gap(self) -> int: ...
+    async def prime(self, messages: Any) -> bool: ...
+
+
 @dataclass
 class ContextMeter:
     """``measured``: tokens of the model view as of the last completion (None: never
     measured, or invalidated by a rewrite of the history); ``measured_count``: how many
-    messages of the model view that measure covers."""
+    messages of the model view that measure covers. ``counter`` (not persisted): the
+    engine's token counts, set by the chat service; None counts by estimate."""
 
     measured: int | None = None
     measured_count: int = 0
     n_ctx: int | None = None  # the window of the last lease (tokens)
+    counter: Counter | None = field(default=None, repr=False, compare=False)
+
+    def tokens(self, message: ChatMessage | dict[str, Any] | str) -> int:
+        """Tokens of one message (a str: a user message): the counter's, else the
+        estimate."""
+        if self.counter is None:
+            return estimate_tokens(message)
+        if isinstance(message, str):
+            message = {"role": "user", "content": message}
+        return self.counter.message_tokens(message)
+
+    async def prime(self, system_prompt: str, messages: list[ChatMessage]) -> None:
+        """Have the counter count what :meth:`used` will need (bounded in time; estimates
+        otherwise)."""
+        if self.counter is not None:
+            await self.counter.prime([{"role": "system", "content": system_prompt}, *messages])
 
     def record(
         self,
@@ -66,10 +95,19 @@ class ContextMeter:
     def used(self, system_prompt: str, messages: list[ChatMessage]) -> int:
         """``ctx_used`` in tokens (see the module docstring)."""
         if self.measured is None or self.measured_count > len(messages):
-            return estimate_tokens({"role": "system", "content": system_prompt}) + sum(
-                estimate_tokens(m) for m in messages
-            )
-        return self.measured + sum(estimate_tokens(m) for m in messages[self.measured_count :])
+            return self.view_tokens(system_prompt, messages)
+        since = messages[self.measured_count :]
+        gap = self.counter.reply_gap() if self.counter is not None and since else 0
+        return self.measured + gap + sum(self.tokens(m) for m in since)
+
+    def view_tokens(self, system_prompt: str, messages: list[ChatMessage]) -> int:
+        """The count of the whole prompt ``[system, *messages]`` (no measure used)."""
+        base = self.counter.prompt_base() if self.counter is not None else 0
+        return (
+            base
+            + self.tokens({"role": "system", "content": system_prompt})
+            + sum(self.tokens(m) for m in messages)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -14,6 +14,10 @@ Rules:
 - Loki's marks (``loki``, ``reasoning_model``) never leave the service. ``reasoning_content``
   is sent back only with ``REASONING_ECHO``, to the model that wrote it, on the local engine,
   and only on a message with text or tool calls.
+- ``max_tokens`` (the cap on one step): ``LOKI_MAX_TOKENS`` when set, else the lease's (the
+  preset's cap: by default a quarter of the window on a local engine, none for an external
+  preset). A stored conversation whose last message is an assistant message is continued
+  by llama-server (assistant prefill): that is how Continue resumes a cut reply.
 - What is sent never holds two consecutive ``user`` messages (strict-alternation templates
   reject them): consecutive ones are merged into one, and an ephemeral instruction is put at
   the end of the last message instead of after it.
@@ -123,8 +127,9 @@ def build_payload(
         payload["temperature"] = settings.temperature
     if settings.top_p is not None:
         payload["top_p"] = settings.top_p
-    if settings.max_tokens is not None:
-        payload["max_tokens"] = settings.max_tokens
+    max_tokens = settings.max_tokens if settings.max_tokens is not None else lease.max_tokens
+    if max_tokens is not None:
+        payload["max_tokens"] = max_tokens
     if not lease.external:
         if settings.top_k is not None:
             payload["top_k"] = settings.top_k

@@ -20,6 +20,9 @@ from typing import Any
 
 import httpx
 
+from loki_shared import subjects
+from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
+
 from .actor import Actor, Shared
 from .bus import ChatBus
 from .compaction import CompactionDeps, CompactionPolicy
@@ -30,6 +33,7 @@ from .leases import EngineLeases
 from .ownership import Ownership
 from .settings import Settings
 from .store import Store
+from .tokens import Engine, TokenCounts
 from .tools import ToolBox, default_toolbox
 
 
@@ -74,6 +78,11 @@ class ChatService:
             engine=EngineClient(http, settings.retry_delays, settings.engine_timeout_s),
             toolbox=toolbox or default_toolbox(self.bus, settings),
             policy=policy or CompactionPolicy(CompactionDeps(settings, self.bus, http)),
+            tokens=(
+                TokenCounts(http, settings.tokenize_timeout_s, self._locate_engine)
+                if settings.tokenize_timeout_s > 0
+                else None
+            ),
         )
         self.ownership = Ownership(self.shared)
         self.handlers = ChatHandlers(self.shared, self.ownership)
@@ -82,6 +91,14 @@ class ChatService:
         self.state = self.handlers.state
         self.replay = self.handlers.replay
         self.conversations = self.handlers.conversations
+
+    async def _locate_engine(self) -> Engine | None:
+        """The local engine that counts tokens (``loki.engine.info``; None when external,
+        not ready or unknown)."""
+        info = await self.bus.request(subjects.ENGINE_INFO, EngineInfoRequest(), EngineInfo, 2.0)
+        if info.external or info.state != "ready" or not info.base_url:
+            return None
+        return Engine(info.base_url, info.api_key, info.model)
 
     @property
     def toolbox(self) -> ToolBox:

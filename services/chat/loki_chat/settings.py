@@ -47,6 +47,8 @@ class Settings(LokiSettings):
     - ``LOKI_NUDGE_IN_TOOL`` — the budget reminder goes at the end of the last tool result
       instead of a separate user message, on a local engine whose template probe says
       ``stable_prefix`` (off by default; see docs/behaviour.md (chat)).
+    - ``LOKI_TOKENIZE_TIMEOUT_S`` — bound of one batch of exact token counts by the local
+      engine (``/tokenize``; 0.3 s); past it the estimate is used (logged). 0: estimates only.
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -69,3 +71,4 @@ class Settings(LokiSettings):
     compact_continuation: bool = False
     compact_threshold: float = Field(default=0.75, gt=0.1, le=0.95)
     nudge_in_tool: bool = False
+    tokenize_timeout_s: float = Field(default=0.3, ge=0)

@@ -42,6 +42,11 @@ Rules implemented here (tests named in docs/behaviour.md (chat)):
 - A stop or a broken stream keeps the partial text, marked ``loki.stopped`` /
   ``loki.error``; nothing half-assembled (tool calls) is kept.
 - The conversation is persisted after every accepted step (the blob is written whole).
+- A step cut at the request's ``max_tokens`` ends the turn with ``finish_reason: "length"``;
+  the turn end says ``cut_at`` (the cap). Continue (``resume``) sends the conversation as it
+  is — its last message the cut assistant reply — so llama-server continues that message
+  (assistant prefill; the prefix is in the slot's cache); the text is appended to the same
+  stored message, marked by a ``continue`` display event.
 """
 
 from __future__ import annotations
@@ -65,7 +70,6 @@ from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
 from .errors import StepError, StreamError
-from .meter import estimate_tokens
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
@@ -141,10 +145,12 @@ State = Callable[[], Awaitable["State | None"]]
 
 @dataclass
 class TurnRunner:
-    """Runs one turn for ``host.conv``; ``user_text`` None resumes without a new message."""
+    """Runs one turn for ``host.conv``; ``user_text`` None resumes without a new message;
+    ``resume``: the turn continues the last (assistant) message instead of adding one."""
 
     host: TurnHost
     user_text: str | None
+    resume: bool = False
     outcome: TurnOutcome = field(default_factory=TurnOutcome)
     plan: StepPlan = field(default_factory=StepPlan)
     act_reminders: int = 0
@@ -162,6 +168,7 @@ class TurnRunner:
     template: TemplateProbe | None = None
     withheld_told: bool = False
     nudged: tuple[ChatMessage, Any] | None = None
+    max_tokens_sent: int | None = None
 
     @property
     def conv(self) -> Conversation:
@@ -189,6 +196,8 @@ class TurnRunner:
     # -- states ---------------------------------------------------------------------------
     async def begin(self) -> State:
         conv = self.conv
+        if self.resume:
+            await self.host.emit({}, loki={"event": "continue"})
         if self.user_text is not None:
             if conv.pending and conv.pending[0] == self.user_text:
                 conv.pending.pop(0)
@@ -249,7 +258,12 @@ class TurnRunner:
                     tool_choice="none" if self.plan.mode == "none" else None,
                 )
                 body = encode(payload)
+                self.max_tokens_sent = payload.get("max_tokens")
                 self.sent_wire = wire
+                counter = self.conv.meter.counter
+                if counter is not None:  # the engine of this lease counts
+                    counter.use(lease.base_url, lease.api_key, lease.model, lease.external)
+                await self.prime()
                 self.estimate_at_send = self.ctx_used()
                 self.sent_tools = bool(tools)
                 self.sent_echo = any("reasoning_content" in m for m in wire)
@@ -350,12 +364,19 @@ class TurnRunner:
         elif self.plan.mode == "no_tools":
             calls = []
         self.plan.suffix = None
+        resume, self.resume = self.resume, False
         if calls:
             return await self.accept_calls(content, calls)
-        if content.strip():
-            self.accept_message(ChatMessage(role="assistant", content=content))
+        if content.strip() or (resume and content):
+            if resume:
+                self.extend_last(content)
+            else:
+                self.accept_message(ChatMessage(role="assistant", content=content))
             self.outcome.finish_reason = acc.finish_reason or "stop"
             await self.host.persist()
+            return self.finish
+        if resume:  # nothing more to say: the reply was whole
+            self.outcome.finish_reason = acc.finish_reason or "stop"
             return self.finish
         # reasoning only, or nothing at all
         if (
@@ -453,6 +474,10 @@ class TurnRunner:
             meta["stopped"] = True
         if self.outcome.error is not None:
             meta["error"] = self.outcome.error
+        if finish == "length" and self.max_tokens_sent:
+            generated = (self.outcome.usage or {}).get("completion_tokens")
+            if not isinstance(generated, int) or generated >= self.max_tokens_sent:
+                meta["cut_at"] = self.max_tokens_sent  # cut at the cap (not by the window)
         meta["ctx_used"] = conv.meter.used(self.settings.system_prompt, conv.messages)
         await self.host.emit(
             {},
@@ -581,6 +606,14 @@ class TurnRunner:
         )
         await self.host.persist()
 
+    def extend_last(self, content: str) -> None:
+        """Continue: append ``content`` to the last (assistant) message, which the engine
+        continued; its stop/error marks go (the reply is resumed), the meter takes the
+        step's measure."""
+        last = self.conv.messages.pop()
+        text = last.content if isinstance(last.content, str) else ""
+        self.accept_message(last.model_copy(update={"content": text + content, "loki": None}))
+
     def accept_message(self, message: ChatMessage) -> None:
         acc = self.result.acc if self.result else None
         echo = self.echo_reasoning()
@@ -630,7 +663,13 @@ class TurnRunner:
             },
         )
 
+    async def prime(self) -> None:
+        """Have the engine count what :meth:`ctx_used` needs (bounded; estimates else)."""
+        pending = [ChatMessage(role="user", content=t) for t in self.conv.pending]
+        await self.conv.meter.prime(self.settings.system_prompt, [*self.conv.messages, *pending])
+
     async def compact(self, trigger: Trigger, overflow: OverflowInfo | None = None) -> bool:
+        await self.prime()
         view = ContextView(
             conversation=self.conv,
             trigger=trigger,
@@ -648,7 +687,7 @@ class TurnRunner:
     def ctx_used(self) -> int:
         """``ctx_used`` plus estimates of the user messages queued behind this turn."""
         # begin() moved this turn's message out of ``pending``: what is left waits behind it
-        queued = sum(estimate_tokens({"role": "user", "content": t}) for t in self.conv.pending)
+        queued = sum(self.conv.meter.tokens(t) for t in self.conv.pending)
         return self.conv.meter.used(self.settings.system_prompt, self.conv.messages) + queued
 
     async def wait_or_stop(self, coro: Awaitable[Any]) -> Any:

@@ -40,6 +40,7 @@ class Target:
     preset_id: str | None = None
     n_ctx: int = 0  # the conversation window granted (0: view.ctx)
     template: TemplateProbe | None = None  # the chat template probe's verdicts
+    max_tokens: int | None = None  # the preset's cap on one completion step (tokens)
 
 
 @dataclass
@@ -236,6 +237,7 @@ class LeaseManager:
                 shares_main_slot=shares_main_slot(req.kind, id_slot, target.view),
                 preset_id=target.preset_id,
                 template=target.template,
+                max_tokens=target.max_tokens,
             )
             self.held[lease.lease_id] = Held(
                 lease=lease,

@@ -56,6 +56,8 @@ def validate(preset: Preset) -> None:
     """
     if not _ID.match(preset.id):
         raise InvalidRequest("preset id: 1-64 letters, digits, '-' or '_'")
+    if preset.max_tokens is not None and preset.max_tokens < 1:
+        raise InvalidRequest("max_tokens must be at least 1 token (or unset)")
     if preset.external:
         if not re.match(r"^https?://", preset.base_url or ""):
             raise InvalidRequest("external preset: base_url must start with http:// or https://")
@@ -95,6 +97,22 @@ def validate(preset: Preset) -> None:
                 raise ValueError
         except ValueError as exc:
             raise InvalidRequest("CACHE_RAM: empty, auto, -1, 0 or MiB") from exc
+
+
+#: Share of the window one completion step may fill on a local engine when the preset
+#: does not say (issue 23: a reply never fills the window by itself).
+STEP_SHARE = 4
+
+
+def step_cap(preset: Preset, n_ctx: int) -> int | None:
+    """``max_tokens`` of each completion step under ``preset`` (tokens): the preset's own
+    value when set; else a quarter of the window ``n_ctx`` for a local engine (at least 1),
+    and none for an external preset (its API has its own default)."""
+    if preset.max_tokens is not None:
+        return preset.max_tokens
+    if preset.external or n_ctx <= 0:
+        return None
+    return max(1, n_ctx // STEP_SHARE)
 
 
 class PresetStore:

@@ -40,7 +40,7 @@ from .errors import InvalidRequest, SupervisorError
 from .lease import LeaseManager, Target
 from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, truthy
 from .preflight import check_model_file
-from .presets import ENV_PRESET_ID, PresetStore, public, test_connection
+from .presets import ENV_PRESET_ID, PresetStore, public, step_cap, test_connection
 from .routing import SIDE_KINDS, EngineView, cache_ram_advice, erase_decision
 from .settings import Settings
 from .slot_persist import SAVE_TIMEOUT_S, PersistConfig, SlotPersister
@@ -368,6 +368,7 @@ class Supervisor:
             preset_id=self.preset.id,
             n_ctx=self.n_ctx(),
             template=self.runner.template,
+            max_tokens=step_cap(self.preset, self.n_ctx()),
         )
 
     def info(self) -> EngineInfo:

@@ -137,10 +137,11 @@ class SendReply(Reply):
 
 
 class ControlRequest(Msg):
-    """``loki.chat.control``: stop the running turn, reset the conversation, or compact it."""
+    """``loki.chat.control``: stop the running turn, reset the conversation, compact it, or
+    continue its last assistant reply (Continue after a reply cut at ``max_tokens``)."""
 
     conversation: str
-    action: Literal["stop", "reset", "compact"]
+    action: Literal["stop", "reset", "compact", "continue"]
 
 
 class ControlReply(Reply):

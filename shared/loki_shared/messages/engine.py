@@ -167,7 +167,8 @@ class Lease(Reply):
     SIDE_SLOT (the "slot holds the prompt" state stays true) and for an external preset.
     ``api_key``: the key of THIS endpoint (the local engine's, or the external preset's).
     ``template``: the probe's verdicts on the engine's chat template (None: not probed, as
-    for an external API: the caller then assumes what it always did)."""
+    for an external API: the caller then assumes what it always did).
+    ``max_tokens``: the preset's cap on one completion step (tokens; None: none)."""
 
     lease_id: str = ""
     kind: str = ""
@@ -181,6 +182,7 @@ class Lease(Reply):
     shares_main_slot: bool = False
     preset_id: str | None = None
     template: TemplateProbe | None = None
+    max_tokens: int | None = None
 
 
 class RenewRequest(Msg):
@@ -234,7 +236,9 @@ class Preset(Msg):
     External preset (``external`` true): ``base_url`` (OpenAI-compatible root, with or
     without ``/v1``), ``api_model``, ``api_key`` (write-only: never returned; an empty or
     missing value on save keeps the stored key), ``vision``. ``api_key_set`` tells whether a
-    key is stored.
+    key is stored. ``max_tokens``: the cap on one completion step (tokens, OpenAI's
+    ``max_tokens``); None: a quarter of the window for a local engine, none for an external
+    preset.
     """
 
     id: str = ""
@@ -257,6 +261,7 @@ class Preset(Msg):
     api_key: str | None = None
     api_key_set: bool = False
     vision: bool = False
+    max_tokens: int | None = None
 
 
 class PresetsRequest(Msg):

@@ -8,7 +8,8 @@
 - :mod:`.slot_watch` — whether a slot still holds a conversation's last request;
 - :mod:`.archive` — big blocks archived verbatim through the recall service;
 - :mod:`.summary_client` — the summary request to the engine (lease, POST, answer);
-- :mod:`.shrink` — the last resort when the engine still refuses;
+- :mod:`.failures` — the fingerprints of failed summaries (never asked twice);
+- :mod:`.shrink` — archive-then-drop: the last resort, and the path after failed summaries;
 - :mod:`.events` — the marker, audit event and log line of each compaction.
 
 See docs/behaviour.md (compaction) for every rule and the test that shows it.

@@ -1,13 +1,14 @@
 """When to compact, what to cut, and which summary path fits: pure rules (no I/O).
 
-Sizes are tokens (estimates by :func:`loki_chat.meter.estimate_tokens` unless the engine
-counted them); ``n_ctx`` is the window. Tests: ``tests/compaction/test_compaction_decide.py``
+Sizes are tokens (a ``count`` function: the engine's counts, :mod:`loki_chat.tokens`, when
+known; else estimates by :func:`loki_chat.meter.estimate_tokens`); ``n_ctx`` is the window.
+Tests: ``tests/compaction/test_compaction_decide.py``
 (these functions alone) and ``test_compaction_policy.py`` (the policy around them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,15 @@ from loki_shared.messages.chat import ChatMessage, LokiMeta
 from ..context import OverflowInfo
 from ..meter import estimate_tokens
 from . import summariser as S
-from .rules import SUMMARY_KIND, is_real_request, last_request, tail_start, text_of
+from .rules import (
+    BIG_BLOCK_CHARS,
+    SUMMARY_KIND,
+    excerpt,
+    is_real_request,
+    last_request,
+    tail_start,
+    text_of,
+)
 from .state import Stamp
 
 SUMMARY_HEADER = (
@@ -31,6 +40,9 @@ MAX_PER_STEP = 2
 MIN_GAIN_SHARE = 0.2
 #: The last-resort shrink aims at this share of the window.
 SHRINK_SHARE = 0.6
+#: Past this share of the window a refused summary goes on to archive-then-drop (the
+#: request would not fit, or would leave no room to answer).
+FULL_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -107,30 +119,46 @@ class Cut:
         return self.gain >= MIN_GAIN_SHARE * max(before, 1)
 
 
-def plan_cut(messages: list[ChatMessage]) -> Cut | None:
+#: Tokens of one message: the engine's count when known, else the estimate.
+Count = Callable[[ChatMessage], int]
+
+
+def plan_cut(messages: list[ChatMessage], count: Count = estimate_tokens) -> Cut | None:
     """The cut of ``messages`` (the model view without the system message): the tail by
-    :func:`~.rules.tail_start`; None when nothing can be compacted."""
-    b = tail_start(messages)
+    :func:`~.rules.tail_start`; None when nothing can be compacted. Sizes by ``count``."""
+    b = tail_start(messages, count=count)
     if b is None:
         return None
     torso, tail = messages[:b], messages[b:]
     request = last_request(torso)
     reinject = request is not None and not any(is_real_request(m) for m in tail)
-    wrapper = SUMMARY_HEADER + (
-        REQUEST_HEADER + text_of(request) if reinject and request is not None else ""
-    )
-    torso_est = sum(estimate_tokens(m) for m in torso)
-    gain = torso_est - estimate_tokens({"role": "user", "content": wrapper})
+    wrapper = SUMMARY_HEADER
+    if reinject and request is not None:
+        text = text_of(request)  # a big request is re-injected as its excerpt (sized here)
+        wrapper += REQUEST_HEADER + (
+            excerpt(text, "r0000000") if len(text) >= BIG_BLOCK_CHARS else text
+        )
+    torso_est = sum(count(m) for m in torso)
+    gain = torso_est - count(ChatMessage(role="user", content=wrapper))
     return Cut(b, torso, tail, request, reinject, gain)
 
 
-def summary_message(cut: Cut, summary: str) -> ChatMessage:
+def summary_message(
+    cut: Cut, summary: str, ids: dict[tuple[int, str], str | None] | None = None
+) -> ChatMessage:
     """The message installed before the tail: a user message marked
     ``loki.injected="summary"``, holding the torso's last request re-injected when
-    ``cut.reinject``."""
+    ``cut.reinject`` — as its excerpt and recall id when it is a big block that was archived
+    (``ids``: the archived parts by torso index and text), never a second verbatim copy of a
+    long paste; whole when it could not be archived (nothing lost)."""
     content = SUMMARY_HEADER + summary
     if cut.reinject and cut.request is not None:
-        content += REQUEST_HEADER + text_of(cut.request)
+        text = text_of(cut.request)
+        index = next((i for i, m in enumerate(cut.torso) if m is cut.request), -1)
+        block = (ids or {}).get((index, text))
+        if block and len(text) >= BIG_BLOCK_CHARS:
+            text = excerpt(text, block)
+        content += REQUEST_HEADER + text
     return ChatMessage(role="user", content=content, loki=LokiMeta(injected=SUMMARY_KIND))
 
 
@@ -146,20 +174,28 @@ def continued(after: list[ChatMessage]) -> list[ChatMessage]:
 
 
 def continuation_fits(
-    stamp: Stamp, messages: list[ChatMessage], ctx_used: int, n_ctx: int, budget: int
+    stamp: Stamp,
+    messages: list[ChatMessage],
+    ctx_used: int,
+    n_ctx: int,
+    budget: int,
+    count: Count = estimate_tokens,
 ) -> bool:
     """Whether a continuation request fits the window: the slot's prompt (``stamp.tokens``
     when the engine counted it, else ``ctx_used`` less the messages accepted since and the
-    trailing user messages), plus the messages accepted since and the demand (estimates ×
+    trailing user messages), plus the messages accepted since and the demand (``count`` ×
     1.05), plus the summary ``budget``."""
     after = continued(messages[stamp.count :])
-    accepted = sum(estimate_tokens(m) for m in after)
-    demand = estimate_tokens(S.CONTINUATION_DEMAND) + 40
+    accepted = sum(count(m) for m in after)
+    if count is estimate_tokens:  # the demand's text alone, as it always was estimated
+        demand = estimate_tokens(S.CONTINUATION_DEMAND) + 40
+    else:
+        demand = count(ChatMessage(role="user", content=S.CONTINUATION_DEMAND)) + 40
     if stamp.tokens is not None:
         held = stamp.tokens
     else:  # the whole view, less what was accepted since and the trailing user messages
         left_out = messages[stamp.count + len(after) :]
-        held = max(ctx_used - sum(estimate_tokens(m) for m in left_out) - accepted, 0)
+        held = max(ctx_used - sum(count(m) for m in left_out) - accepted, 0)
     return held + (accepted + demand) * 1.05 + budget <= n_ctx
 
 
@@ -174,6 +210,7 @@ def continuation_allowed(
     ctx_used: int,
     n_ctx: int,
     budget: int,
+    count: Count = estimate_tokens,
 ) -> bool:
     """Whether to try the continuation path (``COMPACT_CONTINUATION``): at turn start,
     mid-turn or turn end only; the slot still holds this conversation's last request
@@ -187,7 +224,7 @@ def continuation_allowed(
         return False
     if stamp.count > len(messages):
         return False
-    return continuation_fits(stamp, messages, ctx_used, n_ctx, budget)
+    return continuation_fits(stamp, messages, ctx_used, n_ctx, budget, count)
 
 
 def overflow_factor(overflow: OverflowInfo | None, estimate: int) -> float:

@@ -1,7 +1,8 @@
 """What each compaction leaves behind: a display marker, an audit event, a log line.
 
 - the marker: a display event ``{"event": "compaction", "trigger", "path", "tokens_before",
-  "tokens_after", "archived"[, "summary"][, "failure"]}`` in the conversation's Log;
+  "tokens_after", "archived"[, "summary"][, "failure"][, "note"]}`` in the conversation's
+  Log (``note``: a sentence for the user, e.g. that summaries fail on this model);
 - the audit event: a :class:`~loki_shared.messages.events.CompactionEvent` on
   ``loki.events.compaction``, stored in the JetStream stream ``LOKI_EVENTS`` (created when
   missing; best effort: a failure is logged, never raised). A refusal (path ``refused``)
@@ -52,10 +53,12 @@ class CompactionEvents:
         t0: float,
         summary: str | None = None,
         failure: str | None = None,
+        note: str | None = None,
     ) -> None:
         """The display marker, the audit event and the log line of one compaction of
         ``view.conversation`` by ``path`` (``summary``, ``continuation``, ``fallback``,
-        ``shrink``) from ``before`` to ``after`` tokens, begun at ``t0`` (monotonic)."""
+        ``shrink``) from ``before`` to ``after`` tokens, begun at ``t0`` (monotonic);
+        ``failure``: why the summary failed; ``note``: a sentence the UI shows with it."""
         meta: dict[str, Any] = {
             "event": "compaction",
             "trigger": view.trigger,
@@ -68,6 +71,8 @@ class CompactionEvents:
             meta["summary"] = summary
         if failure is not None:
             meta["failure"] = failure
+        if note is not None:
+            meta["note"] = note
         if view.emit is not None:
             try:
                 await view.emit({}, meta)

@@ -14,6 +14,11 @@ together (tests named in docs/behaviour.md (compaction)):
   its big blocks (:func:`~.rules.strip_torso`, ids kept) — raw reasoning is never installed;
 - after: system, the summary message (holding the torso's last request re-injected when the
   tail has no user request), then the tail;
+- a summary that fails is remembered by its torso's fingerprint (:mod:`.failures`): the
+  same summary is never asked again, and the refusal hold-off applies; when the fallback
+  leaves the context above the threshold (or strips nothing), or the summary would repeat
+  one that failed, :mod:`.shrink` archives then drops the oldest exchanges — at any trigger;
+  two failures in a row on one model are logged once and named in the marker;
 - reactive, when the engine still refuses after a compaction (or nothing could be
   summarised): the last-resort :mod:`.shrink`;
 - what each compaction leaves: :mod:`.events` (marker, audit event, log line) and a
@@ -32,7 +37,6 @@ from typing import Any
 
 import httpx
 
-from loki_shared.messages.chat import ChatMessage
 from loki_shared.messages.engine import Lease
 
 from ..bus import ChatBus
@@ -43,6 +47,7 @@ from . import decide as D
 from . import summariser as S
 from .archive import Archiver, BlockIds
 from .events import CompactionEvents
+from .failures import torso_fingerprint
 from .rules import big_parts, budget_tokens, strip_torso
 from .shrink import shrink
 from .slot_watch import SlotWatch
@@ -50,6 +55,11 @@ from .state import ConvState
 from .summary_client import NOT_SENT, SummaryClient, SummaryOutcome
 
 log = logging.getLogger("loki.chat.compaction")
+
+#: Failed summaries in a row after which a model is said to fail them (logged once).
+FAILING_AFTER = 2
+#: The compaction marker's note once summaries fail on the model.
+FAILING_NOTE = "summaries fail on this model: older turns were archived and dropped instead"
 
 
 @dataclass
@@ -82,6 +92,10 @@ class CompactionPolicy:
         #: models whose continuation path is suspended until restart
         self.suspended: set[str] = set()
         self.failures: dict[str, int] = {}
+        #: failed summaries in a row, per model (reset by a summary that passes)
+        self.summary_failures: dict[str, int] = {}
+        #: models whose failing summaries were logged (once per model until restart)
+        self.failing_logged: set[str] = set()
         self.n_ctx = 0  # the window of the last lease seen (tokens)
         self.slots = SlotWatch(self.states, deps.bus)
         self.archiver = Archiver(deps.bus, deps.settings.recall_timeout_s)
@@ -137,6 +151,7 @@ class CompactionPolicy:
         await self.slots.start()
         conv = view.conversation
         st = self.state(conv.id)
+        await conv.meter.prime(self.settings.system_prompt, conv.messages)
         n_ctx = await self.window(view)
         decision = D.decide(
             view.trigger,
@@ -162,15 +177,16 @@ class CompactionPolicy:
         return await self.compact(view, n_ctx, st)
 
     async def compact(self, view: ContextView, n_ctx: int, st: ConvState) -> bool:
-        """Compact ``view.conversation`` now (archive, summarise or fall back; reactively,
-        shrink when that is not enough). True when the model view changed."""
+        """Compact ``view.conversation`` now (archive, summarise or fall back; when that
+        leaves the context above the threshold, or reactively when it is not enough,
+        archive-then-drop). True when the model view changed."""
         conv = view.conversation
         reactive = view.trigger == "reactive"
         t0 = time.monotonic()
         before = view.ctx_used
         if reactive and st.reactive_done:
             return await self._shrink(view, n_ctx, st, t0)
-        cut = D.plan_cut(list(conv.messages))
+        cut = D.plan_cut(list(conv.messages), conv.meter.tokens)
         if cut is None:
             return await self._shrink(view, n_ctx, st, t0) if reactive else False
         if not cut.saves_enough(before):
@@ -182,44 +198,150 @@ class CompactionPolicy:
                 before,
             )
             await self.events.audit(view, "refused", before, before, [], t0)
-            return await self._shrink(view, n_ctx, st, t0) if reactive else False
+            if reactive or before >= D.FULL_SHARE * n_ctx:
+                # the request would not fit (or barely): the path that always reduces
+                return await self._shrink(view, n_ctx, st, t0)
+            return False
+        budget = budget_tokens(n_ctx)
+        fingerprint = torso_fingerprint(cut.torso, budget)
+        if st.failed.failed(fingerprint):
+            # the very same summary request failed already: never sent again
+            log.info("[compact] %s: this summary failed before; archive and drop", conv.id)
+            changed = await self._shrink(
+                view, n_ctx, st, t0, failure="failed_before", note=self._note(st.summary_model)
+            )
+            if not changed:
+                st.refused_at = before
+            return changed
         st.refused_at = None
         ids, archived = await self.archiver.archive_parts(conv.id, big_parts(cut.torso))
         outcome, path = await self._summarise(view, n_ctx, st, cut, ids, archived)
-        new: list[ChatMessage]
-        if outcome.text is not None:
-            new = [D.summary_message(cut, outcome.text), *cut.tail]
-        else:
-            stripped = strip_torso(cut.torso, ids)
-            if stripped == cut.torso:
-                log.warning(
-                    "[compact] %s: summary failed (%s) and nothing to strip",
-                    conv.id,
-                    outcome.failure,
-                )
-                return await self._shrink(view, n_ctx, st, t0) if reactive else False
-            log.warning(
-                "[compact] %s: summary failed (%s); torso stripped of big blocks",
-                conv.id,
-                outcome.failure,
-            )
-            new = [*stripped, *cut.tail]
-            path = "fallback"
         system = self.settings.system_prompt
-        conv.messages[:] = new
+        if outcome.text is None:
+            return await self._failed(view, n_ctx, st, t0, cut, ids, archived, outcome, fingerprint)
+        self._passed(outcome.model)
+        conv.messages[:] = [D.summary_message(cut, outcome.text, ids), *cut.tail]
         conv.meter.invalidate()
         after = conv.meter.used(system, conv.messages)
         st.since_step += 1
         if reactive:
             st.reactive_done = True
-        await self.events.mark(
-            view, path, before, after, archived, t0, summary=outcome.text, failure=outcome.failure
-        )
-        if reactive and view.overflow is not None:
-            factor = D.overflow_factor(view.overflow, before)
-            if D.still_too_big(after, factor, n_ctx):
-                await self._shrink(view, n_ctx, st, time.monotonic())
+        await self.events.mark(view, path, before, after, archived, t0, summary=outcome.text)
+        await self._shrink_if_still_refused(view, n_ctx, st, before, after)
         return True
+
+    async def _failed(
+        self,
+        view: ContextView,
+        n_ctx: int,
+        st: ConvState,
+        t0: float,
+        cut: D.Cut,
+        ids: BlockIds,
+        archived: list[str],
+        outcome: SummaryOutcome,
+        fingerprint: str,
+    ) -> bool:
+        """The summary failed: remember it (never asked again; hold-off), fall back to the
+        torso stripped of its big blocks, and when that leaves the context above the
+        threshold (or strips nothing), archive-then-drop the oldest exchanges."""
+        conv = view.conversation
+        reactive = view.trigger == "reactive"
+        before = view.ctx_used
+        if outcome.failure != "no_lease":  # a request that never left is not remembered
+            st.failed.remember(fingerprint, before)
+        st.refused_at = before
+        note = self._count_summary_failure(outcome.model)
+        if outcome.model:
+            st.summary_model = outcome.model
+        system = self.settings.system_prompt
+        stripped = strip_torso(cut.torso, ids)
+        new = [*stripped, *cut.tail]
+        after = conv.meter.view_tokens(system, new)
+        above = after > self.settings.compact_threshold * n_ctx
+        # no lease: the engine was not reached (busy, restarting): nothing is dropped for that
+        unreached = outcome.failure == "no_lease" and not reactive
+        if unreached and stripped == cut.torso:
+            return False
+        if stripped != cut.torso and (reactive or not above or unreached):
+            log.warning(
+                "[compact] %s: summary failed (%s); torso stripped of big blocks",
+                conv.id,
+                outcome.failure,
+            )
+            conv.messages[:] = new
+            conv.meter.invalidate()
+            st.since_step += 1
+            if reactive:
+                st.reactive_done = True
+            await self.events.mark(
+                view, "fallback", before, after, archived, t0, failure=outcome.failure
+            )
+            await self._shrink_if_still_refused(view, n_ctx, st, before, after)
+            return True
+        log.warning(
+            "[compact] %s: summary failed (%s) and stripping %s; archive and drop",
+            conv.id,
+            outcome.failure,
+            "leaves the context above the threshold" if stripped != cut.torso else "saves nothing",
+        )
+        if stripped != cut.torso:
+            conv.messages[:] = new
+            conv.meter.invalidate()
+        return await self._shrink(
+            view,
+            n_ctx,
+            st,
+            t0,
+            before=before,
+            archived=archived,
+            failure=outcome.failure,
+            note=note,
+            stripped=stripped != cut.torso,
+        )
+
+    async def _shrink_if_still_refused(
+        self, view: ContextView, n_ctx: int, st: ConvState, before: int, after: int
+    ) -> None:
+        """When the compaction left too much, archive-then-drop follows: reactively, more
+        than the shrink's share of the window (corrected by the size the engine reported);
+        at any other trigger, 90% of the window or more (the request would not fit, or leave
+        no room to answer — a long paste in the verbatim tail)."""
+        if view.trigger == "reactive":
+            if view.overflow is not None:
+                factor = D.overflow_factor(view.overflow, before)
+                if D.still_too_big(after, factor, n_ctx):
+                    await self._shrink(view, n_ctx, st, time.monotonic())
+        elif n_ctx > 0 and after >= D.FULL_SHARE * n_ctx:
+            await self._shrink(view, n_ctx, st, time.monotonic())
+
+    # -- failures of summaries, per model ---------------------------------------------------
+    def _passed(self, model: str | None) -> None:
+        if model:
+            self.summary_failures.pop(model, None)
+
+    def _count_summary_failure(self, model: str | None) -> str | None:
+        """One more failed summary in a row for ``model``; at the second, logged once per
+        model (until restart). Returns the marker's note when summaries fail on it."""
+        if not model:
+            return None
+        n = self.summary_failures.get(model, 0) + 1
+        self.summary_failures[model] = n
+        if n >= FAILING_AFTER and model not in self.failing_logged:
+            self.failing_logged.add(model)
+            log.warning(
+                "[compact] summaries fail on %s (%d in a row): older turns are archived and "
+                "dropped instead",
+                model,
+                n,
+            )
+        return self._note(model)
+
+    def _note(self, model: str | None) -> str | None:
+        """The marker's note when ``model`` failed :data:`FAILING_AFTER` summaries in a row."""
+        if model and self.summary_failures.get(model, 0) >= FAILING_AFTER:
+            return FAILING_NOTE
+        return None
 
     # -- summary ----------------------------------------------------------------------------
     async def _summarise(
@@ -244,6 +366,7 @@ class CompactionPolicy:
             ctx_used=view.ctx_used,
             n_ctx=n_ctx,
             budget=budget,
+            count=conv.meter.tokens,
         )
         if allowed and st.stamp is not None:
             model = st.stamp.model
@@ -276,26 +399,57 @@ class CompactionPolicy:
             )
 
     # -- last resort ------------------------------------------------------------------------
-    async def _shrink(self, view: ContextView, n_ctx: int, st: ConvState, t0: float) -> bool:
+    async def _shrink(
+        self,
+        view: ContextView,
+        n_ctx: int,
+        st: ConvState,
+        t0: float,
+        *,
+        before: int | None = None,
+        archived: list[str] | None = None,
+        failure: str | None = None,
+        note: str | None = None,
+        stripped: bool = False,
+    ) -> bool:
+        """Archive-then-drop (:func:`.shrink.shrink`) toward :func:`~.decide.shrink_target`
+        (corrected by the size an overflow reported). ``before``/``archived``: the context
+        size and the ids of a failed summary's fallback this continues (``stripped``: that
+        fallback already changed the view); one marker (path ``shrink``, or ``fallback``
+        when nothing could be dropped after a strip). True when the model view changed."""
         conv = view.conversation
         if n_ctx <= 0:
-            return False
+            return stripped
+        reactive = view.trigger == "reactive"
         factor = D.overflow_factor(view.overflow, view.ctx_used)
         target = D.shrink_target(n_ctx, factor)
         system = self.settings.system_prompt
-        before = conv.meter.used(system, conv.messages)
+        if before is None:
+            before = conv.meter.used(system, conv.messages)
+        ids = list(archived or [])
+        reachable = True
 
-        async def archive(message: ChatMessage, text: str) -> str | None:
-            tool_name = message.name if message.role == "tool" else None
-            return await self.archiver.archive(conv.id, message.role, text, tool_name)
+        async def archive(role: str, text: str, tool_name: str | None) -> str | None:
+            nonlocal reachable
+            if not reachable:  # recall unreachable: not tried again in this compaction
+                return None
+            block = await self.archiver.archive(conv.id, role, text, tool_name)
+            reachable = block is not None
+            return block
 
-        new, archived = await shrink(conv.messages, system, target, archive)
-        if new == conv.messages:
+        new, dropped = await shrink(
+            conv.messages, lambda view: conv.meter.view_tokens(system, view), target, archive
+        )
+        if new == conv.messages and not stripped:
             return False
+        path = "shrink" if new != conv.messages else "fallback"
         conv.messages[:] = new
         conv.meter.invalidate()
         after = conv.meter.used(system, conv.messages)
         st.since_step += 1
-        st.reactive_done = True
-        await self.events.mark(view, "shrink", before, after, archived, t0)
+        if reactive:
+            st.reactive_done = True
+        await self.events.mark(
+            view, path, before, after, ids + dropped, t0, failure=failure, note=note
+        )
         return True

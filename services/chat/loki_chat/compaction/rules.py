@@ -3,7 +3,8 @@ stripped of them, how a summary is cleaned, what counts as degenerate, and the s
 budget.
 
 Everything here works on the model view (``list[ChatMessage]`` without the system message)
-and on estimated tokens (:func:`loki_chat.meter.estimate_tokens`); nothing does I/O.
+and on token counts (a ``count`` function: the engine's counts, :mod:`loki_chat.tokens`, or
+the estimate :func:`loki_chat.meter.estimate_tokens`); nothing does I/O.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import re
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +68,15 @@ def budget_tokens(n_ctx: int) -> int:
     return max(256, min(2048, n_ctx // 40))
 
 
-def tail_start(messages: list[ChatMessage], share: float = TAIL_SHARE) -> int | None:
+def tail_start(
+    messages: list[ChatMessage],
+    share: float = TAIL_SHARE,
+    count: Callable[[ChatMessage], int] = estimate_tokens,
+) -> int | None:
     """Index where the verbatim tail starts, or None when nothing can be compacted.
 
-    Rules: about the last ``share`` of the estimated tokens stay; the tail starts on an
+    Rules: about the last ``share`` of the tokens (``count``: the engine's counts when
+    known, else estimates) stay; the tail starts on an
     assistant message — so it never starts on a reminder or another user message (the
     summary message before it is a user message: no two consecutive user messages) and
     never on a tool result (a tool call is never separated from its results). When the
@@ -80,13 +87,13 @@ def tail_start(messages: list[ChatMessage], share: float = TAIL_SHARE) -> int | 
     n = len(messages)
     if n < 2:
         return None
-    total = sum(estimate_tokens(m) for m in messages)
+    total = sum(count(m) for m in messages)
     want = total * share
     acc = 0
     i = n
     while i > 0 and acc < want:
         i -= 1
-        acc += estimate_tokens(messages[i])
+        acc += count(messages[i])
     # move back to an assistant message
     j = i
     while j > 0 and messages[j].role != "assistant":

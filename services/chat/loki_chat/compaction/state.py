@@ -10,6 +10,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .failures import FailedSummaries
+
 #: Generations remembered for the generation guard.
 RECENT_GENERATIONS = 8
 
@@ -34,11 +36,15 @@ class Stamp:
 @dataclass
 class ConvState:
     """One conversation's memory: the last generations' sizes (tokens), the context size at
-    the last refusal for lack of reduction, compactions since the last accepted step,
-    whether a reactive compaction already ran since, and the slot stamp."""
+    the last refusal (for lack of reduction, or a failed summary: the hold-off of
+    :func:`~.decide.decide`), compactions since the last accepted step, whether a reactive
+    compaction already ran since, the slot stamp, and the fingerprints of the summaries that
+    failed (:mod:`.failures`)."""
 
     generations: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_GENERATIONS))
     refused_at: int | None = None
     since_step: int = 0
     reactive_done: bool = False
     stamp: Stamp | None = None
+    failed: FailedSummaries = field(default_factory=FailedSummaries)
+    summary_model: str | None = None  # the model of the last summary that failed

@@ -54,12 +54,14 @@ INFO_TTL_S = 30.0
 class SummaryOutcome:
     """The result of one summary attempt: ``text`` on success, ``failure`` otherwise;
     ``suspend``: the continuation path should be suspended for the model; ``prompt_n``: the
-    engine's ``timings.prompt_n`` (tokens prefilled) when it answered."""
+    engine's ``timings.prompt_n`` (tokens prefilled) when it answered; ``model``: the
+    lease's model the request went to (None when no request left)."""
 
     text: str | None = None
     failure: str | None = None
     suspend: bool = False
     prompt_n: int | None = None
+    model: str | None = None
 
 
 def _template_knows(info: EngineInfo | None) -> bool:
@@ -181,7 +183,9 @@ class SummaryClient:
                     id_slot=lease.id_slot,
                     template_kwargs=kwargs,
                 )
-                return await self._send(cid, lease, body, budget)
+                outcome = await self._send(cid, lease, body, budget)
+                outcome.model = lease.model
+                return outcome
         except LeaseError as exc:
             log.warning("[compact] no lease (%s)", exc)
             return SummaryOutcome(failure="no_lease")

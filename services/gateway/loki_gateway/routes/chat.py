@@ -1,4 +1,4 @@
-"""Chat and conversation routes: send, the SSE stream, state, stop/reset/compact, and the
+"""Chat and conversation routes: send, the SSE stream, state, stop/reset/compact/continue, and the
 conversations index (list, create, rename, delete, export).
 
 Everything is a request to the chat service over NATS (``loki.chat.*``); the SSE stream is
@@ -209,6 +209,14 @@ async def chat_reset(body: ControlBody, bus: Bus = Depends(get_bus)) -> Any:
 async def chat_compact(body: ControlBody, bus: Bus = Depends(get_bus)) -> Any:
     """Compact the conversation now (may take as long as a summary completion)."""
     return await _control(bus, body.conversation, "compact", 600.0)
+
+
+@router.post("/api/chat/continue", response_model=ControlResult)
+async def chat_continue(body: ControlBody, bus: Bus = Depends(get_bus)) -> Any:
+    """Continue the last assistant reply (cut at ``max_tokens``): the engine resumes the same
+    message, its text is appended to it; ``ok`` false when a turn runs or the last message
+    is not an assistant reply. The continuation streams like a turn."""
+    return await _control(bus, body.conversation, "continue", 10.0)
 
 
 async def _conversations(bus: Bus, **fields: Any) -> ConversationsReply:

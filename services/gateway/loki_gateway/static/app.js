@@ -228,7 +228,8 @@
       const el = document.createElement("div");
       el.className = "marker compaction";
       const b = ev.loki.tokens_before, a = ev.loki.tokens_after;
-      el.textContent = "conversation compacted" + (b ? " (" + b + " → " + a + " tokens)" : "");
+      el.textContent = "conversation compacted" + (b ? " (" + b + " → " + a + " tokens)" : "")
+        + (ev.loki.note ? ": " + ev.loki.note : "");
       add(el);
       state.turn = null;
       return;
@@ -245,6 +246,16 @@
       if (state.turn) { state.turn.last = "tool"; state.turn.answer = null; }
       return;
     }
+    if (mark === "continue") {
+      // a cut reply is resumed: its deltas go on in the last assistant bubble
+      for (const b of box().querySelectorAll("button.continue")) b.remove();
+      const all = box().querySelectorAll(".msg.assistant");
+      const last = all[all.length - 1];
+      const t = newTurn();
+      if (last && last._answer) { t.answer = last._answer; t.last = "content"; last.classList.add("typing"); }
+      setGenerating(true);
+      return;
+    }
     if (mark === "retry") {
       const el = document.createElement("div");
       el.className = "marker";
@@ -254,6 +265,7 @@
     }
     if (delta.role === "user") {
       state.turn = null;
+      for (const b of box().querySelectorAll("button.continue")) b.remove();
       const el = bubble("user");
       el.textContent = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
       add(el);
@@ -290,6 +302,7 @@
       if (t.last !== "content" || !t.answer) {
         const el = bubble("assistant typing");
         t.answer = { el, text: "" };
+        el._answer = t.answer;
         add(el);
       }
       t.answer.text += delta.content;
@@ -330,7 +343,16 @@
       if (tm.prompt_n != null || tm.cache_n != null) parts.push("prefill " + (tm.prompt_n ?? "?") + " new / " + (tm.cache_n ?? "?") + " cached");
       if (tm.predicted_n != null) parts.push(tm.predicted_n + " tokens" + (tm.predicted_per_second ? " at " + tm.predicted_per_second.toFixed(1) + " t/s" : ""));
       if (mark === "stopped" || choice.finish_reason === "stopped") parts.push("stopped");
+      const cutAt = choice.finish_reason === "length" && ev.loki ? ev.loki.cut_at : null;
+      if (choice.finish_reason === "length") parts.push(cutAt ? "reply cut at " + cutAt + " tokens" : "reply cut (window full)");
       badge.textContent = parts.join(" · ") || choice.finish_reason;
+      if (choice.finish_reason === "length") {
+        // Continue resumes the same assistant message (POST /api/chat/continue)
+        const more = document.createElement("button");
+        more.type = "button"; more.className = "continue"; more.textContent = "Continue";
+        more.onclick = () => { more.remove(); control("continue"); };
+        badge.append(" ", more);
+      }
       add(badge);
       for (const el of box().querySelectorAll(".typing")) el.classList.remove("typing");
       state.turn = null;
