@@ -17,6 +17,20 @@ from loki_shared import servers
 
 from .gw_fakes import FakePeers
 
+# The browser tests: Debian's chromium driven by Playwright through its executable path (no
+# browser is downloaded); screenshots go to tests/artifacts/ for a person to look at.
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
 
 class Gateway:
     """A running gateway subprocess."""
@@ -111,6 +125,19 @@ def gateway_factory(
 def gateway(gateway_factory, peers: FakePeers) -> Gateway:
     """A gateway without an API key, talking to the fake peers."""
     return gateway_factory()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian chromium (installed by ``scripts/install.sh --test``)."""
+    from playwright.sync_api import sync_playwright  # a missing package fails, never skips
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian chromium missing: scripts/install.sh --test installs it")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        yield b
+        b.close()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -59,6 +59,8 @@ class Conv:
     generating: bool = False
     stop: bool = False
     deleted_blob: bool = False
+    pending: list[str] = field(default_factory=list)  # sends waiting behind the running turn
+    turns: asyncio.Lock = field(default_factory=asyncio.Lock)  # one turn at a time, FIFO
 
 
 def _supervisor_field(name: str) -> Any:
@@ -99,6 +101,10 @@ class FakePeers:
         self.reasoning_pieces: list[str] = []
         self.delay_s = 0.01
         self.skip_publish: set[int] = set()  # seqs appended to the log but not published
+        # what ``compact`` answers, and how long it takes (a summary completion)
+        self.compact_reply: tuple[bool, str] = (True, "compact")
+        self.compact_delay_s = 0.0
+        self.state_n_ctx: int | None = 4096  # None: the chat service does not know it yet
         self.perf_records: list[PerfRecord] = []
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -203,13 +209,20 @@ class FakePeers:
 
     async def _send(self, req: SendRequest) -> SendReply:
         if req.conversation is None:
-            conv = self.new_conv(req.content[:30])
+            conv = self.new_conv((req.content.strip().splitlines() or [""])[0][:60])  # as turn.py
         elif req.conversation not in self.convs:
             return SendReply(error=ErrorInfo(type="not_found", message="no such conversation"))
         else:
             conv = self.convs[req.conversation]
-        queued = conv.generating
-        asyncio.get_running_loop().create_task(self.play_turn(conv.info.id, req.content))
+        queued = conv.generating or conv.turns.locked()
+        conv.pending.append(req.content)
+
+        async def queued_turn() -> None:
+            async with conv.turns:  # like the chat service: a send during a turn runs after it
+                conv.pending.remove(req.content)
+                await self.play_turn(conv.info.id, req.content)
+
+        asyncio.get_running_loop().create_task(queued_turn())
         return SendReply(conversation=conv.info.id, queued=queued)
 
     async def _control(self, req: ControlRequest) -> ControlReply:
@@ -222,11 +235,15 @@ class FakePeers:
             conv.messages.clear()
             await self.emit(req.conversation, {}, loki={"event": "reset"})
         elif req.action == "compact":
-            await self.emit(
-                req.conversation,
-                {},
-                loki={"event": "compaction", "tokens_before": 100, "tokens_after": 20},
-            )
+            await asyncio.sleep(self.compact_delay_s)
+            ok, detail = self.compact_reply
+            if ok:
+                await self.emit(
+                    req.conversation,
+                    {},
+                    loki={"event": "compaction", "tokens_before": 100, "tokens_after": 20},
+                )
+            return ControlReply(ok=ok, detail=detail)
         return ControlReply(ok=True, detail=req.action)
 
     async def _state(self, req: StateRequest) -> StateReply:
@@ -237,8 +254,9 @@ class FakePeers:
             conversation=conv.info.id,
             messages=conv.messages,
             ctx_used=45,
-            n_ctx=4096,
+            n_ctx=self.state_n_ctx,
             generating=conv.generating,
+            queued=len(conv.pending),
             last_seq=len(conv.events),
         )
 

@@ -8,33 +8,7 @@ compaction marker and the prefill badge, and saves a screenshot under ``tests/ar
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright  # a missing package fails, never skips
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian chromium missing: apt-get install -y chromium")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-        yield b
-        b.close()
+from .conftest import ARTIFACTS
 
 
 def _text(page, selector):

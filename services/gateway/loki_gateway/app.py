@@ -134,6 +134,15 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
         """The chat page."""
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        """The tab icon, asked for at this path by browsers (an SVG, which they accept)."""
+        return FileResponse(
+            STATIC / "favicon.svg",
+            media_type="image/svg+xml",
+            headers={"Cache-Control": "max-age=86400"},
+        )
+
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     # Outermost first: CORS, size limit, then auth (middleware added last runs first).

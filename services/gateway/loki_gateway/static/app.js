@@ -9,6 +9,9 @@
   const $ = (id) => document.getElementById(id);
   const md = window.LokiMarkdown;
   const FOLD_CHARS = 600;
+  // A streaming reply is drawn at most this often (ms): a few renders a second, not one per
+  // animation frame, so an open tab leaves the engine its CPU.
+  const RENDER_INTERVAL_MS = 200;
 
   const state = {
     conversation: null,
@@ -16,8 +19,13 @@
     abort: null,
     generating: false,
     turn: null,        // pointers of the turn being drawn
-    dirty: new Set(),  // answer bubbles to re-render
-    nctx: 0,           // the conversation's window, from its state
+    dirty: new Set(),  // answers (LokiLive) with text not drawn yet
+    live: new Set(),   // answers still streaming: drawn whole once when their turn ends
+    nctx: 0,           // the conversation's window, from its state (or the engine's)
+    ctxBase: 0,        // ctx_used at the last state or end of turn
+    streamed: 0,       // deltas streamed since then (about one token each)
+    titles: {},        // conversation id -> title, from the list
+    engine: null,      // the last /api/engine answer
   };
 
   // ---- API -------------------------------------------------------------------------------
@@ -75,10 +83,12 @@
     try { list = (await apiJSON("/api/conversations")).conversations || []; } catch (e) { return; }
     const ul = $("conversations");
     ul.textContent = "";
+    state.titles = {};
     for (const c of list) {
+      state.titles[c.id] = c.title || "";
       const li = document.createElement("li");
       li.dataset.id = c.id;
-      if (c.id === state.conversation) { li.classList.add("active"); $("conv-title").textContent = c.title || "Untitled"; }
+      if (c.id === state.conversation) { li.classList.add("active"); if (c.title) setTitle(c.title); }
       const title = document.createElement("span");
       title.className = "title";
       title.textContent = c.title || "Untitled";
@@ -111,11 +121,14 @@
     state.conversation = id;
     state.lastSeq = 0;
     state.turn = null;
+    dropAnswers();
     $("messages").textContent = "";
     $("messages").dataset.conversation = id || "";
     $("messages").dataset.lastSeq = "0";
+    setDrawer(false);
     setGenerating(false);
-    if (id) { localStorage.setItem("lokiConv", id); history.replaceState(null, "", "#c=" + id); }
+    state.ctxBase = 0; state.streamed = 0;
+    if (id) { localStorage.setItem("lokiConv", id); history.replaceState(null, "", "#c=" + id); setTitle(state.titles[id]); }
     else { localStorage.removeItem("lokiConv"); history.replaceState(null, "", "#"); $("conv-title").textContent = "New chat"; setGauge(0, 0); }
     for (const li of $("conversations").children) li.classList.toggle("active", li.dataset.id === id);
     if (id) { stream(id); refreshState(); }
@@ -192,7 +205,7 @@
   function add(el) {
     const m = box();
     const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 80;
-    m.appendChild(el);
+    m.insertBefore(el, pendingBox());
     if (atBottom) m.scrollTop = m.scrollHeight;
     return el;
   }
@@ -223,7 +236,7 @@
     const delta = choice.delta || {};
     const mark = (ev.loki && ev.loki.event) || null;
 
-    if (mark === "reset") { box().textContent = ""; state.turn = null; return; }
+    if (mark === "reset") { dropAnswers(); box().textContent = ""; state.turn = null; return; }
     if (mark === "compaction") {
       const el = document.createElement("div");
       el.className = "marker compaction";
@@ -252,7 +265,14 @@
       const all = box().querySelectorAll(".msg.assistant");
       const last = all[all.length - 1];
       const t = newTurn();
-      if (last && last._answer) { t.answer = last._answer; t.last = "content"; last.classList.add("typing"); }
+      if (last && last._answer) {
+        // the finished bubble is drawn live again from its text so far
+        const a = LokiLive.create(last);
+        a.append(last._answer.text);
+        last._answer = a;
+        state.live.add(a);
+        t.answer = a; t.last = "content"; last.classList.add("typing");
+      }
       setGenerating(true);
       return;
     }
@@ -266,9 +286,12 @@
     if (delta.role === "user") {
       state.turn = null;
       for (const b of box().querySelectorAll("button.continue")) b.remove();
+      const text = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
+      dropPending(text);
       const el = bubble("user");
-      el.textContent = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
+      el.textContent = text;
       add(el);
+      if (!state.titles[state.conversation]) provisionalTitle(text);
       setGenerating(true);
       return;
     }
@@ -285,6 +308,7 @@
       return;
     }
     const t = turn();
+    if (delta.reasoning_content || delta.content || delta.tool_calls) countToken();
     if (typeof delta.reasoning_content === "string" && delta.reasoning_content) {
       if (t.last !== "reasoning" || !t.reasoning) {
         const el = bubble("reasoning", "details");
@@ -299,13 +323,8 @@
       t.last = "reasoning";
     }
     if (typeof delta.content === "string" && delta.content) {
-      if (t.last !== "content" || !t.answer) {
-        const el = bubble("assistant typing");
-        t.answer = { el, text: "" };
-        el._answer = t.answer;
-        add(el);
-      }
-      t.answer.text += delta.content;
+      if (t.last !== "content" || !t.answer) t.answer = newAnswer();
+      t.answer.append(delta.content);
       state.dirty.add(t.answer);
       t.last = "content";
     }
@@ -354,32 +373,56 @@
         badge.append(" ", more);
       }
       add(badge);
-      for (const el of box().querySelectorAll(".typing")) el.classList.remove("typing");
+      finishAnswers();
       state.turn = null;
       setGenerating(false);
-      if (ev.loki && typeof ev.loki.ctx_used === "number") setGauge(ev.loki.ctx_used, state.nctx);
+      // the turn's own figure, else back to the last known one until the state is read again
+      setCtxUsed(ev.loki && typeof ev.loki.ctx_used === "number" ? ev.loki.ctx_used : state.ctxBase);
       refreshStateSoon();
     }
   }
 
-  let renderQueued = false;
+  // ---- answers: incremental Markdown (live-markdown.js), drawn a few times a second ------
+  function newAnswer() {
+    const el = bubble("assistant typing");
+    add(el);
+    const a = LokiLive.create(el);
+    el._answer = a; // Continue draws a cut reply on in the same bubble
+    state.live.add(a);
+    return a;
+  }
+
+  function finishAnswers() {
+    for (const a of state.live) { a.finish(); a.el.classList.remove("typing"); }
+    state.live.clear();
+    state.dirty.clear();
+  }
+
+  function dropAnswers() { state.live.clear(); state.dirty.clear(); }
+
+  let renderTimer = null;
+  let lastRender = 0;
   function scheduleRender() {
-    if (renderQueued) return;
-    renderQueued = true;
-    requestAnimationFrame(() => {
-      renderQueued = false;
-      const m = box();
-      const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 120;
-      for (const a of state.dirty) a.el.innerHTML = md.render(a.text);
-      state.dirty.clear();
-      if (atBottom) m.scrollTop = m.scrollHeight;
-    });
+    if (renderTimer || !state.dirty.size) return;
+    const wait = Math.max(0, lastRender + RENDER_INTERVAL_MS - performance.now());
+    renderTimer = setTimeout(() => requestAnimationFrame(renderDirty), wait);
+  }
+
+  function renderDirty() {
+    renderTimer = null;
+    lastRender = performance.now();
+    const m = box();
+    const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 120;
+    for (const a of state.dirty) a.render();
+    state.dirty.clear();
+    if (atBottom) m.scrollTop = m.scrollHeight;
   }
 
   // ---- state, gauge, engine ------------------------------------------------------------
   function setGenerating(on) {
     state.generating = on;
     $("stop-btn").hidden = !on;
+    showEngine();
   }
 
   function setGauge(used, nctx) {
@@ -398,7 +441,8 @@
     try {
       const st = await apiJSON("/api/chat/state?conversation=" + encodeURIComponent(id));
       if (id !== state.conversation) return;
-      setGauge(st.ctx_used || 0, st.n_ctx || 0);
+      if (st.n_ctx) state.nctx = st.n_ctx;
+      if (!st.generating || !state.streamed) setCtxUsed(st.ctx_used || 0);
       if (st.generating) setGenerating(true);
     } catch (e) { /* the stream shows errors */ }
   }
@@ -416,14 +460,10 @@
   }
 
   async function refreshEngine() {
-    const info = await firstJSON(["/api/engine"]);
-    const pill = $("engine-state");
-    if (!info) { pill.textContent = "engine: unknown"; pill.className = "pill"; return; }
-    const st = info.state || "unknown";
-    pill.textContent = "engine: " + st + (info.model ? " · " + String(info.model).split("/").pop() : "");
-    pill.className = "pill " + st;
-    const tnotes = (info.template && info.template.notes) || []; // the template probe, in words
-    pill.title = tnotes.join("\n"); if (tnotes.length) pill.textContent += " · " + tnotes[0];
+    state.engine = await firstJSON(["/api/engine"]);
+    showEngine();
+    if (!state.engine) return;
+    if (!state.nctx && state.engine.n_ctx) setGauge(state.ctxBase + state.streamed, state.engine.n_ctx);
     const presets = await firstJSON(["/api/presets"]);
     const sel = $("preset-picker");
     if (presets && Array.isArray(presets.presets)) {
@@ -438,18 +478,124 @@
     }
   }
 
+  // The engine pill: the supervisor's state, "generating" while this page's reply streams
+  // or another client holds the engine (in_flight leases).
+  function showEngine() {
+    const info = state.engine;
+    const pill = $("engine-state");
+    if (!info) { pill.textContent = "engine: unknown"; pill.className = "pill"; return; }
+    let st = info.state || "unknown";
+    if (st === "ready" && (state.generating || info.in_flight > 0)) st = "generating";
+    pill.textContent = "engine: " + st + (info.model ? " · " + String(info.model).split("/").pop() : "");
+    pill.className = "pill " + st;
+    const tnotes = (info.template && info.template.notes) || []; // the template probe, in words
+    pill.title = tnotes.join("\n");
+    if (tnotes.length) pill.textContent += " · " + tnotes[0];
+  }
+
+  // ---- the context gauge: the server's ctx_used, plus one token per streamed delta --------
+  function setCtxUsed(used) {
+    state.ctxBase = used;
+    state.streamed = 0;
+    setGauge(used, state.nctx);
+  }
+
+  let gaugeQueued = false;
+  function countToken() {
+    state.streamed++;
+    if (gaugeQueued) return;
+    gaugeQueued = true;
+    setTimeout(() => { gaugeQueued = false; setGauge(state.ctxBase + state.streamed, state.nctx); }, RENDER_INTERVAL_MS);
+  }
+
+  // ---- the header title --------------------------------------------------------------------
+  function setTitle(title) { $("conv-title").textContent = title || (state.conversation ? "Untitled" : "New chat"); }
+
+  // Until the list says otherwise: the first line of the first message, as the chat service
+  // names a conversation (first line, 60 characters).
+  function provisionalTitle(text) {
+    const first = (text.trim().split("\n")[0] || "").slice(0, 60);
+    if (first) setTitle(first);
+  }
+
+  // ---- messages sent but not yet taken: shown at once, marked queued behind a running turn --
+  function pendingBox() {
+    let p = $("pending");
+    if (!p) { p = document.createElement("div"); p.id = "pending"; box().appendChild(p); }
+    return p;
+  }
+
+  function addPending(text) {
+    const el = bubble("user pending");
+    el.textContent = text;
+    el.dataset.text = text;
+    pendingBox().appendChild(el);
+    box().scrollTop = box().scrollHeight;
+    return el;
+  }
+
+  function markQueued(el) { if (el.isConnected) { el.classList.add("queued"); el.title = "Queued: sent when the current reply ends"; } }
+
+  function dropPending(text) {
+    for (const el of pendingBox().children) if (el.dataset.text === text) { el.remove(); return; }
+  }
+
+  // ---- notices: what an action did, or that it is under way --------------------------------
+  let noticeTimer = null;
+  function notice(text, kind, ms) {
+    const n = $("notice");
+    n.textContent = text;
+    n.className = kind || "";
+    n.hidden = !text;
+    clearTimeout(noticeTimer);
+    if (text && ms !== 0) noticeTimer = setTimeout(() => { n.hidden = true; }, ms || 4000);
+  }
+
   async function switchPreset(id) {
     try { await apiJSON("/api/presets/switch", { method: "POST", json: { id: id } }); }
     catch (e) { alert("preset: " + e.message); }
     refreshEngine();
   }
 
+  // ---- narrow screens: the sidebar drawer and the actions menu ---------------------------
+  function setDrawer(open) {
+    document.body.classList.toggle("drawer-open", open);
+    $("scrim").hidden = !open;
+    $("menu-btn").setAttribute("aria-expanded", String(open));
+  }
+
+  function setActionsMenu(open) {
+    $("actions-menu").classList.toggle("open", open);
+    $("actions-btn").setAttribute("aria-expanded", String(open));
+  }
+
+  function setupNarrowScreens() {
+    $("menu-btn").onclick = () => setDrawer(!document.body.classList.contains("drawer-open"));
+    $("scrim").onclick = () => setDrawer(false);
+    $("actions-btn").onclick = (ev) => {
+      ev.stopPropagation();
+      setActionsMenu(!$("actions-menu").classList.contains("open"));
+    };
+    // a chosen action, a click elsewhere or Escape closes the menu
+    $("actions").addEventListener("click", () => setActionsMenu(false));
+    document.addEventListener("click", (ev) => {
+      if (!$("actions-menu").contains(ev.target)) setActionsMenu(false);
+    });
+    document.addEventListener("keydown", (ev) => {
+      if (ev.key === "Escape") { setActionsMenu(false); setDrawer(false); }
+    });
+  }
+
   // ---- actions -------------------------------------------------------------------------
   async function send(text) {
     const body = { content: text };
+    const pending = state.conversation ? addPending(text) : null;
     if (state.conversation) body.conversation = state.conversation;
-    const r = await apiJSON("/api/chat/send", { method: "POST", json: body });
+    let r;
+    try { r = await apiJSON("/api/chat/send", { method: "POST", json: body }); }
+    catch (e) { if (pending) pending.remove(); throw e; }
     if (r.conversation !== state.conversation) { openConversation(r.conversation); loadConversations(); }
+    else if (r.queued && pending) markQueued(pending);
   }
 
   async function control(action) {
@@ -457,6 +603,25 @@
     try { await apiJSON("/api/chat/" + action, { method: "POST", json: { conversation: state.conversation } }); }
     catch (e) { alert(action + ": " + e.message); }
     refreshStateSoon();
+  }
+
+  // Compact shows that it runs (it may take as long as a summary) and what it did.
+  async function compactNow() {
+    const btn = $("compact-btn");
+    if (!state.conversation || btn.disabled) return;
+    btn.disabled = true;
+    btn.textContent = "Compacting…";
+    notice("Compacting the conversation…", "busy", 0);
+    try {
+      const r = await apiJSON("/api/chat/compact", { method: "POST", json: { conversation: state.conversation } });
+      notice(r.ok ? "Compacted" : "Nothing to compact" + (r.detail ? " (" + r.detail + ")" : ""), r.ok ? "ok" : "");
+    } catch (e) {
+      notice("Compact failed: " + e.message, "error");
+    } finally {
+      btn.disabled = false;
+      btn.textContent = "Compact";
+      refreshStateSoon();
+    }
   }
 
   async function exportConversation(ev) {
@@ -472,6 +637,7 @@
   }
 
   function init() {
+    setupNarrowScreens();
     $("composer").onsubmit = async (ev) => {
       ev.preventDefault();
       const text = $("input").value.trim();
@@ -484,7 +650,7 @@
     };
     $("stop-btn").onclick = () => control("stop");
     $("reset-btn").onclick = () => { if (confirm("Empty this conversation?")) control("reset"); };
-    $("compact-btn").onclick = () => control("compact");
+    $("compact-btn").onclick = compactNow;
     $("export-btn").onclick = exportConversation;
     $("new-chat").onclick = async () => {
       try {
@@ -503,6 +669,8 @@
     setInterval(refreshEngine, 10000);
   }
 
+  window.LokiApi = { api: api, apiJSON: apiJSON };
   window.lokiDebug = state;
+  state.renderStats = LokiLive.stats;
   init();
 })();
