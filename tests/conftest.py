@@ -1,5 +1,12 @@
 """Fixtures shared by every test: real servers on free loopback ports.
 
+Authorization is on everywhere (issue 22): :func:`start_nats` runs nats-server with the users
+and permissions of :mod:`loki_shared.permissions` (one password per user, generated once per
+test session in :data:`AUTH`) plus the test harness's own user ``test`` (no restriction: the
+tests play every service's peers), and :func:`start_redis` runs Redis with ``requirepass``.
+The URLs they return carry the harness's login (``nats://test:...@``, ``redis://:...@``);
+:func:`login_env` gives a service process its own user instead, as ``loki up`` does.
+
 - ``nats_server`` / ``nats_url``: a real NATS with JetStream (session-wide, temp storage).
 - ``redis_server`` / ``redis_url``: a real Redis (session-wide, temp dir); ``redis_db``
   flushes it before a test.
@@ -14,21 +21,77 @@ Nothing here talks to anything but 127.0.0.1.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from loki_shared import servers
+from loki_shared import credentials, servers
 
 # The servers' start-up lives once, in loki_shared.servers (the launcher and the benchmarks
-# use it too); tests that start their own import these names from here or from there.
+# use it too); tests that start their own import start_nats / start_redis from here, which
+# add the session's credentials.
 RunningServer = servers.RunningServer
-start_nats = servers.start_nats
-start_redis = servers.start_redis
+
+#: The test harness's NATS user: every permission (it plays the services' peers).
+TEST_USER = "test"
+
+
+@dataclass(frozen=True)
+class SessionAuth:
+    """The passwords of this test session: every user of the table, Redis, the harness."""
+
+    creds: credentials.Credentials
+    test_password: str
+
+    def nats_extra(self) -> dict[str, tuple[str, dict[str, object]]]:
+        return {TEST_USER: (self.test_password, {})}
+
+
+AUTH = SessionAuth(credentials.Credentials.generate(), secrets.token_urlsafe(16))
+
+
+def _conf_path(data_dir: Path, kind: str) -> Path:
+    return data_dir.parent / f"{data_dir.name}.{kind}-auth.conf"
+
+
+def start_nats(data_dir: Path, **kwargs: Any) -> RunningServer:
+    """:func:`loki_shared.servers.start_nats` with authorization on (every user of
+    :mod:`loki_shared.permissions` and ``test``); the returned URL logs in as ``test``."""
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    conf = credentials.write_nats_config(
+        _conf_path(data_dir, "nats"), AUTH.creds, extra=AUTH.nats_extra()
+    )
+    server = servers.start_nats(data_dir, config=conf, **kwargs)
+    server.url = credentials.with_userinfo(server.url, TEST_USER, AUTH.test_password)
+    return server
+
+
+def start_redis(data_dir: Path, **kwargs: Any) -> RunningServer:
+    """:func:`loki_shared.servers.start_redis` with ``requirepass`` (the session's Redis
+    password); the returned URL carries it."""
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    conf = credentials.write_redis_config(_conf_path(data_dir, "redis"), AUTH.creds)
+    server = servers.start_redis(data_dir, config=conf, **kwargs)
+    server.url = credentials.with_userinfo(server.url, None, AUTH.creds.redis)
+    return server
+
+
+def login_env(user: str) -> dict[str, str]:
+    """``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` / ``LOKI_REDIS_PASSWORD`` of ``user`` (a
+    user of the table): a service process given these logs in as itself, whatever login its
+    URLs carry."""
+    return credentials.service_env(AUTH.creds, user)
+
+
+#: ``url`` without the login in it.
+plain_url = credentials.without_userinfo
 
 
 @pytest.fixture(scope="session")

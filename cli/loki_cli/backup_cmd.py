@@ -10,6 +10,12 @@ Which stack:
   on the home's data folders (as ``loki up`` would), restores, and stops them; ``loki up``
   then serves the restored data.
 
+Logins (issue 22): the stores ``loki up`` started are reached as NATS user ``backup`` and with
+the Redis password, both read from ``LOKI_HOME/credentials.json``; stores named by the
+environment with ``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` / ``LOKI_REDIS_PASSWORD`` (or in
+their URLs). ``loki restore`` starting the embedded stores of an empty home generates its
+credentials first, so the ``loki up`` that follows uses the same ones.
+
 The passphrase comes from ``--passphrase-file``, else ``LOKI_BACKUP_PASSPHRASE``, else a
 prompt (asked twice for a new backup).
 """
@@ -23,7 +29,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from loki_shared import servers
+from loki_shared import credentials, servers
 from loki_shared.backup import (
     MIN_PASSPHRASE_CHARS,
     BackupError,
@@ -56,6 +62,33 @@ def _passphrase(file: Path | None, confirm: bool) -> str:
     return read_passphrase(file, confirm, prompt)
 
 
+def _env_login(nats_url: str, redis_url: str) -> tuple[str, str]:
+    """The environment's URLs with the environment's credentials folded in (when set)."""
+    user, password = os.environ.get("LOKI_NATS_USER"), os.environ.get("LOKI_NATS_PASSWORD")
+    if user:
+        nats_url = credentials.with_userinfo(nats_url, user, password or "")
+    redis_password = os.environ.get("LOKI_REDIS_PASSWORD")
+    if redis_password:
+        redis_url = credentials.with_userinfo(redis_url, None, redis_password)
+    return nats_url, redis_url
+
+
+def _embedded_login(home: Path, url: str, store: str) -> str:
+    """``url`` of a store ``loki up`` started on ``home``, logged in as user ``backup`` (NATS)
+    or with the password (Redis) of ``home``'s credentials.
+
+    Raises:
+        BackupError: the credentials file is missing or unreadable.
+    """
+    try:
+        creds = credentials.load(home / credentials.FILE)
+    except credentials.CredentialsError as exc:
+        raise BackupError(f"the stack's credentials: {exc}") from exc
+    if store == "nats":
+        return credentials.with_userinfo(url, "backup", creds.nats.get("backup", ""))
+    return credentials.with_userinfo(url, None, creds.redis)
+
+
 def _fail(exc: Exception) -> typer.Exit:
     console.print(f"[red]{exc}[/]")
     return typer.Exit(1)
@@ -69,16 +102,19 @@ def backup(
     home = _home()
     nats_url = os.environ.get("LOKI_NATS_URL") or ""
     redis_url = os.environ.get("LOKI_REDIS_URL") or ""
-    if not (nats_url and redis_url):
-        info = runfile.read(home)
-        if info is None:
-            raise _fail(
-                BackupError(
+    try:
+        nats_url, redis_url = _env_login(nats_url, redis_url)
+        if not (nats_url and redis_url):
+            info = runfile.read(home)
+            if info is None:
+                raise BackupError(
                     f"no running Loki found for LOKI_HOME={home}: start it (loki up), or set "
                     "LOKI_NATS_URL and LOKI_REDIS_URL"
                 )
-            )
-        nats_url, redis_url = nats_url or info.nats_url, redis_url or info.redis_url
+            nats_url = nats_url or _embedded_login(home, info.nats_url, "nats")
+            redis_url = redis_url or _embedded_login(home, info.redis_url, "redis")
+    except BackupError as exc:
+        raise _fail(exc) from exc
     target = Target(redis_url, nats_url, home, os.environ.get("LOKI_SECRET_KEY") or None)
     try:
         summary = asyncio.run(create_backup(path, _passphrase(passphrase_file, True), target))
@@ -103,6 +139,7 @@ def restore(
     started: list[servers.ManagedProcess] = []
     try:
         passphrase = _passphrase(passphrase_file, False)
+        nats_url, redis_url = _env_login(nats_url, redis_url)
         if not (nats_url and redis_url):
             if runfile.read(home) is not None:
                 raise BackupError(
@@ -115,7 +152,12 @@ def restore(
                 redis_url = _embedded(started, "redis", home)
         target = Target(redis_url, nats_url, home, os.environ.get("LOKI_SECRET_KEY") or None)
         summary = asyncio.run(restore_backup(path, passphrase, target))
-    except (BackupError, servers.ServerNotFound, servers.ServerStartError) as exc:
+    except (
+        BackupError,
+        servers.ServerNotFound,
+        servers.ServerStartError,
+        credentials.CredentialsError,
+    ) as exc:
         raise _fail(exc) from exc
     finally:
         for proc in reversed(started):
@@ -128,11 +170,18 @@ def restore(
 
 
 def _embedded(started: list[servers.ManagedProcess], name: str, home: Path) -> str:
-    """Start the embedded ``name`` server on ``home``'s data folder (as ``loki up`` does)."""
-    start = servers.start_nats if name == "nats" else servers.start_redis
-    server = start(home / name)
+    """Start the embedded ``name`` server on ``home``'s data folder with ``home``'s
+    credentials (created if new), as ``loki up`` does; return its URL logged in as the
+    ``backup`` user (NATS) or with the password (Redis)."""
+    creds = credentials.ensure(home)
+    if name == "nats":
+        conf = credentials.write_nats_config(home / credentials.NATS_CONF, creds)
+        server = servers.start_nats(home / name, config=conf)
+    else:
+        conf = credentials.write_redis_config(home / credentials.REDIS_CONF, creds)
+        server = servers.start_redis(home / name, config=conf)
     started.append(server.process)
-    return server.url
+    return _embedded_login(home, server.url, name)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,14 @@ reverse order, NATS last. Data lives under ``LOKI_HOME``: Redis's append-only fi
 ``redis/``, JetStream in ``nats/``, so conversations, the archive and the perf ring survive a
 restart of the whole stack.
 
+The embedded NATS and Redis require a login (issue 22): the passwords are generated once into
+``LOKI_HOME/credentials.json`` (0600, :func:`loki_shared.credentials.ensure`), nats-server runs
+with the per-user permissions of :mod:`loki_shared.permissions` (``LOKI_HOME/run/nats.conf``)
+and Redis with ``requirepass`` (``LOKI_HOME/run/redis.conf``); each service gets only its own
+NATS user (``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD``) and the Redis password. With
+``LOKI_NATS_URL`` / ``LOKI_REDIS_URL`` the servers are someone else's: their credentials come
+from the environment as it is.
+
 What it says is true (issue 27): the stack is *up* when the gateway process it started
 itself listens on the port and answers ``/healthz`` (:meth:`Stack.wait_gateway`); a service
 that exits before the stack is up is a start failure, said with the service's own last
@@ -34,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loki_shared import servers
+from loki_shared import credentials, permissions, servers
 
 from . import ports, runfile
 
@@ -60,7 +68,10 @@ class StackConfig:
     """Where the stack keeps its data and how it is reached.
 
     ``nats_url`` / ``redis_url`` set: use those servers instead of starting embedded ones.
-    ``env`` is passed to every service on top of the inherited ``LOKI_*`` variables.
+    ``env`` is passed to every service on top of the inherited ``LOKI_*`` variables;
+    ``service_env`` (service name -> variables) to one service only, on top of ``env``.
+    ``nats_login``: ``nats.connect`` options the launcher itself logs in with to an external
+    NATS (it asks ``loki.engine.info``); the embedded one's come from ``LOKI_HOME``.
     ``stop_timeout_s``: each service's stop budget (``LOKI_STOP_TIMEOUT_S``).
     """
 
@@ -70,6 +81,8 @@ class StackConfig:
     nats_url: str | None = None
     redis_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    nats_login: dict[str, Any] = field(default_factory=dict)
     echo: bool = True
     stop_timeout_s: float = 10.0
 
@@ -106,12 +119,15 @@ class Stack:
         self.procs: dict[str, servers.ManagedProcess] = {}
         self.nats_url = config.nats_url or ""
         self.redis_url = config.redis_url or ""
+        #: The embedded servers' passwords (None until :meth:`start`, or with both external).
+        self.creds: credentials.Credentials | None = None
         self.up = False
         self._restarts: dict[str, tuple[int, float]] = {}
 
     # -- environment ---------------------------------------------------------------------
-    def service_env(self) -> dict[str, str]:
-        """The environment every service process gets."""
+    def service_env(self, name: str | None = None) -> dict[str, str]:
+        """The environment service ``name`` gets (every service's when None): with embedded
+        servers, its own NATS user and the Redis password."""
         env = dict(os.environ)
         env.update(
             LOKI_HOME=str(self.config.home),
@@ -124,7 +140,28 @@ class Stack:
         )
         env.setdefault("LOKI_PERF_METRICS_PORT", str(servers.free_port()))
         env.update(self.config.env)
+        if name is not None:
+            env.update(self.config.service_env.get(name, {}))
+        if name is not None and self.creds is not None:
+            login = credentials.service_env(self.creds, name)
+            if not self.config.nats_url:
+                env.update(LOKI_NATS_USER=name, LOKI_NATS_PASSWORD=login["LOKI_NATS_PASSWORD"])
+            if not self.config.redis_url:
+                env["LOKI_REDIS_PASSWORD"] = login["LOKI_REDIS_PASSWORD"]
         return env
+
+    def nats_login(self, user: str = "cli") -> dict[str, Any]:
+        """``nats.connect`` keyword arguments logging ``user`` in to the embedded NATS; for an
+        external one, :attr:`StackConfig.nats_login` (empty: its URL says how, if at all)."""
+        if self.config.nats_url:
+            return dict(self.config.nats_login)
+        if self.creds is None:
+            return {}
+        return {
+            "user": user,
+            "password": self.creds.nats[user],
+            "inbox_prefix": permissions.inbox_prefix(user),
+        }
 
     # -- start ---------------------------------------------------------------------------
     def preflight(self) -> None:
@@ -163,13 +200,21 @@ class Stack:
         home.mkdir(parents=True, exist_ok=True)
         echo = self.config.echo
         try:
+            if not (self.config.nats_url and self.config.redis_url):
+                self.creds = credentials.ensure(home)
             if not self.config.nats_url:
-                nats = servers.start_nats(home / "nats", echo=echo, own_session=True)
+                assert self.creds is not None
+                conf = credentials.write_nats_config(home / credentials.NATS_CONF, self.creds)
+                nats = servers.start_nats(home / "nats", echo=echo, own_session=True, config=conf)
                 self.infra["nats"] = nats.process
                 self.nats_url = nats.url
                 self.log(f"NATS (JetStream) on {self.nats_url}")
             if not self.config.redis_url:
-                redis = servers.start_redis(home / "redis", echo=echo, own_session=True)
+                assert self.creds is not None
+                conf = credentials.write_redis_config(home / credentials.REDIS_CONF, self.creds)
+                redis = servers.start_redis(
+                    home / "redis", echo=echo, own_session=True, config=conf
+                )
                 self.infra["redis"] = redis.process
                 self.redis_url = redis.url
                 self.log(f"Redis (append-only) on {self.redis_url}")
@@ -177,7 +222,12 @@ class Stack:
             for name, _ in SERVICES:
                 self.start_service(name)
             self.wait_gateway()
-        except (servers.ServerNotFound, servers.ServerStartError, StackError) as exc:
+        except (
+            servers.ServerNotFound,
+            servers.ServerStartError,
+            StackError,
+            credentials.CredentialsError,
+        ) as exc:
             self.stop()
             raise StackError(str(exc)) from exc
 
@@ -187,7 +237,7 @@ class Stack:
         proc = servers.ManagedProcess(
             name,
             [sys.executable, "-m", module],
-            env=self.service_env(),
+            env=self.service_env(name),
             echo=self.config.echo,
             own_session=True,
         ).start()
@@ -262,7 +312,7 @@ class Stack:
 
         async def ask() -> dict[str, Any] | None:
             nc = await nats_client.connect(
-                self.nats_url, connect_timeout=timeout, allow_reconnect=False
+                self.nats_url, connect_timeout=timeout, allow_reconnect=False, **self.nats_login()
             )
             try:
                 msg = await nc.request(subjects.ENGINE_INFO, b"{}", timeout=timeout)

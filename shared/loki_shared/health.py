@@ -16,12 +16,13 @@ says nobody at all subscribes to the subject ("no responders"), a live process r
 ``-m MODULE`` counts as healthy instead. A timeout or an ``ok: false`` answer never falls back.
 
 Exit status 0 = healthy, 1 = unhealthy (one line on stderr says why), 2 = usage error. The
-NATS URL comes from ``LOKI_NATS_URL``; the instance token is this host's name (a container's
+NATS URL and login come from ``LOKI_NATS_URL``, ``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` (or
+``LOKI_SECRETS_DIR``), as the service's own; the instance token is this host's name (a container's
 host name is its id, so the check asks *this* container's instance, not a sibling replica).
 
 A service attaches the responder to its broker before starting it::
 
-    broker = make_broker(settings.nats_url, "chat")
+    broker = make_broker(settings.nats_url, "chat", login=settings.nats_options())
     health.attach(broker, "chat", check=my_async_check)   # check is optional
 """
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import socket
 import sys
@@ -38,7 +38,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import subjects
 from .messages.health import HealthReply, HealthRequest
@@ -92,9 +92,14 @@ def attach(broker: NatsBroker, service: str, check: Check | None = None) -> None
 
 
 async def ask_nats(
-    nats_url: str, service: str, instance: str | None, timeout: float = DEFAULT_TIMEOUT_S
+    nats_url: str,
+    service: str,
+    instance: str | None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    login: dict[str, Any] | None = None,
 ) -> HealthReply:
-    """Request the health subject over NATS and return the parsed reply.
+    """Request the health subject over NATS and return the parsed reply. ``login``: the
+    NATS user to log in as (``LokiSettings.nats_options()``); the CLI uses the container's own.
 
     Raises:
         NoResponder: nobody subscribes to the subject.
@@ -115,6 +120,7 @@ async def ask_nats(
                 max_reconnect_attempts=0,
                 allow_reconnect=False,
                 error_cb=quiet,
+                **(login or {}),
             ),
             timeout=timeout + 0.5,
         )
@@ -199,10 +205,20 @@ def main(argv: list[str] | None = None) -> int:
         elif args.process:
             what = f"pid {check_process(args.process)}"
         else:
-            nats_url = os.environ.get("LOKI_NATS_URL", "nats://127.0.0.1:4222")
+            from .settings import LokiSettings
+
+            settings = LokiSettings()  # LOKI_NATS_URL / _USER / _PASSWORD, LOKI_SECRETS_DIR
             instance = None if args.any else instance_token()
             try:
-                reply = asyncio.run(ask_nats(nats_url, args.service, instance, args.timeout))
+                reply = asyncio.run(
+                    ask_nats(
+                        settings.nats_url,
+                        args.service,
+                        instance,
+                        args.timeout,
+                        login=settings.nats_options(),
+                    )
+                )
             except NoResponder as exc:
                 if not args.fallback_process:
                     raise

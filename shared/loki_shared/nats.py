@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from faststream.exceptions import IncorrectState
 from faststream.nats import JStream, NatsBroker
+from faststream.nats.security import NatsUserPassword
 
 from . import health, subjects
 from .errors import exception_middleware
+from .credentials import without_userinfo
 from .lifecycle import one_line
 from .logsetup import bus_logger
 
@@ -23,11 +25,18 @@ if TYPE_CHECKING:  # pragma: no cover
 CLOSE_TIMEOUT_S = 1.0
 
 
-def make_broker(url: str, name: str, health_check: health.Check | None = None) -> NatsBroker:
+def make_broker(
+    url: str,
+    name: str,
+    health_check: health.Check | None = None,
+    login: dict[str, Any] | None = None,
+) -> NatsBroker:
     """A FastStream NATS broker for service ``name`` that reconnects forever and answers the
     health subjects ``loki.health.<name>`` (see :mod:`loki_shared.health`; the compose
     healthchecks ask them). ``health_check``, when given, runs on each health request: a
-    non-empty dict it returns (or an exception) makes the answer unhealthy.
+    non-empty dict it returns (or an exception) makes the answer unhealthy. ``login``: the
+    service's NATS user (``LokiSettings.nats_options()``: ``user``, ``password``,
+    ``inbox_prefix``); empty or None: no login.
 
     What a handler raises is answered by :func:`loki_shared.errors.exception_middleware`
     (the services' one error boundary: ``{"error": {"type", "message"}}``).
@@ -38,8 +47,16 @@ def make_broker(url: str, name: str, health_check: health.Check | None = None) -
 
     The connection is opened by ``broker.start()`` / ``FastStream(broker).run()``.
     """
+    login = dict(login or {})
+    extra: dict[str, Any] = {}
+    if login.get("user"):  # the explicit login wins over one in the URL (as in nats-py)
+        url = without_userinfo(url)
+        extra["security"] = NatsUserPassword(login["user"], login.get("password") or "")
+    if login.get("inbox_prefix"):
+        extra["inbox_prefix"] = login["inbox_prefix"]
     broker = NatsBroker(
         url,
+        **extra,
         name=f"loki-{name}",
         max_reconnect_attempts=-1,
         # nats-py takes seconds as a float; FastStream annotates it as int

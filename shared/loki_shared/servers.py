@@ -134,15 +134,25 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
-def nats_command(port: int, store_dir: Path, host: str = "127.0.0.1") -> list[str]:
-    """argv of a JetStream-enabled NATS server storing its streams under ``store_dir``."""
-    return [str(find_nats_server()), "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
+def nats_command(
+    port: int, store_dir: Path, host: str = "127.0.0.1", config: Path | None = None
+) -> list[str]:
+    """argv of a JetStream-enabled NATS server storing its streams under ``store_dir``;
+    ``config``: a configuration file read first (the ``authorization`` block
+    :func:`loki_shared.credentials.write_nats_config` writes), the options here win over it."""
+    head = [str(find_nats_server())] + (["-c", str(config)] if config else [])
+    return [*head, "-a", host, "-p", str(port), "-js", "-sd", str(store_dir)]
 
 
-def redis_command(port: int, data_dir: Path, host: str = "127.0.0.1") -> list[str]:
-    """argv of a Redis server with append-only persistence under ``data_dir``."""
+def redis_command(
+    port: int, data_dir: Path, host: str = "127.0.0.1", config: Path | None = None
+) -> list[str]:
+    """argv of a Redis server with append-only persistence under ``data_dir``; ``config``: a
+    configuration file read first (``requirepass``, :func:`loki_shared.credentials.
+    write_redis_config`: the password stays out of the process list)."""
     return [
         str(find_redis_server()),
+        *([str(config)] if config else []),
         "--bind",
         host,
         "--port",
@@ -357,10 +367,12 @@ def start_nats(
     extra: list[str] | tuple[str, ...] = (),
     timeout: float = 30.0,
     own_session: bool = False,
+    config: Path | None = None,
 ) -> RunningServer:
     """Start a JetStream NATS storing its streams under ``data_dir`` on ``port`` (default: a
     free one) and return once it accepts connections. ``extra``: more ``nats-server``
-    arguments (``-m PORT`` for the monitoring endpoint). Used by ``loki up``, the tests and
+    arguments (``-m PORT`` for the monitoring endpoint). ``config``: its configuration file
+    (users and permissions; see :func:`nats_command`). Used by ``loki up``, the tests and
     the benchmarks alike. ``own_session``: see :attr:`ManagedProcess.own_session`.
 
     Raises:
@@ -369,7 +381,7 @@ def start_nats(
     """
     port = port or free_port(host)
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = [*nats_command(port, data_dir, host), *extra]
+    argv = [*nats_command(port, data_dir, host, config), *extra]
     proc = _start_listening("nats", argv, port, host, echo, timeout, own_session)
     return RunningServer(f"nats://{host}:{port}", port, proc, data_dir)
 
@@ -381,9 +393,12 @@ def start_redis(
     echo: bool = False,
     timeout: float = 30.0,
     own_session: bool = False,
+    config: Path | None = None,
 ) -> RunningServer:
     """Start Redis with append-only persistence under ``data_dir`` on ``port`` (default: a
-    free one) and return once it accepts connections; the URL names database 0.
+    free one) and return once it accepts connections; the URL names database 0 and carries
+    no password. ``config``: its configuration file (``requirepass``; see
+    :func:`redis_command`).
 
     Raises:
         ServerNotFound: no ``redis-server``.
@@ -391,7 +406,7 @@ def start_redis(
     """
     port = port or free_port(host)
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = redis_command(port, data_dir, host)
+    argv = redis_command(port, data_dir, host, config)
     proc = _start_listening("redis", argv, port, host, echo, timeout, own_session)
     return RunningServer(f"redis://{host}:{port}/0", port, proc, data_dir)
 

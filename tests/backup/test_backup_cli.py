@@ -13,6 +13,7 @@ from pathlib import Path
 import redis
 
 from loki_cli import runfile
+from loki_shared import credentials, servers
 from tests.conftest import start_nats, start_redis
 
 PASS = "a passphrase long enough"
@@ -30,9 +31,18 @@ def loki(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
 
 def test_loki_backup_reads_the_running_stack_and_restore_fills_an_empty_home(tmp_path: Path):
     home = tmp_path / "home"
-    nats_a, redis_a = start_nats(home / "nats"), start_redis(home / "redis")
+    # As `loki up` starts them: the home's own credentials (issue 22), URLs without a login.
+    creds = credentials.ensure(home)
+    nats_a = servers.start_nats(
+        home / "nats",
+        config=credentials.write_nats_config(home / credentials.NATS_CONF, creds),
+    )
+    redis_a = servers.start_redis(
+        home / "redis",
+        config=credentials.write_redis_config(home / credentials.REDIS_CONF, creds),
+    )
     try:
-        r = redis.Redis.from_url(redis_a.url)
+        r = redis.Redis.from_url(redis_a.url, password=creds.redis)
         r.set(b"loki:chat:conv:x", b"\x01blob")
         r.hset(b"loki:chat:index", b"x", b"\x01entry")
         (home / "secret.key").write_text("A" * 43 + "=\n")
@@ -63,6 +73,8 @@ def test_loki_backup_reads_the_running_stack_and_restore_fills_an_empty_home(tmp
     out = loki("restore", str(backup), "--passphrase-file", str(pfile), home=fresh)
     assert out.returncode == 0, out.stderr
     assert (fresh / "secret.key").read_text() == "A" * 43 + "=\n"
+    # The stores' passwords are not in the backup: the restored home has passwords of its own.
+    assert credentials.load(fresh / credentials.FILE) != creds
     # The embedded Redis the restore started kept the data in the home's append-only file.
     again = start_redis(fresh / "redis")
     try:

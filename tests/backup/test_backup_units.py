@@ -231,16 +231,23 @@ def test_home_files_are_data_except_stores_caches_runtime_and_the_key(tmp_path: 
         "nats/jetstream/x",
         "slots/slot0.bin",
         "run/stack.json",
+        "run/nats.conf",
+        "credentials.json",
         "recall-index.snap",
         "recall-index.snap.12.tmp",
         "old.lokibak",
         "attachments/ab/cd.bin",
+        "attachments/credentials.json",  # only the top-level file is the stores' passwords
         "notes.txt",
     ):
         (home / rel).parent.mkdir(parents=True, exist_ok=True)
         (home / rel).write_bytes(b"data")
     (home / "link").symlink_to(home / "notes.txt")
-    assert home_part.data_files(home) == ["attachments/ab/cd.bin", "notes.txt"]
+    assert home_part.data_files(home) == [
+        "attachments/ab/cd.bin",
+        "attachments/credentials.json",
+        "notes.txt",
+    ]
 
 
 def test_target_home_must_hold_no_other_key_nor_other_files(tmp_path: Path):

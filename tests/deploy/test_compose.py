@@ -157,7 +157,8 @@ def test_referenced_volumes_networks_and_paths_exist(rendered: tuple[str, str, d
                 assert mount["source"] in declared_volumes, (name, mount)
             elif mount["type"] == "bind":
                 src = Path(mount["source"])
-                if src.is_relative_to(ROOT) and not src.is_relative_to(ROOT / "models"):
+                generated = (ROOT / "models", ROOT / "secrets")  # the user's / loki-secrets'
+                if src.is_relative_to(ROOT) and not any(src.is_relative_to(g) for g in generated):
                     assert src.exists(), (name, "bind source missing in the repository", src)
         if svc.get("network_mode") == "none":
             continue
@@ -383,7 +384,7 @@ def test_unraid_conventions() -> None:
     assert out.returncode == 0, out.stderr
     services = out.services
     for name, svc in services.items():
-        if name == "loki-init":
+        if name in ("loki-init", "loki-secrets"):  # one-shots preparing folders, as root
             assert svc["user"] == "0:0" and svc.get("network_mode") == "none"
             continue
         assert svc.get("user") == "1000:1001", name
@@ -438,3 +439,73 @@ def test_unraid_appdata_follows_env() -> None:
     assert "/mnt/cache/appdata/loki2/data" in sources
     assert "/mnt/user/gguf" in sources
     assert not any(s.startswith("/mnt/user/appdata") for s in sources)
+
+
+def test_each_container_gets_its_own_credentials_only(rendered: tuple[str, str, dict]) -> None:
+    """Issue 22: ``loki-secrets`` generates the passwords first; NATS runs with the generated
+    permissions, Redis with ``requirepass``, and each container mounts only its own folder
+    of LOKI_SECRETS_DIR (its NATS user's password, not another's)."""
+    from loki_shared import permissions
+
+    _, _, model = rendered
+    services = model["services"]
+    init = services["loki-secrets"]
+    assert init["command"] == ["python", "-m", "loki_shared.credentials", "init", "/secrets"]
+    assert init.get("network_mode") == "none" and init.get("restart") == "no"
+    (init_mount,) = init["volumes"]
+    base = Path(init_mount["source"])
+
+    def secrets_of(name: str) -> Path:
+        mounts = [m for m in services[name]["volumes"] if m["target"] == "/run/secrets/loki"]
+        assert len(mounts) == 1 and mounts[0].get("read_only"), (name, mounts)
+        assert not any(Path(m["source"]) == base for m in services[name]["volumes"]), name
+        return Path(mounts[0]["source"])
+
+    for name, svc in services.items():
+        if name == "loki-secrets" or name not in LOKI_SERVICES | {"nats": 0, "redis": 0}:
+            continue
+        deps = svc["depends_on"]
+        assert deps["loki-secrets"]["condition"] == "service_completed_successfully", name
+    assert secrets_of("nats") == base / "nats"
+    nats_cmd = services["nats"]["command"]
+    assert nats_cmd[nats_cmd.index("-c") + 1] == "/run/secrets/loki/nats.conf"
+    assert secrets_of("redis") == base / "redis"
+    assert services["redis"]["command"][:2] == ["redis-server", "/run/secrets/loki/redis.conf"]
+    assert "/run/secrets/loki/password" in " ".join(services["redis"]["healthcheck"]["test"])
+    for name in LOKI_SERVICES:
+        if name not in services:
+            continue
+        user = "engine-supervisor" if name.startswith("engine-supervisor") else name
+        assert user in {row.user for row in permissions.USERS}, name
+        assert secrets_of(name) == base / user, name
+        assert env_of(services[name])["LOKI_SECRETS_DIR"] == "/run/secrets/loki", name
+
+
+def test_the_init_step_writes_what_the_containers_mount(tmp_path: Path) -> None:
+    """``loki-secrets``'s command, run here on a scratch folder, writes every file the
+    containers read from their mounts (names as compose mounts them)."""
+    import subprocess
+    import sys
+
+    out = render([BASE], ["gpu", "tools"])
+    assert out.returncode == 0, out.stderr
+    cmd = out.services["loki-secrets"]["command"]
+    argv = [sys.executable if a == "python" else a for a in cmd]
+    argv[-1] = str(tmp_path / "secrets")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    base = Path(out.services["loki-secrets"]["volumes"][0]["source"])
+    for name, svc in out.services.items():
+        for mount in svc.get("volumes", []):
+            if mount["target"] != "/run/secrets/loki":
+                continue
+            folder = tmp_path / "secrets" / Path(mount["source"]).relative_to(base)
+            assert folder.is_dir(), (name, folder)
+            if name == "nats":
+                assert (folder / "nats.conf").read_text().count('"user"') >= 5
+            elif name == "redis":
+                assert (folder / "redis.conf").read_text().startswith("requirepass ")
+                assert (folder / "password").read_text()
+            else:
+                assert (folder / "loki_nats_password").read_text(), name
+                assert (folder / "loki_redis_password").read_text(), name

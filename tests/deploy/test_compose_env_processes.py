@@ -9,7 +9,11 @@ Only the compose *wiring* values are changed, each for a stated reason:
   127.0.0.1 — loopback servers started by the fixtures;
 - the container ports (8090, 9464, 8081) become free ports, since this machine is shared;
 - ``LOKI_HOME=/data`` becomes a temporary directory and ``LOKI_LLAMA_SERVER=/app/llama-server``
-  (set by the engine image) the llama-server installed here.
+  (set by the engine image) the llama-server installed here;
+- ``LOKI_SECRETS_DIR=/run/secrets/loki`` becomes the folder compose mounts there for that
+  service: its own subfolder of what ``loki-secrets``'s command wrote. NATS and Redis run with
+  the ``nats.conf`` and ``redis.conf`` it wrote too, so each service logs in as its own user
+  with the generated permissions, as in the containers (issue 22).
 
 Every other ``LOKI_*`` value is passed exactly as compose renders it.
 """
@@ -31,6 +35,7 @@ from httpx_sse import connect_sse
 
 from loki_cli.stack import Stack, StackConfig
 from loki_shared import servers
+from loki_shared.settings import LokiSettings
 
 from .compose_model import (
     BASE,
@@ -102,16 +107,72 @@ def to_loopback(
     return out, changed
 
 
+def run_loki_secrets(folder: Path) -> Path:
+    """Run compose's ``loki-secrets`` command (``python -m loki_shared.credentials init``) on
+    ``folder`` instead of the container's ``/secrets``; return ``folder``."""
+    out = render([BASE], ["gpu"])
+    cmd = out.services["loki-secrets"]["command"]
+    assert cmd[:2] == ["python", "-m"] and cmd[-1] == "/secrets", cmd
+    proc = subprocess.run(
+        [sys.executable, *cmd[1:-1], str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return folder
+
+
+def own_secrets(
+    folder: Path, mounted_at: str
+) -> tuple[dict[str, dict[str, str]], dict[str, tuple[str, str]]]:
+    """Per service, ``LOKI_SECRETS_DIR`` naming the subfolder compose mounts at ``mounted_at``
+    for it (the folder of its NATS user); and that change, for the record."""
+    assert mounted_at == "/run/secrets/loki", mounted_at
+    per = {
+        user: {"LOKI_SECRETS_DIR": str(folder / user)}
+        for user in ("engine-supervisor", "recall", "perf", "chat", "gateway")
+    }
+    return per, {"LOKI_SECRETS_DIR": (mounted_at, str(folder / "<service>"))}
+
+
+def test_the_stores_refuse_a_client_without_the_login(compose_stack: tuple[Stack, dict]) -> None:
+    """With the init step's configuration NATS and Redis refuse a client that does not log
+    in, while the services, each logged in as itself, serve the turns of the tests here."""
+    import asyncio
+
+    import nats as nats_client
+    import redis
+
+    stack, info = compose_stack
+
+    async def nats_refuses() -> bool:
+        try:
+            nc = await nats_client.connect(
+                stack.nats_url, allow_reconnect=False, max_reconnect_attempts=0
+            )
+        except Exception as exc:  # noqa: BLE001 - the refusal is what is checked
+            return "Authorization Violation" in str(exc)
+        await nc.close()
+        return False
+
+    assert asyncio.run(nats_refuses())
+    client = redis.Redis.from_url(stack.redis_url)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        client.ping()
+    client.close()
+    for user, extra in info["per_service"].items():
+        assert (Path(extra["LOKI_SECRETS_DIR"]) / "loki_nats_user").read_text() == user
+
+
 @pytest.fixture(scope="module")
 def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, dict]]:
-    from tests.conftest import start_nats, start_redis
-
     root = tmp_path_factory.mktemp("compose-procs")
     envs = compose_env()
-    nats = start_nats(root / "nats")
-    redis = start_redis(root / "redis")
+    secrets_dir = run_loki_secrets(root / "secrets")
+    nats = servers.start_nats(root / "nats", config=secrets_dir / "nats" / "nats.conf")
+    redis = servers.start_redis(root / "redis", config=secrets_dir / "redis" / "redis.conf")
     try:
         env, changed = to_loopback(envs, nats.url, redis.url, root / "home")
+        per_service, secret_changes = own_secrets(secrets_dir, env.pop("LOKI_SECRETS_DIR"))
+        changed.update(secret_changes)
     except BaseException:
         redis.process.stop()
         nats.process.stop()
@@ -129,13 +190,16 @@ def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[St
                 nats_url=nats.url,
                 redis_url=redis.url,
                 env=env,
+                service_env=per_service,
+                # the launcher asks loki.engine.info as the `cli` user, like a person would
+                nats_login=LokiSettings(_secrets_dir=secrets_dir / "cli").nats_options(),
                 echo=False,
             )
         )
         try:
             stack.start()
             stack.wait_engine_ready(timeout=240)
-            yield stack, {"env": env, "changed": changed}
+            yield stack, {"env": env, "changed": changed, "per_service": per_service}
         finally:
             stack.stop()
             redis.process.stop()
@@ -155,6 +219,7 @@ def test_only_wiring_values_are_changed(compose_stack: tuple[Stack, dict]) -> No
         "LOKI_ENGINE_HOST",
         "LOKI_ENGINE_PORT",
         "LOKI_LLAMA_SERVER",
+        "LOKI_SECRETS_DIR",
     }, info["changed"]
 
 
@@ -217,7 +282,8 @@ def test_compose_healthchecks_pass(compose_stack: tuple[Stack, dict]) -> None:
             re.sub(r":(\d+)/", lambda m: f":{port_map.get(m.group(1), m.group(1))}/", a)
             for a in args
         ]
-        proc = _health(args, env)
+        user = "engine-supervisor" if name.startswith("engine-supervisor") else name
+        proc = _health(args, {**env, **info["per_service"][user]})
         assert proc.returncode == 0, (name, args, proc.stdout, proc.stderr)
         results[name] = proc.stdout.strip()
         folder, _ = LOKI_SERVICES[name]
@@ -231,7 +297,7 @@ def test_compose_healthchecks_pass(compose_stack: tuple[Stack, dict]) -> None:
     # A stopped service fails its check: the checks are not vacuous.
     stack.stop_service("recall")
     try:
-        proc = _health(["recall"], env)
+        proc = _health(["recall"], {**env, **info["per_service"]["recall"]})
         assert proc.returncode == 1, proc.stdout
     finally:
         stack.start_service("recall")

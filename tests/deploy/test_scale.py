@@ -43,6 +43,16 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 LOCK_TTL_S = 5
 
 
+#: python module -> its NATS user (loki_shared.permissions)
+USERS = {
+    "loki_supervisor": "engine-supervisor",
+    "loki_recall": "recall",
+    "loki_perf": "perf",
+    "loki_chat": "chat",
+    "loki_gateway": "gateway",
+}
+
+
 @dataclass
 class Cluster:
     nats_url: str
@@ -54,7 +64,9 @@ class Cluster:
     web_ports: dict[str, int] = field(default_factory=dict)
 
     def start(self, name: str, module: str, **extra: str) -> servers.ManagedProcess:
-        env = {**self.env, **extra}
+        from tests.conftest import login_env
+
+        env = {**self.env, **login_env(USERS[module]), **extra}
         proc = servers.ManagedProcess(name, [sys.executable, "-m", module], env=env).start()
         self.procs[name] = proc
         return proc
@@ -91,17 +103,18 @@ async def _engine_ready(nats_url: str, timeout: float) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    from tests.conftest import start_redis
+    from tests.conftest import plain_url, start_nats, start_redis
 
     root = tmp_path_factory.mktemp("scale")
     mport = servers.free_port()
-    nats_server = servers.start_nats(root / "nats", extra=["-m", str(mport)])
-    port, nats_proc = nats_server.port, nats_server.process
+    nats_server = start_nats(root / "nats", extra=["-m", str(mport)])
+    nats_proc = nats_server.process
     redis_server = start_redis(root / "redis")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
     env.update(
-        LOKI_NATS_URL=f"nats://127.0.0.1:{port}",
-        LOKI_REDIS_URL=redis_server.url,
+        # each process logs in as its own service (Cluster.start): the URLs carry no login
+        LOKI_NATS_URL=plain_url(nats_server.url),
+        LOKI_REDIS_URL=plain_url(redis_server.url),
         LOKI_HOME=str(root / "home"),  # shared, like the compose volume: one key file
         LOKI_LOCK_TTL_S=str(LOCK_TTL_S),
         LOKI_ENGINE_PORT=str(servers.free_port()),
@@ -116,7 +129,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         PYTHONUNBUFFERED="1",
     )
     c = Cluster(
-        f"nats://127.0.0.1:{port}",
+        nats_server.url,
         f"http://127.0.0.1:{mport}",
         redis_server.url,
         root / "home",

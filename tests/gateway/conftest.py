@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from loki_shared import servers
+from tests.conftest import login_env, start_nats
 
 from .gw_fakes import FakePeers
 
@@ -68,6 +69,7 @@ def launch_gateway(
         LOKI_SECRET_KEY="gateway-test-secret",
         PYTHONUNBUFFERED="1",
         LOKI_REDIS_URL=redis_url,
+        **login_env("gateway"),  # the gateway's own NATS user, as in production
     )
     if key:
         env["LOKI_API_KEY"] = key
@@ -93,7 +95,7 @@ def launch_gateway(
 
 @pytest.fixture(scope="module")
 def gw_nats(tmp_path_factory) -> Iterator[str]:
-    server = servers.start_nats(tmp_path_factory.mktemp("gw-nats"))
+    server = start_nats(tmp_path_factory.mktemp("gw-nats") / "nats")
     yield server.url
     server.stop()
 

@@ -26,6 +26,7 @@ import redis as redis_client
 
 from loki_cli.stack import SERVICES
 from loki_shared import servers
+from tests.conftest import login_env, plain_url, start_nats, start_redis
 from tests.fakes.fake_engine import FakeEngine, Stream, chunk, text_reply
 
 #: The stop budget the services get here (the default is 10 s; shorter keeps the tests short
@@ -54,14 +55,14 @@ class Procs:
 def start(root: Path, engine: FakeEngine) -> Procs:
     """Start NATS, Redis and the services; return once the gateway serves and the supervisor
     reports the engine ready."""
-    nats = servers.start_nats(root / "nats")
-    redis = servers.start_redis(root / "redis")
+    nats = start_nats(root / "nats")
+    redis = start_redis(root / "redis")
     procs = Procs(root, nats, redis, engine)
     web = servers.free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
     env.update(
-        LOKI_NATS_URL=nats.url,
-        LOKI_REDIS_URL=redis.url,
+        LOKI_NATS_URL=plain_url(nats.url),  # each service logs in as itself (login_env)
+        LOKI_REDIS_URL=plain_url(redis.url),
         LOKI_HOME=str(root / "home"),
         LOKI_SECRET_KEY="stop-test-secret-0123456789",
         LOKI_ENGINE_URL=engine.url,
@@ -72,7 +73,7 @@ def start(root: Path, engine: FakeEngine) -> Procs:
     )
     for name, module in SERVICES:
         procs.services[name] = servers.ManagedProcess(
-            name, [sys.executable, "-m", module], env=env
+            name, [sys.executable, "-m", module], env={**env, **login_env(name)}
         ).start()
     procs.base = f"http://127.0.0.1:{web}"
     procs.services["gateway"].wait_http_ok(f"{procs.base}/healthz", timeout=60)
@@ -148,7 +149,7 @@ def assert_stopped_in_time(procs: Procs, result: dict[str, tuple]) -> None:
 
 def restarted_redis(procs: Procs) -> servers.RunningServer:
     """Redis again on the same data directory (append-only file)."""
-    return servers.start_redis(procs.redis.data_dir or procs.root / "redis")
+    return start_redis(procs.redis.data_dir or procs.root / "redis")
 
 
 @pytest.fixture
@@ -251,8 +252,8 @@ def test_sigterm_mid_request_waiting_on_dead_peers(stack: Procs, engine: FakeEng
 
 def test_second_signal_stops_at_once(tmp_path: Path) -> None:
     """A service whose stop waits on a peer ends at once on a second SIGTERM (status 1)."""
-    nats = servers.start_nats(tmp_path / "nats")
-    redis = servers.start_redis(tmp_path / "redis")
+    nats = start_nats(tmp_path / "nats")
+    redis = start_redis(tmp_path / "redis")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
     env.update(
         LOKI_NATS_URL=nats.url,

@@ -22,7 +22,9 @@ from loki_shared.perf_publish import build_record
 
 def start_own_nats(data_dir: Path) -> tuple[servers.ManagedProcess, str]:
     """A JetStream NATS for the perf tests only (the stream LOKI_PERF is global to a server)."""
-    server = servers.start_nats(data_dir)
+    from tests.conftest import start_nats
+
+    server = start_nats(data_dir)
     return server.process, server.url
 
 

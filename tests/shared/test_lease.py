@@ -17,10 +17,11 @@ from pathlib import Path
 import nats
 import pytest
 
-from loki_shared import servers, subjects
+from loki_shared import subjects
 from loki_shared.lease import LeaseError, LeaseStopped, lease, renew_interval, requester
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, LeaseRequest
 from loki_shared.nats import make_broker
+from tests.conftest import login_env, start_nats
 from tests.fakes.fake_engine import FakeEngine
 
 TTL = 1.5
@@ -28,13 +29,9 @@ TTL = 1.5
 
 @pytest.fixture(scope="module")
 def lease_nats(tmp_path_factory) -> Iterator[str]:
-    port = servers.free_port()
-    proc = servers.ManagedProcess(
-        "nats", servers.nats_command(port, tmp_path_factory.mktemp("lease-nats"))
-    ).start()
-    proc.wait_port(port)
-    yield f"nats://127.0.0.1:{port}"
-    proc.stop()
+    server = start_nats(tmp_path_factory.mktemp("lease-nats") / "nats")
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +40,7 @@ def supervisor(lease_nats: str, redis_url: str, tmp_path_factory) -> Iterator[Pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
     env.update(
         LOKI_NATS_URL=lease_nats,
+        **login_env("engine-supervisor"),
         LOKI_REDIS_URL=redis_url.rsplit("/", 1)[0] + "/9",  # a database of its own
         LOKI_HOME=str(home),
         LOKI_SECRET_KEY="lease-test-secret-0123456789",
@@ -223,11 +221,9 @@ async def test_through_a_faststream_broker_and_refusals(lease_nats, nc, tmp_path
     finally:
         await broker.stop()
     # nobody answers: a LeaseError of type no_answer, quickly
-    port = servers.free_port()
-    lonely = servers.ManagedProcess("nats", servers.nats_command(port, tmp_path)).start()
+    lonely = start_nats(tmp_path / "lonely")
     try:
-        lonely.wait_port(port)
-        other = await nats.connect(f"nats://127.0.0.1:{port}")
+        other = await nats.connect(lonely.url)
         try:
             with pytest.raises(LeaseError) as err:
                 async with lease(other, foreign(wait_s=1)):

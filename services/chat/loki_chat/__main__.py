@@ -26,9 +26,9 @@ async def serve(settings: Settings, stop: lifecycle.Stop) -> int:
     secret = settings.secret_key.get_secret_value() if settings.secret_key else None
     sealer = service_sealer(settings.home, secret)
     instance = instance_id(settings)
-    client = aioredis.Redis.from_url(settings.redis_url)
+    client = aioredis.Redis.from_url(settings.redis_url, **settings.redis_options())
     store = Store(client, sealer, instance, settings.lock_ttl_s)
-    broker = make_broker(settings.nats_url, "chat")
+    broker = make_broker(settings.nats_url, "chat", login=settings.nats_options())
     async with httpx.AsyncClient() as http:
         service = ChatService(settings, broker, store, http)
         service.register()

@@ -27,7 +27,7 @@ async def serve(settings: Settings, stop: lifecycle.Stop) -> int:
     sealer = service_sealer(
         settings.home, settings.secret_key.get_secret_value() if settings.secret_key else None
     )
-    redis = Redis.from_url(settings.redis_url)
+    redis = Redis.from_url(settings.redis_url, **settings.redis_options())
     sup: Supervisor | None = None
 
     async def publish_state(event: EngineState) -> None:
@@ -36,7 +36,12 @@ async def serve(settings: Settings, stop: lifecycle.Stop) -> int:
     async def health() -> dict[str, str]:
         return sup.health() if sup is not None else {}
 
-    broker = make_broker(settings.nats_url, "engine-supervisor", health_check=health)
+    broker = make_broker(
+        settings.nats_url,
+        "engine-supervisor",
+        health_check=health,
+        login=settings.nats_options(),
+    )
     sup = Supervisor(settings, redis, sealer, publish_state)
     build_broker(sup, broker)
 

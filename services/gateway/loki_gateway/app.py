@@ -54,7 +54,7 @@ async def _start_memory(app: FastAPI, settings: Settings) -> None:
     NATS) into ``app.state.memory``; retried every 5 s while Redis cannot be reached, so the
     rest of the gateway serves meanwhile."""
     while True:
-        redis = Redis.from_url(settings.redis_url)
+        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
         memory = MemoryState(redis, app.state.bus.client)
         try:
             await memory.start()
@@ -75,7 +75,10 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_bus = bus is None
-        app.state.bus = bus if bus is not None else await Bus.connect(settings.nats_url)
+        if bus is None:
+            app.state.bus = await Bus.connect(settings.nats_url, settings.nats_options())
+        else:
+            app.state.bus = bus
         app.state.background = set()  # tasks that must outlive a request (perf records)
         app.state.hub = EventHub(app.state.bus.client, settings.sse_client_buffer)
         app.state.http = httpx.AsyncClient(

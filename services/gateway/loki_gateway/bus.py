@@ -4,7 +4,7 @@ request is checked against the subject table (:data:`loki_shared.subjects.EXCHAN
 from __future__ import annotations
 
 import logging
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -32,9 +32,12 @@ class Bus:
         self.client = client
 
     @classmethod
-    async def connect(cls, url: str) -> Bus:
+    async def connect(cls, url: str, login: dict[str, Any] | None = None) -> Bus:
+        """Connect to ``url``, logged in with ``login`` (``Settings.nats_options()``: the
+        gateway's NATS user and reply-inbox prefix; empty: no login)."""
         client = await nats.connect(
             url,
+            **(login or {}),
             name="loki-gateway",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,

@@ -112,7 +112,7 @@ class PerfService:
     def __init__(self, settings: Settings, log: logging.Logger | None = None) -> None:
         self.settings = settings
         self.log = log or logging.getLogger("loki.perf")
-        self.broker = make_broker(settings.nats_url, "perf")
+        self.broker = make_broker(settings.nats_url, "perf", login=settings.nats_options())
         self.ring = Ring(
             capacity=subjects.STREAM_PERF_MAX_MSGS,
             loss_min_tokens=settings.perf_loss_min_tokens,

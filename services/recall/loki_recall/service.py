@@ -73,10 +73,12 @@ class RecallService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         secret = settings.secret_key.get_secret_value() if settings.secret_key else None
-        self.redis = Redis.from_url(settings.redis_url)
+        self.redis = Redis.from_url(settings.redis_url, **settings.redis_options())
         snapshot = settings.home / "recall-index.snap" if settings.recall_snapshot else None
         self.archive = Archive(self.redis, service_sealer(settings.home, secret), snapshot)
-        self.broker: NatsBroker = make_broker(settings.nats_url, "recall")
+        self.broker: NatsBroker = make_broker(
+            settings.nats_url, "recall", login=settings.nats_options()
+        )
         self._memory_key_id: str | None = None
         self._poller: asyncio.Task[None] | None = None
         self._register()

@@ -19,17 +19,26 @@ import os
 import sys
 from pathlib import Path
 
+from ..credentials import with_userinfo
 from ..settings import LokiSettings
 from .bundle import BackupError, Target, create_backup, restore_backup
 from .passphrase import PASSPHRASE_ENV, read_passphrase
 
 
 def target_from_env() -> Target:
-    """The stack the ``LOKI_*`` environment describes."""
+    """The stack the ``LOKI_*`` environment describes, logged in with its credentials
+    (``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` / ``LOKI_REDIS_PASSWORD`` or
+    ``LOKI_SECRETS_DIR``: in compose, the ``loki-backup`` service's, user ``backup``)."""
     s = LokiSettings()
+    nats_url, redis_url = s.nats_url, s.redis_url
+    login = s.nats_options()
+    if login:
+        nats_url = with_userinfo(nats_url, login["user"], login["password"])
+    if s.redis_password is not None:
+        redis_url = with_userinfo(redis_url, None, s.redis_password.get_secret_value())
     return Target(
-        redis_url=s.redis_url,
-        nats_url=s.nats_url,
+        redis_url=redis_url,
+        nats_url=nats_url,
         home=Path(s.home),
         secret_key=s.secret_key.get_secret_value() if s.secret_key else None,
     )

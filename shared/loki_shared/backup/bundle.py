@@ -32,6 +32,7 @@ import nats
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NATS
 
+from ..credentials import redact, url_login
 from . import home_part, jetstream_part, redis_part
 from .sealed_file import (
     BACKUP_SCRYPT_N,
@@ -164,7 +165,7 @@ async def _read_stores(
     except redis_part.RedisBackupError:
         raise
     except Exception as exc:
-        raise BackupError(f"cannot read Redis at {source.redis_url}: {exc}") from exc
+        raise BackupError(f"cannot read Redis at {redact(source.redis_url)}: {exc}") from exc
     finally:
         await client.aclose()
     nc = await _connect_nats(source.nats_url)
@@ -309,9 +310,11 @@ async def restore_backup(src: Path | BinaryIO, passphrase: str, target: Target) 
 
 async def _connect_nats(url: str) -> NATS:
     try:
-        return await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+        return await nats.connect(
+            url, connect_timeout=5, max_reconnect_attempts=0, **url_login(url)
+        )
     except Exception as exc:
-        raise BackupError(f"cannot reach NATS at {url}: {exc}") from exc
+        raise BackupError(f"cannot reach NATS at {redact(url)}: {exc}") from exc
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

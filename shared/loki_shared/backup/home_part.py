@@ -6,7 +6,10 @@ Every regular file under ``LOKI_HOME`` is data unless it is one of these, left o
   (the embedded Redis's and JetStream's files);
 - what is rebuilt from the data: ``slots/`` (llama-server's saved prompt caches) and
   ``*.snap`` files (the recall index snapshot, rebuilt from the archive);
-- runtime state: ``run/`` (the running stack's address file);
+- runtime state: ``run/`` (the running stack's address file, the generated server
+  configurations);
+- ``credentials.json``: the stores' passwords of this installation (issue 22); a restored
+  stack gets passwords of its own (:mod:`loki_shared.credentials`);
 - temporary files (``*.tmp``) and backups themselves (``*.lokibak``);
 - ``secret.key``: the service key travels apart, inside the sealed file (:func:`service_key`).
 
@@ -24,6 +27,8 @@ from ..sealing import KEY_BYTES, KEY_FILE, key_from_text
 
 SKIP_DIRS = frozenset({"redis", "nats", "slots", "run"})
 SKIP_SUFFIXES = (".snap", ".tmp", ".lokibak")
+#: Files at the top of ``LOKI_HOME`` that never go into a backup, besides the service key.
+SKIP_FILES = frozenset({"credentials.json"})
 
 
 class HomeBackupError(Exception):
@@ -44,6 +49,8 @@ def data_files(home: Path) -> list[str]:
             rel = rel_root / name
             path = home / rel
             if rel == Path(KEY_FILE) or name.endswith(SKIP_SUFFIXES):
+                continue
+            if rel_root == Path(".") and name in SKIP_FILES:
                 continue
             if path.is_symlink() or not path.is_file():
                 continue

@@ -1,0 +1,314 @@
+"""Who may say what on the bus: one NATS user per service, with per-subject permissions.
+
+:data:`USERS` is the one table: the nats-server configuration is generated from it
+(:func:`nats_config`, written by ``loki up`` into ``LOKI_HOME`` and by the compose init step,
+see :mod:`loki_shared.credentials`), and docs/architecture.md shows it rendered by
+:func:`markdown_table` (a test keeps the two equal). Every subject comes from
+:mod:`loki_shared.subjects`.
+
+How request/reply is allowed (NATS server authorization, ``permissions`` block):
+
+- A *requester* publishes the request subject and subscribes its own reply inbox. Each user
+  has an inbox prefix of its own, ``_INBOX.<user>`` (:func:`inbox_prefix`, passed to the
+  client as nats-py's ``inbox_prefix``), and may subscribe only under it: no service can read
+  the replies sent to another (the memory-status reply carries the memory key).
+- A *responder* subscribes the request subject and answers on the reply subject the request
+  carried: ``allow_responses`` lets it publish there once, and nowhere else.
+- JetStream: publishing into a stream is a request (the server's acknowledgement comes to the
+  inbox); creating, reading or consuming a stream goes through the ``$JS.API`` subjects of that
+  stream only (:func:`js_stream`, :func:`js_consume`, :func:`js_bucket`).
+
+Rules the table enforces (issue 22): only the gateway publishes ``loki.memory.key`` and answers
+``loki.memory.status``; only chat publishes ``loki.chat.events.>``; only recall answers
+``loki.recall.>``; only the supervisor answers ``loki.engine.>``; perf records are published by
+chat, the gateway and the bench (and by ``backup``, which writes a backup's records back into an
+empty stack on restore); each service answers only its own health subjects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from . import subjects
+
+#: NATS's default reply-inbox prefix; each user gets ``_INBOX.<user>`` under it.
+INBOX = "_INBOX"
+
+
+def inbox_prefix(user: str) -> str:
+    """The reply-inbox prefix of ``user`` (``_INBOX.<user>``): nats-py's ``inbox_prefix``."""
+    return f"{INBOX}.{user}"
+
+
+def js_stream(stream: str) -> tuple[str, ...]:
+    """``$JS.API`` subjects to create, update and read the configuration of ``stream``."""
+    return (
+        "$JS.API.INFO",
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.STREAM.UPDATE.{stream}",
+        f"$JS.API.STREAM.INFO.{stream}",
+    )
+
+
+def js_consume(stream: str) -> tuple[str, ...]:
+    """``$JS.API`` subjects to read ``stream`` through a consumer (ordered or pull), with the
+    acknowledgement and flow-control replies a consumer sends."""
+    return (
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    )
+
+
+def js_bucket(bucket: str) -> tuple[str, ...]:
+    """Subjects to create, read and write the JetStream key-value ``bucket``."""
+    stream = f"KV_{bucket}"
+    return (
+        *js_stream(stream),
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$KV.{bucket}.>",
+    )
+
+
+def _health(service: str) -> tuple[str, ...]:
+    """Both health subjects of ``service`` (``loki.health.<service>`` and ``.<instance>``)."""
+    base = subjects.health(service)
+    return (base, f"{base}.*")
+
+
+def _dedup(items: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One NATS user and what it may do.
+
+    Attributes:
+        user: the user name (the service's name; ``cli``, ``backup``, ``bench`` for tools).
+        who: the processes that log in as this user, in words.
+        publish: subjects (NATS wildcards allowed) it may publish: events, requests, stream
+            writes and ``$JS.API`` calls.
+        subscribe: subjects it may subscribe, besides its own reply inbox (always allowed,
+            see :func:`inbox_prefix`).
+        responds: whether it answers requests (NATS ``allow_responses``: it may publish once
+            on the reply subject of a request it received).
+    """
+
+    user: str
+    who: str
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...] = ()
+    responds: bool = False
+
+    def nats_permissions(self) -> dict[str, object]:
+        """This grant as nats-server's ``permissions`` block (a JSON-compatible dict)."""
+        out: dict[str, object] = {
+            "publish": {"allow": list(_dedup(self.publish))},
+            "subscribe": {"allow": [*_dedup(self.subscribe), f"{inbox_prefix(self.user)}.>"]},
+        }
+        if self.responds:
+            out["allow_responses"] = True
+        return out
+
+
+_CHAT_REQUESTS = (
+    subjects.CHAT_SEND,
+    subjects.CHAT_CONTROL,
+    subjects.CHAT_STATE,
+    subjects.CHAT_REPLAY,
+    subjects.CHAT_CONVERSATIONS,
+)
+_ENGINE_REQUESTS = (
+    subjects.ENGINE_INFO,
+    subjects.ENGINE_LEASE,
+    subjects.ENGINE_RENEW,
+    subjects.ENGINE_RELEASE,
+    subjects.ENGINE_PRESETS,
+)
+_RECALL_ALL = f"{subjects.PREFIX}.recall.>"
+_ENGINE_ALL = f"{subjects.PREFIX}.engine.>"
+_CHAT_EVENTS = f"{subjects.CHAT_EVENTS_PREFIX}.>"
+_CHAT_INSTANCES = f"{subjects.CHAT_INSTANCE_PREFIX}.*"
+_HEALTH_ALL = f"{subjects.HEALTH_PREFIX}.>"
+
+#: The table: every NATS user Loki knows, in the order docs/architecture.md shows them.
+USERS: tuple[Grant, ...] = (
+    Grant(
+        user="gateway",
+        who="the gateway (HTTP API, SSE, memory key)",
+        publish=(
+            *_CHAT_REQUESTS,
+            *_ENGINE_REQUESTS,
+            subjects.RECALL_BLOCK,
+            subjects.RECALL_BLOCKS,
+            subjects.PERF_SUMMARY,
+            subjects.PERF_LOSSES,
+            subjects.MEMORY_KEY,
+            subjects.PERF_RECORD,
+            *js_stream(subjects.STREAM_PERF),
+        ),
+        subscribe=(_CHAT_EVENTS, subjects.MEMORY_STATUS),
+        responds=True,
+    ),
+    Grant(
+        user="chat",
+        who="the chat service (turns, compaction)",
+        publish=(
+            _CHAT_EVENTS,
+            _CHAT_INSTANCES,
+            *_ENGINE_REQUESTS,
+            subjects.RECALL_ARCHIVE,
+            subjects.RECALL_TOOL,
+            subjects.PERF_RECORD,
+            subjects.EVENTS_COMPACTION,
+            *js_stream(subjects.STREAM_PERF),
+            *js_consume(subjects.STREAM_PERF),
+            *js_stream(subjects.STREAM_EVENTS),
+            *_health("chat"),
+        ),
+        subscribe=(*_CHAT_REQUESTS, _CHAT_INSTANCES, *_health("chat")),
+        responds=True,
+    ),
+    Grant(
+        user="recall",
+        who="the recall service (archive, recall tools, memory)",
+        publish=(
+            subjects.RECALL_BLOCK,  # its own routability probe
+            subjects.MEMORY_STATUS,
+            subjects.EVENTS_ARCHIVE,
+            *js_stream(subjects.STREAM_EVENTS),
+            *_health("recall"),
+        ),
+        subscribe=(_RECALL_ALL, subjects.MEMORY_KEY, *_health("recall")),
+        responds=True,
+    ),
+    Grant(
+        user="engine-supervisor",
+        who="the engine supervisor (llama-server, leases, presets)",
+        publish=(subjects.ENGINE_STATE, *_health("engine-supervisor")),
+        subscribe=(_ENGINE_ALL, *_health("engine-supervisor")),
+        responds=True,
+    ),
+    Grant(
+        user="perf",
+        who="the perf service (the perf ring, /metrics)",
+        publish=(
+            *js_stream(subjects.STREAM_PERF),
+            *js_consume(subjects.STREAM_PERF),
+            *js_bucket(subjects.KV_PERF_TOTALS),
+            *_health("perf"),
+        ),
+        subscribe=(
+            subjects.PERF_SUMMARY,
+            subjects.PERF_LOSSES,
+            subjects.PERF_CACHERAM,
+            *_health("perf"),
+        ),
+        responds=True,
+    ),
+    Grant(
+        user="cli",
+        who="the `loki` command (`loki up` waits on the engine; health checks by hand)",
+        publish=(subjects.ENGINE_INFO, _HEALTH_ALL),
+    ),
+    Grant(
+        user="backup",
+        who="`loki backup` / `loki restore`, `python -m loki_shared.backup`",
+        publish=(
+            subjects.PERF_RECORD,
+            subjects.EVENTS_COMPACTION,
+            subjects.EVENTS_ARCHIVE,
+            "$JS.API.>",
+            "$KV.>",
+        ),
+    ),
+    Grant(
+        user="bench",
+        who="the benchmarks (`python -m bench`), against a stack of their own",
+        publish=(
+            *_CHAT_REQUESTS,
+            *_ENGINE_REQUESTS,
+            subjects.RECALL_ARCHIVE,
+            subjects.RECALL_TOOL,
+            subjects.PERF_RECORD,
+            *js_stream(subjects.STREAM_PERF),
+            *js_consume(subjects.STREAM_PERF),
+        ),
+        subscribe=(_CHAT_EVENTS,),
+    ),
+)
+
+#: The services' users (the five long-running processes).
+SERVICES: tuple[str, ...] = ("gateway", "chat", "recall", "engine-supervisor", "perf")
+
+
+def grant(user: str) -> Grant:
+    """The row of ``user``.
+
+    Raises:
+        KeyError: no such user in :data:`USERS`.
+    """
+    for row in USERS:
+        if row.user == user:
+            return row
+    raise KeyError(user)
+
+
+def nats_config(
+    passwords: Mapping[str, str], extra: Mapping[str, tuple[str, dict[str, object]]] = ()
+) -> str:
+    """The ``authorization`` block of nats-server's configuration for :data:`USERS`.
+
+    Args:
+        passwords: user -> password, one for every user of :data:`USERS`.
+        extra: more users, name -> (password, permissions block or ``{}`` for none); the
+            test fixtures add their own harness user this way.
+
+    Returns:
+        Configuration text (nats-server accepts JSON values in its config format); the
+        server's other options (listen address, JetStream) stay on its command line.
+
+    Raises:
+        KeyError: a user of the table has no password.
+    """
+    users: list[dict[str, object]] = []
+    for row in USERS:
+        users.append(
+            {"user": row.user, "password": passwords[row.user], **_perm(row.nats_permissions())}
+        )
+    for name, (password, perms) in dict(extra).items():
+        users.append({"user": name, "password": password, **_perm(perms)})
+    body = json.dumps({"users": users}, indent=2)
+    head = "# Generated by loki_shared.permissions: edit the table there, not this file."
+    return f"{head}\nauthorization: {body}\n"
+
+
+def _perm(perms: Mapping[str, object]) -> dict[str, object]:
+    return {"permissions": dict(perms)} if perms else {}
+
+
+def markdown_table() -> str:
+    """:data:`USERS` as the Markdown table docs/architecture.md shows (one row per user)."""
+
+    def cell(items: tuple[str, ...]) -> str:
+        return "<br>".join(f"`{s}`" for s in _dedup(items)) or "—"
+
+    lines = [
+        "| user | who | publishes | subscribes (besides `_INBOX.<user>.>`) | answers requests |",
+        "|---|---|---|---|---|",
+    ]
+    for row in USERS:
+        lines.append(
+            f"| `{row.user}` | {row.who} | {cell(row.publish)} | {cell(row.subscribe)} | "
+            f"{'yes' if row.responds else 'no'} |"
+        )
+    return "\n".join(lines)
