@@ -11,8 +11,8 @@ from faststream.nats import JStream, NatsBroker
 from faststream.nats.security import NatsUserPassword
 
 from . import health, subjects
-from .errors import exception_middleware
 from .credentials import without_userinfo
+from .errors import exception_middleware
 from .lifecycle import one_line
 from .logsetup import bus_logger
 
