@@ -16,7 +16,6 @@ from loki_shared import servers
 from tests.fakes.fake_engine import FakeEngine, text_reply
 
 from .gw_fakes import FakePeers
-from .test_gateway_browser import browser  # noqa: F401 - the chromium fixture
 
 KEY = "cors-test-key"
 PAGE = """<!doctype html><meta charset="utf-8"><title>app</title>
@@ -88,7 +87,7 @@ def app_page() -> Iterator[_Page]:
     page.server.shutdown()
 
 
-def _run_page(browser, url: str) -> tuple[str, str]:  # noqa: F811 - fixture passed in
+def _run_page(browser, url: str) -> tuple[str, str]:
     page = browser.new_page()
     try:
         page.goto(url)
@@ -102,7 +101,7 @@ def _run_page(browser, url: str) -> tuple[str, str]:  # noqa: F811 - fixture pas
 
 
 def test_a_page_on_another_origin_calls_v1_with_the_key(
-    browser,  # noqa: F811 - the chromium fixture
+    browser,
     gateway_factory,
     peers,
     engine,
@@ -119,7 +118,7 @@ def test_a_page_on_another_origin_calls_v1_with_the_key(
 
 
 def test_without_cors_origins_the_browser_is_refused(
-    browser,  # noqa: F811 - the chromium fixture
+    browser,
     gateway_factory,
     peers,
     app_page,
