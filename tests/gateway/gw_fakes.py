@@ -7,7 +7,11 @@
   (log appended first, then the event published on ``loki.chat.events.<id>``);
 - the recall service's ``loki.recall.blocks`` (an empty archive);
 - the engine supervisor's ``loki.engine.info/lease/renew/release``, pointing at
-  ``engine_url`` (the real llama-server or the scripted fake engine) and counting leases.
+  ``engine_url`` (the real llama-server or the scripted fake engine) and counting leases;
+- its ``loki.engine.presets`` (list/get/save/delete/switch/test/cacheram) on an in-memory
+  store, with the supervisor's own validation (:func:`loki_supervisor.presets.validate`) and
+  key hiding (:func:`~loki_supervisor.presets.public`); ``engine_failure`` (a dict of
+  :class:`EngineInfo` fields) makes ``info`` answer ``failed`` until the next switch.
 
 A "turn" plays ``reply_pieces`` as content deltas, ``delay_s`` apart, then an end-of-turn
 event with ``finish_reason``, ``usage`` and ``timings``.
@@ -41,13 +45,19 @@ from loki_shared.messages.chat import (
     StateReply,
     StateRequest,
 )
+from loki_shared.errors import InvalidRequest, LokiError, NotFound
 from loki_shared.messages.engine import (
+    EngineInfo,
     LeaseRequest,
+    Preset,
+    PresetsReply,
+    PresetsRequest,
     ReleaseRequest,
     RenewRequest,
 )
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.messages.recall import BlocksReply, BlocksRequest
+from loki_supervisor.presets import public, validate
 from tests.fakes.fake_supervisor import FakeSupervisor, responder
 
 
@@ -106,6 +116,13 @@ class FakePeers:
         self.compact_delay_s = 0.0
         self.state_n_ctx: int | None = 4096  # None: the chat service does not know it yet
         self.perf_records: list[PerfRecord] = []
+        # the presets (id -> Preset, keys kept in clear here) and the active one's id
+        self.presets: dict[str, Preset] = {"env": Preset(id="env", name="env")}
+        self.active_preset = "env"
+        self.switches: list[str] = []  # every switch asked, in order
+        self.engine_failure: dict[str, Any] | None = None  # info answers "failed" with these
+        # what a connection test answers (the supervisor's ``detail``)
+        self.test_reply: dict[str, Any] = {"ok": True, "status": 200, "message": "", "models": []}
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -142,7 +159,8 @@ class FakePeers:
             subjects.CHAT_REPLAY: (ReplayRequest, self._replay),
             subjects.CHAT_CONVERSATIONS: (ConversationsRequest, self._conversations),
             subjects.RECALL_BLOCKS: (BlocksRequest, self._blocks),
-            subjects.ENGINE_INFO: (None, self.supervisor.info),
+            subjects.ENGINE_INFO: (None, self._info),
+            subjects.ENGINE_PRESETS: (PresetsRequest, self._presets),
             subjects.ENGINE_LEASE: (LeaseRequest, self.supervisor.lease),
             subjects.ENGINE_RENEW: (RenewRequest, self.supervisor.renew),
             subjects.ENGINE_RELEASE: (ReleaseRequest, self.supervisor.release),
@@ -310,6 +328,63 @@ class FakePeers:
         return BlocksReply()
 
     # -- engine supervisor (the shared fake, tests/fakes/fake_supervisor.py) -------------
+    def _info(self, _: Any = None) -> EngineInfo:
+        info = self.supervisor.info()
+        info.preset_id = self.active_preset
+        if self.engine_failure:
+            info = info.model_copy(update={"state": "failed", **self.engine_failure})
+        return info
+
+    def _presets(self, req: PresetsRequest) -> PresetsReply:
+        try:
+            return self._preset_action(req)
+        except LokiError as exc:
+            return PresetsReply(error=exc.info())
+
+    def _preset_action(self, req: PresetsRequest) -> PresetsReply:
+        active = self.active_preset
+        pid = req.preset_id or ""
+        if req.action == "list":
+            shown = [public(self.presets[k]) for k in sorted(self.presets)]
+            return PresetsReply(presets=shown, active=active)
+        if req.action == "save":
+            data = dict(req.preset or {})
+            try:
+                preset = Preset.model_validate(data)
+            except ValueError as exc:
+                raise InvalidRequest(f"bad preset: {exc}") from exc
+            preset.id = preset.id or uuid.uuid4().hex[:12]
+            preset.name = preset.name or preset.id
+            validate(preset)
+            old = self.presets.get(preset.id)
+            if not preset.api_key and old is not None:
+                preset.api_key = old.api_key  # an empty key keeps the stored one
+            preset.api_key_set = bool(preset.api_key)
+            self.presets[preset.id] = preset
+            return PresetsReply(preset=public(preset), active=active, detail={"notes": []})
+        if req.action == "test":
+            return PresetsReply(active=active, detail=dict(self.test_reply))
+        if req.action == "cacheram":
+            cache_ram = {"value_mib": 1024, "effective_mib": 1024, "reason": "fake: auto"}
+            detail = {"cache_ram": cache_ram, "side_slot": False, "notes": []}
+            detail["side_slot_refusal"] = "fake engine: one slot"
+            return PresetsReply(active=active, detail=detail)
+        if pid not in self.presets:
+            raise NotFound(f"no preset {pid!r}")
+        if req.action == "get":
+            return PresetsReply(preset=public(self.presets[pid]), active=active)
+        if req.action == "delete":
+            if pid == active:
+                raise InvalidRequest("the active preset cannot be deleted: switch first")
+            del self.presets[pid]
+            return PresetsReply(active=active)
+        if req.action == "switch":
+            self.switches.append(pid)
+            self.active_preset = pid
+            self.engine_failure = None
+            return PresetsReply(preset=public(self.presets[pid]), active=pid, detail={})
+        raise InvalidRequest(f"unknown action {req.action}")
+
     def held(self) -> int:
         """Leases granted and not released."""
         return self.supervisor.held()

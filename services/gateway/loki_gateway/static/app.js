@@ -491,6 +491,7 @@
     const tnotes = (info.template && info.template.notes) || []; // the template probe, in words
     pill.title = tnotes.join("\n");
     if (tnotes.length) pill.textContent += " · " + tnotes[0];
+    document.dispatchEvent(new CustomEvent("loki:engine", { detail: info })); // preset-editor.js
   }
 
   // ---- the context gauge: the server's ctx_used, plus one token per streamed delta --------
@@ -669,7 +670,7 @@
     setInterval(refreshEngine, 10000);
   }
 
-  window.LokiApi = { api: api, apiJSON: apiJSON };
+  window.LokiApi = { api: api, apiJSON: apiJSON, refreshEngine: refreshEngine };
   window.lokiDebug = state;
   state.renderStats = LokiLive.stats;
   init();
