@@ -29,6 +29,7 @@ from typing import Any
 import nats
 
 from loki_shared import subjects
+from loki_shared.errors import InvalidRequest, LokiError, NotFound
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.chat import (
     ChatEvent,
@@ -45,7 +46,6 @@ from loki_shared.messages.chat import (
     StateReply,
     StateRequest,
 )
-from loki_shared.errors import InvalidRequest, LokiError, NotFound
 from loki_shared.messages.engine import (
     EngineInfo,
     LeaseRequest,

@@ -69,7 +69,11 @@ def test_preset_editor_creates_fixes_switches_and_deletes(browser, gateway, peer
         page.wait_for_selector("#presets-list li[data-id=small]")
         assert page.is_hidden("#preset-form")
         saved = peers.presets["small"]
-        assert (saved.name, saved.ctx, saved.features.get("CACHE_RAM")) == ("Small box", 2048, "auto")
+        assert (saved.name, saved.ctx, saved.features.get("CACHE_RAM")) == (
+            "Small box",
+            2048,
+            "auto",
+        )
         assert saved.sampling == {"temperature": 0.5}
         assert "Saved Small box" in page.inner_text("#presets-status")
 

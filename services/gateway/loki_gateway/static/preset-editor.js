@@ -24,6 +24,7 @@
   function showError(text) {
     $("preset-error").textContent = text || "";
     $("preset-error").hidden = !text;
+    if (text) $("preset-error").scrollIntoView({ block: "nearest" });
   }
 
   // ---- the list --------------------------------------------------------------------------
