@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 from fakes.fake_engine import HTTPError, text_reply, tool_reply
 
-from loki_chat.compaction.decide import REQUEST_HEADER, SUMMARY_HEADER
+from loki_chat.compaction import summariser as S
+from loki_chat.compaction.decide import REQUEST_HEADER, SUMMARY_HEADER, SUMMARY_HEADER_NO_TOOLS
 from loki_chat.compaction.rules import tail_start
 from loki_chat.context import OverflowInfo
 from loki_chat.conversation import Conversation
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_shared import subjects
 from loki_shared.messages.chat import ChatMessage, LokiMeta, ToolCall, ToolCallFunction
-from loki_shared.messages.engine import Lease
+from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.events import CompactionEvent
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import ensure_perf_stream
@@ -535,3 +536,94 @@ async def test_continuation_view_mismatch_falls_back_without_suspending(
         assert h.markers[-1]["path"] == ("summary" if n < 2 else "continuation")
     # nothing went out for the mismatches: never suspended
     assert ["tools" in r for r in summary_requests(fake_engine)] == [False, False, True]
+
+
+# --------------------------------------------------------------------------- issue 16
+def no_tools_template() -> TemplateProbe:
+    """The probe's verdicts for a template that drops ``tools`` (SmolLM2's)."""
+    return TemplateProbe(template_hash="h", supports_tools=False, stable_prefix=True)
+
+
+async def test_no_tool_template_archives_but_cites_no_recall_id(
+    harness, fake_engine, supervisor, recall, nc
+):
+    supervisor.template = no_tools_template()
+    h = harness()
+    conv = long_conv()
+    conv.messages += [U("x" * 900)]  # a big request in the tail-less torso is re-injected
+    conv.messages += [A("Noted."), A("Still here.")]
+    fake_engine.push(text_reply("Goals: the design files. State: read."))
+    assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3600))
+    [req] = summary_requests(fake_engine)
+    prompt, transcript = (m["content"] for m in req["messages"])
+    assert prompt == S.SUMMARISER_PROMPT_NO_TOOLS and "recall" not in prompt
+    # the blocks are archived (the marker names them, recall has them) ...
+    assert h.markers[0]["archived"][:2] == ["r1", "r2"]
+    text = "Here is file 0:\n" + block(0)
+    assert await recall_text(nc, "r1") == f"[r1 · user: Here is file 0: · verbatim]\n{text}"
+    # ... but nothing the model reads invites it to call recall
+    assert text[:400] + " […] (archived verbatim)" in transcript
+    assert "recall" not in transcript
+    installed = conv.messages[0]
+    assert installed.loki.injected == "summary" and installed.content.startswith(
+        SUMMARY_HEADER_NO_TOOLS
+    )
+    assert "recall" not in installed.content
+
+
+async def test_no_tool_template_fallback_and_shrink_cite_no_recall_id(
+    harness, fake_engine, supervisor, recall
+):
+    supervisor.template = no_tools_template()
+    h = harness()
+    conv = long_conv()
+    fake_engine.push(HTTPError(500, {"error": {"code": 500, "message": "boom"}}))
+    assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
+    assert h.markers[0]["path"] in ("fallback", "shrink") and h.markers[0]["archived"]
+    assert conv.messages[0].content == (
+        ("Here is file 0:\n" + block(0))[:400] + " […] (archived verbatim)"
+    )
+    assert not any("recall" in (m.content or "") for m in conv.messages)
+
+
+@pytest.mark.parametrize("supports_tools", [True, None])
+async def test_tool_template_or_unknown_keeps_the_recall_ids(
+    harness, fake_engine, supervisor, recall, supports_tools
+):
+    supervisor.template = TemplateProbe(template_hash="h", supports_tools=supports_tools)
+    h = harness()
+    conv = long_conv()
+    fake_engine.push(text_reply(SUMMARY))
+    assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
+    [req] = summary_requests(fake_engine)
+    assert req["messages"][0]["content"] == S.SUMMARISER_PROMPT
+    assert "(archived verbatim as recall:r1)" in req["messages"][1]["content"]
+    assert conv.messages[0].content == SUMMARY_HEADER + SUMMARY
+
+
+async def test_no_tool_template_continuation_demand_asks_no_recall_id(
+    harness, fake_engine, supervisor, recall
+):
+    supervisor.template = no_tools_template()
+    h = harness(compact_continuation=True)
+    supervisor.id_slot = 0
+    conv = long_conv("c8")
+    lease = Lease(
+        model="fake-model",
+        n_ctx=4096,
+        base_url=fake_engine.url,
+        id_slot=0,
+        template=no_tools_template(),
+    )
+    conv.messages.pop()
+    body = sent_request(h, conv, lease)
+    h.policy.note_step(conv.id, lease, body, {"completion_tokens": 9}, len(conv.messages))
+    conv.messages.append(A("A lexer and a parser."))
+    fake_engine.push(text_reply("Goals: design. State: read."))
+    assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
+    [req] = summary_requests(fake_engine)
+    demand = req["messages"][-1]["content"]
+    assert "keep decisions, constraints, open questions, in code work" in demand
+    assert "recall" not in demand
+    assert h.markers[0]["path"] == "continuation"
+    assert conv.messages[0].content.startswith(SUMMARY_HEADER_NO_TOOLS)

@@ -32,6 +32,10 @@ SUMMARY_HEADER = (
     "[Summary of the earlier conversation, written by Loki when it was "
     "compacted. Archived blocks come back verbatim with recall(id).]\n"
 )
+#: The header for a model whose template drops ``tools`` (it cannot call ``recall``).
+SUMMARY_HEADER_NO_TOOLS = (
+    "[Summary of the earlier conversation, written by Loki when it was compacted.]\n"
+)
 REQUEST_HEADER = "\n\n[The request in progress]\n"
 
 #: Max compactions between two accepted completion steps.
@@ -144,20 +148,25 @@ def plan_cut(messages: list[ChatMessage], count: Count = estimate_tokens) -> Cut
 
 
 def summary_message(
-    cut: Cut, summary: str, ids: dict[tuple[int, str], str | None] | None = None
+    cut: Cut,
+    summary: str,
+    ids: dict[tuple[int, str], str | None] | None = None,
+    cite: bool = True,
 ) -> ChatMessage:
     """The message installed before the tail: a user message marked
     ``loki.injected="summary"``, holding the torso's last request re-injected when
     ``cut.reinject`` — as its excerpt and recall id when it is a big block that was archived
     (``ids``: the archived parts by torso index and text), never a second verbatim copy of a
-    long paste; whole when it could not be archived (nothing lost)."""
-    content = SUMMARY_HEADER + summary
+    long paste; whole when it could not be archived (nothing lost). ``cite`` False (the
+    model's template drops ``tools``, :func:`~.rules.cites_ids`): the header does not offer
+    ``recall(id)`` and the excerpt names no id."""
+    content = (SUMMARY_HEADER if cite else SUMMARY_HEADER_NO_TOOLS) + summary
     if cut.reinject and cut.request is not None:
         text = text_of(cut.request)
         index = next((i for i, m in enumerate(cut.torso) if m is cut.request), -1)
         block = (ids or {}).get((index, text))
         if block and len(text) >= BIG_BLOCK_CHARS:
-            text = excerpt(text, block)
+            text = excerpt(text, block, cite)
         content += REQUEST_HEADER + text
     return ChatMessage(role="user", content=content, loki=LokiMeta(injected=SUMMARY_KIND))
 

@@ -21,6 +21,9 @@ together (tests named in docs/behaviour.md (compaction)):
   two failures in a row on one model are logged once and named in the marker;
 - reactive, when the engine still refuses after a compaction (or nothing could be
   summarised): the last-resort :mod:`.shrink`;
+- a model whose chat template drops ``tools`` (the lease's template probe,
+  ``supports_tools`` False) cannot call ``recall``: blocks are still archived, but no excerpt,
+  summary header or summariser instruction cites a ``recall:r<N>`` id to it (issue 16);
 - what each compaction leaves: :mod:`.events` (marker, audit event, log line) and a
   ``compact`` perf record per summary request.
 
@@ -132,6 +135,7 @@ class CompactionPolicy:
         st.generations.append(D.generation_tokens(usage, generated_chars))
         if lease.n_ctx:
             self.n_ctx = lease.n_ctx
+        self.summaries.template = lease.template
         self.slots.stamp(st, lease, body, usage, count)
 
     async def window(self, view: ContextView) -> int:
@@ -220,7 +224,10 @@ class CompactionPolicy:
         if outcome.text is None:
             return await self._failed(view, n_ctx, st, t0, cut, ids, archived, outcome, fingerprint)
         self._passed(outcome.model)
-        conv.messages[:] = [D.summary_message(cut, outcome.text, ids), *cut.tail]
+        conv.messages[:] = [
+            D.summary_message(cut, outcome.text, ids, self.summaries.cite),
+            *cut.tail,
+        ]
         conv.meter.invalidate()
         after = conv.meter.used(system, conv.messages)
         st.since_step += 1
@@ -255,7 +262,7 @@ class CompactionPolicy:
         if outcome.model:
             st.summary_model = outcome.model
         system = self.settings.system_prompt
-        stripped = strip_torso(cut.torso, ids)
+        stripped = strip_torso(cut.torso, ids, self.summaries.cite)
         new = [*stripped, *cut.tail]
         after = conv.meter.view_tokens(system, new)
         above = after > self.settings.compact_threshold * n_ctx
@@ -382,8 +389,11 @@ class CompactionPolicy:
             log.info(
                 "[compact] %s: continuation failed (%s); transcript path", conv.id, outcome.failure
             )
-        transcript = S.render_transcript(cut.torso, ids, set(ids))
-        return await self.summaries.transcript(conv.id, budget, transcript), "summary"
+
+        def render(cite: bool) -> str:
+            return S.render_transcript(cut.torso, ids, set(ids), cite)
+
+        return await self.summaries.transcript(conv.id, budget, render), "summary"
 
     def _count_failure(self, model: str, outcome: SummaryOutcome) -> None:
         """A failed continuation: counted when the request reached the engine; the path is
@@ -438,7 +448,11 @@ class CompactionPolicy:
             return block
 
         new, dropped = await shrink(
-            conv.messages, lambda view: conv.meter.view_tokens(system, view), target, archive
+            conv.messages,
+            lambda view: conv.meter.view_tokens(system, view),
+            target,
+            archive,
+            self.summaries.cite,
         )
         if new == conv.messages and not stripped:
             return False

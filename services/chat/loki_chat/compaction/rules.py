@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loki_shared.messages.chat import ChatMessage
+from loki_shared.messages.engine import TemplateProbe
 
 from ..meter import estimate_tokens
 
@@ -148,36 +149,51 @@ def big_parts(torso: list[ChatMessage], threshold: int = BIG_BLOCK_CHARS) -> lis
     return out
 
 
-def excerpt(text: str, block_id: str | None) -> str:
-    """A big part as the summariser sees it: the first 400 characters, then its id."""
+#: What an excerpt says of a block archived for a model that cannot call ``recall``.
+ARCHIVED_QUIET = "(archived verbatim)"
+
+
+def cites_ids(template: TemplateProbe | None) -> bool:
+    """Whether compaction may cite ``recall:r<N>`` ids to the model: False only when the
+    template probe says the chat template drops ``tools`` (``supports_tools`` False: the model
+    never sees ``recall``, issue 16); True when it renders them or was not probed."""
+    return not (template is not None and template.supports_tools is False)
+
+
+def excerpt(text: str, block_id: str | None, cite: bool = True) -> str:
+    """A big part as the summariser sees it: the first 400 characters, then its id — or,
+    when ``cite`` is False (the model cannot call ``recall``), only that it was archived."""
     head = text[:EXCERPT_CHARS]
-    if block_id:
+    if block_id and cite:
         return f"{head} […] (archived verbatim as recall:{block_id})"
+    if block_id:
+        return f"{head} […] {ARCHIVED_QUIET}"
     return f"{head} […]"
 
 
 def strip_torso(
     torso: list[ChatMessage],
     ids: dict[tuple[int, str], str | None],
+    cite: bool = True,
 ) -> list[ChatMessage]:
     """The torso with each archived big part replaced by its excerpt and id (a part that
-    could not be archived stays whole: nothing is lost)."""
+    could not be archived stays whole: nothing is lost); ``cite`` False: no id
+    (:func:`cites_ids`), an archived tool call's arguments say ``"archived": "verbatim"``."""
     out: list[ChatMessage] = []
     for i, message in enumerate(torso):
         text = text_of(message)
         update: dict[str, Any] = {}
         block = ids.get((i, text))
         if block and isinstance(message.content, str):
-            update["content"] = excerpt(text, block)
+            update["content"] = excerpt(text, block, cite)
         if message.tool_calls:
             calls = []
             for call in message.tool_calls:
                 cid = ids.get((i, call.function.arguments))
                 if cid:
                     # arguments stay valid JSON (templates re-parse them)
-                    args = json.dumps(
-                        {"archived": f"recall:{cid}", "excerpt": call.function.arguments[:400]}
-                    )
+                    mark = f"recall:{cid}" if cite else "verbatim"
+                    args = json.dumps({"archived": mark, "excerpt": call.function.arguments[:400]})
                     call = call.model_copy(
                         update={"function": call.function.model_copy(update={"arguments": args})}
                     )

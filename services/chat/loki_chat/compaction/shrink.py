@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from loki_shared.messages.chat import ChatMessage
 
 from ..meter import estimate_tokens
-from .rules import BIG_BLOCK_CHARS, REMINDER_KINDS, excerpt, text_of
+from .rules import ARCHIVED_QUIET, BIG_BLOCK_CHARS, REMINDER_KINDS, excerpt, text_of
 
 #: ``await archive(role, text, tool_name)``: archive one block verbatim; its id or None.
 ArchiveFn = Callable[[str, str, str | None], Awaitable[str | None]]
@@ -34,14 +34,15 @@ async def archive_dropped(message: ChatMessage, archive: ArchiveFn) -> list[str]
         return []
     ids: list[str] = []
     text = text_of(message)
-    if text.strip() and ARCHIVED_MARK not in text:
+    if text.strip() and ARCHIVED_MARK not in text and not text.endswith(ARCHIVED_QUIET):
         tool_name = message.name if message.role == "tool" else None
         block = await archive(message.role, text, tool_name)
         if block:
             ids.append(block)
     for call in message.tool_calls or []:
         args = call.function.arguments
-        if args.strip() and args.strip() != "{}" and "recall:" not in args:
+        already = "recall:" in args or args.startswith('{"archived": "verbatim"')
+        if args.strip() and args.strip() != "{}" and not already:
             block = await archive("assistant", args, call.function.name)
             if block:
                 ids.append(block)
@@ -60,7 +61,11 @@ def estimate_view(system: str, messages: list[ChatMessage]) -> int:
 
 
 async def shrink(
-    messages: list[ChatMessage], size_of: SizeFn, target: float, archive: ArchiveFn
+    messages: list[ChatMessage],
+    size_of: SizeFn,
+    target: float,
+    archive: ArchiveFn,
+    cite: bool = True,
 ) -> tuple[list[ChatMessage], list[str]]:
     """Last resort: bring ``size_of`` the model view (the engine's counts when known, else
     estimates; system prompt included) to ``target`` tokens.
@@ -68,6 +73,7 @@ async def shrink(
     First big tool results (oldest first) are archived and cut to their excerpt and id;
     then the oldest exchanges (from one user message to the next) are dropped, every part
     archived verbatim first (:func:`archive_dropped`); the last exchange always stays.
+    ``cite`` False (:func:`~.rules.cites_ids`): the excerpts name no recall id.
     Returns the new view and the ids archived.
     """
     out = list(messages)
@@ -84,7 +90,7 @@ async def shrink(
             block = await archive(message.role, text, message.name)
             if block:  # a block that could not be archived is never cut
                 archived.append(block)
-                out[i] = message.model_copy(update={"content": excerpt(text, block)})
+                out[i] = message.model_copy(update={"content": excerpt(text, block, cite)})
     while size() > target:
         starts = [
             i

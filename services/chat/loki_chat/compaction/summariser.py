@@ -25,19 +25,31 @@ from loki_shared.messages.chat import ChatMessage
 
 from .rules import SUMMARY_KIND, excerpt, is_reminder, text_of
 
-#: The summariser's instructions (frozen: tests compare requests to a copy, byte for byte).
-SUMMARISER_PROMPT = (
+_KEEP = (
     "You write the memory of a conversation that is being compacted. Summarise the "
     "conversation you are given so the assistant can go on without it.\n"
     "Keep: the user's goals and requests, every decision taken, every constraint and "
     "preference stated, open questions, names, numbers and facts that matter later.\n"
-    "Some long blocks were archived verbatim: they appear as an excerpt followed by "
-    '"archived verbatim as recall:r<N>". Cite every such id exactly as recall:r<N> next to '
-    "what it contains, so the assistant can bring the block back with recall(id).\n"
+)
+_REST = (
     "In code work, also keep each file created or modified (path and purpose), the errors met "
     "and how they were solved, and the build and test commands.\n"
     "Write plain text, concise, in the conversation's language. Do not call any tool. Put the "
     "state of progress last: what is done, what is in progress, what comes next."
+)
+
+#: The summariser's instructions (frozen: tests compare requests to a copy, byte for byte).
+SUMMARISER_PROMPT = (
+    _KEEP + "Some long blocks were archived verbatim: they appear as an excerpt followed by "
+    '"archived verbatim as recall:r<N>". Cite every such id exactly as recall:r<N> next to '
+    "what it contains, so the assistant can bring the block back with recall(id).\n" + _REST
+)
+
+#: The instructions for a model whose template drops ``tools`` (probe: ``supports_tools``
+#: False): it cannot call ``recall``, so no id is asked for (issue 16).
+SUMMARISER_PROMPT_NO_TOOLS = (
+    _KEEP + "Some long blocks were archived: they appear as an excerpt followed by "
+    '"(archived verbatim)". Keep what their excerpt shows that matters.\n' + _REST
 )
 
 #: The user message of the transcript path: a header, then the transcript.
@@ -54,22 +66,37 @@ CONTINUATION_DEMAND = (
     "concise, in the conversation's language; the state of progress at that message last."
 )
 
+#: The demand for a model whose template drops ``tools``: no recall id is asked for.
+CONTINUATION_DEMAND_NO_TOOLS = (
+    "[Loki — compaction] Do not answer the last message and do not call any tool. Write the "
+    "memory of this conversation from its start up to, but not including, message "
+    "#{boundary} (a {role} message that starts with {start}); the last {kept} messages stay "
+    "verbatim. Same rules as always: keep decisions, constraints, open questions, in code "
+    "work each file created or modified, the errors met and their fixes, the build and test "
+    "commands. Plain text, concise, in the conversation's language; the state of progress "
+    "at that message last."
+)
+
 
 def render_transcript(
-    torso: list[ChatMessage], ids: dict[tuple[int, str], str | None], big: set[tuple[int, str]]
+    torso: list[ChatMessage],
+    ids: dict[tuple[int, str], str | None],
+    big: set[tuple[int, str]],
+    cite: bool = True,
 ) -> str:
     """The torso as text for the transcript path.
 
     Each message is ``[<role>]: <text>`` (``[tool <name>]`` for a tool result, ``[Loki
     note]`` for a reminder, ``[earlier summary]`` for a previous summary); a tool call is
     ``[assistant calls <name>]: <arguments>``. A big part (``(index, text)`` in ``big``) is
-    replaced by its excerpt and id (``ids``; None when archiving failed).
+    replaced by its excerpt and id (``ids``; None when archiving failed; no id when ``cite``
+    is False: :func:`~.rules.cites_ids`).
     """
     lines: list[str] = []
     for i, message in enumerate(torso):
         text = text_of(message)
         if (i, text) in big:
-            text = excerpt(text, ids.get((i, text)))
+            text = excerpt(text, ids.get((i, text)), cite)
         if message.loki and message.loki.injected == SUMMARY_KIND:
             head = "[earlier summary]"
         elif is_reminder(message):
@@ -83,7 +110,7 @@ def render_transcript(
         for call in message.tool_calls or []:
             args = call.function.arguments
             if (i, args) in big:
-                args = excerpt(args, ids.get((i, args)))
+                args = excerpt(args, ids.get((i, args)), cite)
             lines.append(f"[assistant calls {call.function.name}]: {args}")
     return "\n\n".join(lines)
 
@@ -118,11 +145,14 @@ def transcript_request(
     local: bool,
     id_slot: int | None,
     template_kwargs: dict[str, Any] | None,
+    cite: bool = True,
 ) -> dict[str, Any]:
-    """The transcript path's body (see the module docstring)."""
+    """The transcript path's body (see the module docstring); ``cite`` False (the model's
+    template drops ``tools``): :data:`SUMMARISER_PROMPT_NO_TOOLS`, which asks for no id."""
+    prompt = SUMMARISER_PROMPT if cite else SUMMARISER_PROMPT_NO_TOOLS
     body: dict[str, Any] = {
         "messages": [
-            {"role": "system", "content": SUMMARISER_PROMPT},
+            {"role": "system", "content": prompt},
             {"role": "user", "content": TRANSCRIPT_HEADER + transcript},
         ],
         "stream": False,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ import httpx
 
 from loki_shared import subjects
 from loki_shared.lease import LeaseError
-from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, Lease
+from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, Lease, TemplateProbe
 from loki_shared.perf_publish import build_record
 
 from ..bus import ChatBus
@@ -38,7 +39,7 @@ from ..request import wire_messages
 from ..settings import Settings
 from . import summariser as S
 from .decide import continued
-from .rules import SummaryError, clean_summary, text_of
+from .rules import SummaryError, cites_ids, clean_summary, text_of
 from .slot_watch import SlotWatch
 from .state import Stamp
 
@@ -96,6 +97,14 @@ class SummaryClient:
         self._info_at = 0.0
         #: ``timings.prompt_n`` of the last summary request answered (figures)
         self.last_prompt_n: int | None = None
+        #: the template probe's verdicts of the last lease seen (a turn's or a summary's;
+        #: None: not probed) — whether compaction may cite recall ids (issue 16)
+        self.template: TemplateProbe | None = None
+
+    @property
+    def cite(self) -> bool:
+        """Whether recall ids may be cited to the model (:func:`~.rules.cites_ids`)."""
+        return cites_ids(self.template)
 
     async def engine_info(self) -> EngineInfo | None:
         """``loki.engine.info`` (cached :data:`INFO_TTL_S`; None when the supervisor does
@@ -132,16 +141,18 @@ class SummaryClient:
             return SummaryOutcome(failure="sent_view_mismatch")
         after = wire_messages(system, continued(messages[stamp.count :]))[1:]
         first = messages[boundary]
-        demand = S.CONTINUATION_DEMAND.format(
-            boundary=boundary + 1,
-            role=first.role,
-            start=S.quote_start(text_of(first) or "(tool call)"),
-            kept=len(messages) - boundary,
-            archived=S.archived_line(archived),
-        )
         try:
             async with self.leases.compact_lease(conv.id, continuation=True) as held:
                 lease = held.lease
+                self.template = lease.template
+                demand = S.CONTINUATION_DEMAND if self.cite else S.CONTINUATION_DEMAND_NO_TOOLS
+                demand = demand.format(
+                    boundary=boundary + 1,
+                    role=first.role,
+                    start=S.quote_start(text_of(first) or "(tool call)"),
+                    kept=len(messages) - boundary,
+                    archived=S.archived_line(archived),
+                )
                 if (
                     lease.external
                     or lease.model != stamp.model
@@ -166,11 +177,16 @@ class SummaryClient:
             log.warning("[compact] no lease (%s)", exc)
             return SummaryOutcome(failure="no_lease")
 
-    async def transcript(self, cid: str, budget: int, transcript: str) -> SummaryOutcome:
-        """The transcript path for conversation ``cid``."""
+    async def transcript(
+        self, cid: str, budget: int, render: Callable[[bool], str]
+    ) -> SummaryOutcome:
+        """The transcript path for conversation ``cid``; ``render(cite)`` gives the
+        transcript, rendered once the lease says whether the model can call ``recall``."""
         try:
             async with self.leases.compact_lease(cid, continuation=False) as held:
                 lease = held.lease
+                self.template = lease.template
+                transcript = render(self.cite)
                 info = await self.engine_info()
                 kwargs = S.thinking_kwargs(
                     self.settings.chat_template_kwargs, not lease.external, _template_knows(info)
@@ -182,6 +198,7 @@ class SummaryClient:
                     local=not lease.external,
                     id_slot=lease.id_slot,
                     template_kwargs=kwargs,
+                    cite=self.cite,
                 )
                 outcome = await self._send(cid, lease, body, budget)
                 outcome.model = lease.model
