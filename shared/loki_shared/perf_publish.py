@@ -100,6 +100,7 @@ def build_record(
     finish_reason: str | None = None,
     cut: bool = False,
     ts: float | None = None,
+    prefix_unstable: bool = False,
 ) -> PerfRecord:
     """Build the :class:`PerfRecord` of one completion.
 
@@ -114,6 +115,7 @@ def build_record(
         slot: the ``id_slot`` the request was sent with (None: the engine chose).
         clock: a :class:`CompletionClock`; gives ``ttft_ms``/``total_ms`` unless given.
         cut: the stream ended without its final chunk (stop, error, disconnect).
+        prefix_unstable: the lease's template probe says ``stable_prefix`` False.
         ts: Unix time in seconds of the end of the completion (default: now).
 
     Raises:
@@ -149,6 +151,7 @@ def build_record(
         cut=cut,
         fingerprints=_fingerprints(sent),
         roles=[m.get("role", "") if isinstance(m, Mapping) else "" for m in sent],
+        prefix_unstable=prefix_unstable,
     )
 
 

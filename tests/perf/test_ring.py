@@ -338,3 +338,22 @@ def test_only_the_latest_record_of_a_conversation_keeps_its_fingerprints():
         history + [{"role": "user", "content": "more"}], cache_n=0, prompt_n=500, conversation="a"
     )
     assert e.loss is not None and e.loss.type == "loss"
+
+
+def test_a_loss_on_an_unstable_prefix_template_is_caused_by_the_template():
+    """Issue 16: a record whose lease's template probe says ``stable_prefix`` False is
+    attributed to ``template`` whatever ran in between; without the flag, as before."""
+    f = Feed()
+    f.add(msgs("q1"), cache_n=0, prompt_n=100, prefix_unstable=True)
+    e = f.add(msgs("q1", "a1", "q2"), cache_n=40, prompt_n=100, prefix_unstable=True)
+    assert e.loss.type == "loss" and e.loss.cause == "template" and e.loss.between == []
+    f.add(msgs("other"), cache_n=0, prompt_n=50, conversation="b", prefix_unstable=True)
+    e = f.add(msgs("q1", "a1", "q2", "a2", "q3"), cache_n=5, prompt_n=300, prefix_unstable=True)
+    assert e.loss.cause == "template" and e.loss.between[0][1] == "b"
+    summary = f.ring.summary()["detail"]["losses_by_cause"]
+    assert set(summary) == {"template"} and summary["template"]["count"] == 2
+    # a non-bool flag is not a verdict
+    g = Feed()
+    g.add(msgs("q1"), cache_n=0, prompt_n=100)
+    e = g.add(msgs("q1", "a1", "q2"), cache_n=40, prompt_n=100, prefix_unstable="yes")
+    assert e.loss.cause == "none"

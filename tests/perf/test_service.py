@@ -155,3 +155,26 @@ async def test_a_purged_stream_is_rebuilt_at_once(perf_nats, nc, tmp_path):
         assert s["detail"]["rebuilding"] is False
     finally:
         svc.stop()
+
+
+async def test_losses_on_an_unstable_prefix_template_are_labelled_template(perf_nats, nc, tmp_path):
+    """Issue 16: records flagged ``prefix_unstable`` (the chat service's, when the lease's
+    template probe says ``stable_prefix`` False) put their losses under cause ``template``,
+    in the summary, the losses list and the Prometheus label."""
+    svc = PerfProc(perf_nats, tmp_path / "home")
+    try:
+        assert await publish_record(nc, record("a", 1, cache_n=0, prompt_n=100, slot=0))
+        assert await publish_record(nc, record("b", 1, cache_n=10, prompt_n=90, slot=0))
+        unstable = record("a", 2, cache_n=10, prompt_n=130, slot=0, prefix_unstable=True)
+        assert await publish_record(nc, unstable)
+        s = await wait_summary(nc, 3)
+        assert s["detail"]["losses_by_cause"] == {"template": {"count": 1, "tokens": 100}}
+        [loss] = (await request(nc, subjects.PERF_LOSSES, {"limit": 10}))["losses"]
+        assert loss["cause"] == "template" and loss["between"][0]["conversation"] == "b"
+        m = svc.scrape()
+        key = 'lokiassist_cache_losses_total{"cause": "template", "kind": "main", "model": "smol"}'
+        assert m[key] == 1
+        conv = 'lokiassist_cache_losses_total{"cause": "conversation", "kind": "main", '
+        assert m[conv + '"model": "smol"}'] == 0
+    finally:
+        svc.stop()

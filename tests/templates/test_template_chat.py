@@ -5,6 +5,7 @@ a template that renders it, and NUDGE_IN_TOOL (off: byte-identical to the frozen
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -12,7 +13,9 @@ from fakes.fake_engine import HTTPError, text_reply, tool_reply
 
 from loki_chat.tools import ToolBox, ToolSpec
 from loki_chat.turn import BUDGET_REMINDER
+from loki_shared import subjects
 from loki_shared.messages.engine import TemplateProbe
+from loki_shared.messages.perf import PerfRecord
 
 
 def verdicts(**over) -> TemplateProbe:
@@ -182,3 +185,33 @@ async def test_reasoning_echo_consults_the_probe(
         assert sent == {"role": "assistant", "content": "A", "reasoning_content": "because"}
     else:  # the template would drop it: nothing sent back, nothing counted as sent back
         assert sent == {"role": "assistant", "content": "A"}
+
+
+@pytest.mark.parametrize("stable", [False, True, None])
+async def test_an_unstable_prefix_marks_the_turn_end_and_the_perf_record(
+    chat_runner, supervisor, client, fake_engine, nc, stable
+):
+    """Issue 16: with the probe's ``stable_prefix`` False the turn end says
+    ``prefix_unstable`` (the UI's prefill badge says why) and the perf record is flagged (the
+    perf service names the loss ``template``); True or not probed: neither."""
+    got: list[PerfRecord] = []
+
+    async def on(msg) -> None:
+        got.append(PerfRecord.model_validate_json(msg.data))
+
+    await nc.subscribe(subjects.PERF_RECORD, cb=on)
+    await nc.flush()
+    supervisor.template = verdicts(stable_prefix=False) if stable is False else None
+    if stable is True:
+        supervisor.template = verdicts()
+    await start_ping_only(chat_runner)
+    fake_engine.push(text_reply("hello"))
+    _, end = await client.turn("Hi")
+    assert end.finish_reason == "stop"
+    assert (end.loki or {}).get("prefix_unstable") is (True if stable is False else None)
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.02)
+    [record] = [r for r in got if r.kind == "main"]
+    assert record.prefix_unstable is (stable is False)

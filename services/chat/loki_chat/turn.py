@@ -478,6 +478,8 @@ class TurnRunner:
             generated = (self.outcome.usage or {}).get("completion_tokens")
             if not isinstance(generated, int) or generated >= self.max_tokens_sent:
                 meta["cut_at"] = self.max_tokens_sent  # cut at the cap (not by the window)
+        if self.prefix_unstable():
+            meta["prefix_unstable"] = True  # the UI's prefill badge says why the cache is lost
         meta["ctx_used"] = conv.meter.used(self.settings.system_prompt, conv.messages)
         await self.host.emit(
             {},
@@ -500,6 +502,11 @@ class TurnRunner:
         if self.tools_dropped():
             return None
         return self.host.toolbox.schemas()
+
+    def prefix_unstable(self) -> bool:
+        """The lease's template probe says the template does not keep a stable prefix
+        (``stable_prefix`` False): cache losses on it are the template's (issue 16)."""
+        return self.template is not None and self.template.stable_prefix is False
 
     def tools_dropped(self) -> bool:
         """The lease's template probe says the template ignores ``tools``."""
@@ -723,6 +730,7 @@ class TurnRunner:
             total_ms=result.total_ms,
             finish_reason=result.acc.finish_reason,
             cut=result.cut,
+            prefix_unstable=lease.template is not None and lease.template.stable_prefix is False,
         )
         self.host.publish_perf(record)
 

@@ -120,6 +120,7 @@ class Entry:
     cut: bool | None = False
     fingerprints: list[str] | None = None
     roles: list[str | None] | None = None
+    prefix_unstable: bool = False  # the template probe said: no stable prefix (issue 16)
     dropped: list[str] = field(default_factory=list)
     # derived by decode()
     cached: int | None = None  # tokens the engine reused (cache_n, else usage cached_tokens)
@@ -302,6 +303,7 @@ def decode(raw: bytes | str | dict, seq: int, ts_fallback: float) -> Entry:
         e.finish_reason = fr
     elif fr is not None:
         dropped.append("finish_reason")
+    e.prefix_unstable = data.get("prefix_unstable") is True
     cut = data.get("cut", False)
     if isinstance(cut, bool):
         e.cut = cut
@@ -351,6 +353,10 @@ def _derive(e: Entry) -> None:
         e.bucket = depth_bucket(e.depth)
 
 
+#: The cause of a loss on a model whose chat template does not keep a stable prefix.
+TEMPLATE_CAUSE = "template"
+
+
 def category(kind: str) -> str:
     """The loss cause a request of ``kind`` stands for when it ran in between
     (``main`` of another conversation is ``conversation``; ``compact`` is ``summary``)."""
@@ -373,4 +379,5 @@ CAUSES = (
     UNKNOWN_KIND,
     "none",
     "divergence",
+    "template",
 )

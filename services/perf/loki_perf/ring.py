@@ -21,7 +21,9 @@ Loss rules (``tests/perf/test_ring.py`` names one test per rule):
    fingerprint differs. Other kinds start new prompts by design and are not flagged.
 6. What ran on the engine in between (records after ``prev`` in stream order, other than
    external ones and, when both slots are known, ones on another slot) is named in ``between``;
-   the cause of a loss is the category of the last of them, ``none`` if there was none.
+   the cause of a loss is the category of the last of them, ``none`` if there was none —
+   except on a record flagged ``prefix_unstable`` (the model's chat template does not keep a
+   stable prefix, issue 16): its loss is caused by ``template``.
 7. CACHE_RAM advice: a ``main`` completion of a local preset that strictly extends its previous
    one after something else ran in between, and whose ``cached_tokens`` (else ``cache_n``) is
    under half its prompt, is an advice event (the supervisor advises raising CACHE_RAM once).
@@ -34,7 +36,17 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from .decode import CAUSES, DEPTH_BOUNDS, DEPTH_NAMES, KINDS, UNKNOWN_KIND, Entry, Loss, category
+from .decode import (
+    CAUSES,
+    DEPTH_BOUNDS,
+    DEPTH_NAMES,
+    KINDS,
+    TEMPLATE_CAUSE,
+    UNKNOWN_KIND,
+    Entry,
+    Loss,
+    category,
+)
 
 _ALL_KINDS = (*KINDS, UNKNOWN_KIND)
 
@@ -263,7 +275,10 @@ class Ring:
                 self._maybe_advise(e, between)
             if not flagged:
                 return
-            cause = category(between[-1][0]) if between else "none"
+            if e.prefix_unstable:  # the template re-renders the prefix: its own fault
+                cause = TEMPLATE_CAUSE
+            else:
+                cause = category(between[-1][0]) if between else "none"
             e.loss = Loss(
                 "loss",
                 cause,

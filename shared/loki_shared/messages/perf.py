@@ -26,6 +26,9 @@ class PerfRecord(Msg):
     ``cut`` is true when the stream ended without its final chunk (stopped, error,
     disconnect). ``fingerprints[i]`` is the cumulative hash of the messages sent up to ``i``
     (see :func:`loki_shared.fingerprint.fingerprints`) and ``roles[i]`` message ``i``'s role.
+    ``prefix_unstable`` is true when the lease's chat template probe said the model's
+    template does not keep a stable prefix (``TemplateProbe.stable_prefix`` False): the perf
+    service then attributes a cache loss on it to cause ``template`` (issue 16).
     No message text ever goes here.
     """
 
@@ -43,6 +46,7 @@ class PerfRecord(Msg):
     cut: bool = False
     fingerprints: list[str] = Field(default_factory=list)
     roles: list[str] = Field(default_factory=list)
+    prefix_unstable: bool = False
 
 
 class SummaryRequest(Msg):

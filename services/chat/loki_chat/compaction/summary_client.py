@@ -270,6 +270,8 @@ class SummaryClient:
                 preset="external" if lease.external else "local",
                 slot=lease.id_slot,
                 total_ms=total_ms,
+                prefix_unstable=lease.template is not None
+                and lease.template.stable_prefix is False,
             )
         except Exception:
             log.warning("[compact] perf record not built", exc_info=True)

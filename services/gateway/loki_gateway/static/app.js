@@ -364,6 +364,7 @@
       if (mark === "stopped" || choice.finish_reason === "stopped") parts.push("stopped");
       const cutAt = choice.finish_reason === "length" && ev.loki ? ev.loki.cut_at : null;
       if (choice.finish_reason === "length") parts.push(cutAt ? "reply cut at " + cutAt + " tokens" : "reply cut (window full)");
+      if (ev.loki && ev.loki.prefix_unstable) parts.push("template re-renders the prefix");
       badge.textContent = parts.join(" · ") || choice.finish_reason;
       if (choice.finish_reason === "length") {
         // Continue resumes the same assistant message (POST /api/chat/continue)
