@@ -540,13 +540,15 @@ async def test_continuation_view_mismatch_falls_back_without_suspending(
 
 # --------------------------------------------------------------------------- issue 16
 def no_tools_template() -> TemplateProbe:
-    """The probe's verdicts for a template that drops ``tools`` (SmolLM2's)."""
-    return TemplateProbe(template_hash="h", supports_tools=False, stable_prefix=True)
+    """The probe's verdicts for a template that drops ``tools`` and re-renders its prefix."""
+    return TemplateProbe(template_hash="h", supports_tools=False, stable_prefix=False)
 
 
 async def test_no_tool_template_archives_but_cites_no_recall_id(
     harness, fake_engine, supervisor, recall, nc
 ):
+    perf = await collect(nc, subjects.PERF_RECORD)
+    await ensure_perf_stream(nc.jetstream())
     supervisor.template = no_tools_template()
     h = harness()
     conv = long_conv()
@@ -569,6 +571,10 @@ async def test_no_tool_template_archives_but_cites_no_recall_id(
         SUMMARY_HEADER_NO_TOOLS
     )
     assert "recall" not in installed.content
+    # the template has no stable prefix either: the compact perf record says so (perf: cause
+    # ``template`` for its losses)
+    await until(lambda: perf)
+    assert PerfRecord.model_validate_json(perf[0].data).prefix_unstable is True
 
 
 async def test_no_tool_template_fallback_and_shrink_cite_no_recall_id(
