@@ -76,7 +76,15 @@ def test_chat_page_streams_survives_reload_and_switches(browser, gateway, peers)
             ({"tool_calls": [{"index": 0, "function": {"arguments": ' "r1"}'}}]}, {}),
             ({"role": "tool", "tool_call_id": "c1", "name": "recall", "content": "L" * 2000}, {}),
             ({"content": "Here is **bold** and `code`."}, {}),
-            ({}, {"finish_reason": "stop", "timings": {"prompt_n": 3, "cache_n": 7}}),
+            (
+                {},
+                {
+                    "finish_reason": "stop",
+                    "timings": {"prompt_n": 3, "cache_n": 7},
+                    # the lease's template probe said stable_prefix false (issue 16)
+                    "loki": {"event": "turn_end", "prefix_unstable": True},
+                },
+            ),
             ({}, {"loki": {"event": "compaction", "tokens_before": 900, "tokens_after": 300}}),
         ]:
             peers.call(peers.emit(oid, delta, **extra))
@@ -93,7 +101,8 @@ def test_chat_page_streams_survives_reload_and_switches(browser, gateway, peers)
         assert len(result.inner_text()) == 2000
         assert page.inner_html(".msg.assistant").count("<strong>bold</strong>") == 1
         assert "<code>code</code>" in page.inner_html(".msg.assistant")
-        assert page.inner_text(".badge") == "prefill 3 new / 7 cached"
+        badge = "prefill 3 new / 7 cached · template re-renders the prefix"
+        assert page.inner_text(".badge") == badge
         # and back to the first one, replayed whole
         page.click(f"#conversations li[data-id='{cid}'] .title")
         page.wait_for_selector(".badge")
