@@ -378,7 +378,8 @@
       state.turn = null;
       setGenerating(false);
       // the turn's own figure, else back to the last known one until the state is read again
-      setCtxUsed(ev.loki && typeof ev.loki.ctx_used === "number" ? ev.loki.ctx_used : state.ctxBase);
+      // (the streamed estimate, never a drop to the figure before the reply)
+      setCtxUsed(ev.loki && typeof ev.loki.ctx_used === "number" ? ev.loki.ctx_used : state.ctxBase + state.streamed);
       refreshStateSoon();
     }
   }
