@@ -16,10 +16,12 @@ from pathlib import Path
 
 import nats
 import pytest
+import redis
 from pydantic import BaseModel
 
 from loki_shared import servers, subjects
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
+from loki_supervisor.presets import ACTIVE_KEY, PRESETS_KEY
 
 
 @dataclass
@@ -94,10 +96,15 @@ async def wait_info(
 
 
 @pytest.fixture
-def engine_env(service_env: dict[str, str]) -> dict[str, str]:
-    """Supervisor environment: the real engine (found now: a missing one FAILS), CTX 2048."""
+def engine_env(service_env: dict[str, str], redis_url: str) -> dict[str, str]:
+    """Supervisor environment: the real engine (found now: a missing one FAILS), CTX 2048.
+
+    The session's Redis is shared: presets an earlier test stored (an ``env`` preset overrides
+    the ``LOKI_*`` settings) are removed, so each supervisor starts from its environment."""
     servers.find_llama_server()
     servers.find_bundled_model()
+    with redis.Redis.from_url(redis_url) as r:
+        r.delete(PRESETS_KEY, ACTIVE_KEY)
     env = dict(service_env)
     env.update(LOKI_CTX="2048", LOKI_ENGINE_THREADS="2", LOKI_LOG_LEVEL="INFO")
     return env
