@@ -121,9 +121,14 @@ def views(client: StackClient, convs: list[str], seqs: list[int]) -> dict[str, b
     out: dict[str, bytes] = {}
     out["conversations"] = client.http.get("/api/conversations").content
     for conv in convs:
-        out[f"state {conv}"] = client.http.get(
-            "/api/chat/state", params={"conversation": conv}
-        ).content
+        state = client.http.get("/api/chat/state", params={"conversation": conv}).json()
+        # the tools the engine's template withheld: the owning chat instance's memory of its
+        # last step, not stored data (a restored stack has taken no step yet);
+        state.pop("tools_unavailable", None)
+        # ctx_used: the meter's figure (the engine's last measure, or exact counts made again
+        # after a restart), a runtime measure rather than stored data
+        state.pop("ctx_used", None)
+        out[f"state {conv}"] = json.dumps(state, sort_keys=True).encode()
         out[f"export {conv}"] = client.http.get(f"/api/conversations/{conv}/export").content
         out[f"log {conv}"] = replay(client, conv)
     out["blocks"] = client.http.get("/api/recall/blocks").content
