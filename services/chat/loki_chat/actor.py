@@ -238,6 +238,15 @@ class Actor:
                     await asyncio.sleep(1)
             self.last_access = time.monotonic()
 
+    async def settle(self, timeout: float = 5.0) -> None:
+        """Wait (at most ``timeout`` seconds) for the worker to finish on its own, without
+        stopping it: after a turn's end event the worker still writes the conversation's
+        last state before it is done."""
+        worker = self.worker
+        if worker is not None and not worker.done():
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(worker), timeout)
+
     async def halt(self, timeout: float = 10.0) -> None:
         """Stop the running turn and wait for the worker (queued messages stay queued)."""
         worker = self.worker

@@ -175,6 +175,10 @@ class ChatHandlers:
                 await actor.emit({}, loki={"event": "reset"})
                 await actor.persist()
                 return ControlReply(ok=True, detail="reset")
+            if actor.busy and not actor.conv.turn_open and not actor.conv.pending:
+                # the turn's end event is out (the client saw it) and nothing is queued: the
+                # worker is only writing its last state; the control waits for that write
+                await actor.settle()
             if actor.busy:
                 return ControlReply(ok=False, detail="a turn is running")
             if req.action == "continue":
