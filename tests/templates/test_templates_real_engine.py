@@ -26,7 +26,8 @@ through ``/apply-template`` with the pinned build, and checked again below):
   does), so a reply that ends in whitespace is re-rendered without it and the cache is
   reused up to that reply's last token only (checked below, not a verdict).
 
-The chat tests here run on both engines: plain turns reusing the cache, a manual compaction
+The chat tests here run on both engines: plain turns reusing the cache, Continue after a reply
+cut at ``max_tokens`` (an assistant prefill), a manual compaction
 (summary request and the next turn through the strict template), the reminders with
 NUDGE_IN_TOOL off and on, REASONING_ECHO off and on. For the reminders and REASONING_ECHO
 the model's replies are scripted (the fake engine: no real model reliably answers with
@@ -36,6 +37,7 @@ engine's template, which refuses two user messages in a row on Gemma.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,6 +187,27 @@ async def test_plain_turns_reuse_the_cache_and_tools_are_said_unavailable(
     assert len(told) == 2 and "recall" in told[0]["tools"]
     state = await client.state(cid)
     assert state.tools_unavailable and "recall" in state.tools_unavailable["tools"]
+
+
+async def test_continue_sends_the_cut_reply_as_a_prefill_the_template_accepts(
+    chat_runner, real_supervisor, client
+):
+    """Continue resends the conversation ending with the cut assistant reply: llama-server
+    renders it as a prefill (the template sees [system, user] only, then the reply's text),
+    so even Gemma's strict template accepts it."""
+    await chat_runner.start(max_tokens=4, temperature=0.0)
+    cid, end = await client.turn("Count from one to twenty in words.", timeout=120)
+    assert end.finish_reason == "length" and end.loki.get("cut_at") == 4, end.loki
+    for _ in range(200):
+        if not (await client.state(cid)).generating:
+            break
+        await asyncio.sleep(0.02)
+    reply = await client.control(cid, "continue")
+    assert reply.ok, reply.detail
+    ends = await client.tap.wait_turn_ends(cid, 2, timeout=120)
+    assert_no_error(ends[1])
+    state = await client.state(cid)
+    assert [m.role for m in state.messages] == ["system", "user", "assistant"]
 
 
 async def test_a_manual_compaction_and_the_next_turn_go_through_the_template(
