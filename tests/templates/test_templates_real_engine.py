@@ -129,13 +129,19 @@ async def test_probe_verdicts_are_what_the_template_does(model_engine):
 
 
 async def test_gemma_template_renders_gemma_turns_by_hand(model_engine):
-    """The renderings the verdicts above were written from (Gemma only)."""
+    """The renderings the verdicts above were written from; on SmolLM2 the contrast (two
+    user messages rendered, text not trimmed)."""
     name, url = model_engine
-    if name != "gemma3":
-        assert (await apply_template(url, [{"role": "user", "content": "U"}])).status_code == 200
-        return
     s, u1 = {"role": "system", "content": "S."}, {"role": "user", "content": "U1"}
     a1, u2 = {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"}
+    spaced = {"role": "assistant", "content": "A1\n"}
+    if name != "gemma3":  # SmolLM2's ChatML: two users rendered, text kept as written
+        both = (await apply_template(url, [s, u1, u2])).json()["prompt"]
+        assert "<|im_start|>user\nU1<|im_end|>\n<|im_start|>user\nU2<|im_end|>" in both
+        held = (await apply_template(url, [s, u1, spaced], add_generation_prompt=False)).json()
+        again = (await apply_template(url, [s, u1, spaced, u2])).json()
+        assert again["prompt"].startswith(held["prompt"])
+        return
     r = await apply_template(url, [s, u1, a1, u2])
     assert r.json()["prompt"] == (
         "<start_of_turn>user\nS.\n\nU1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n"
@@ -146,7 +152,6 @@ async def test_gemma_template_renders_gemma_turns_by_hand(model_engine):
     assert (await apply_template(url, [s, a1, u1])).status_code == 400  # must open with user
     # the trimming the probe's markers cannot see: a reply ending in whitespace is
     # re-rendered without it (what the engine holds after generating it is the untrimmed text)
-    spaced = {"role": "assistant", "content": "A1\n"}
     held = (await apply_template(url, [s, u1, spaced], add_generation_prompt=False)).json()
     again = (await apply_template(url, [s, u1, spaced, u2])).json()
     assert held["prompt"].endswith("A1\n") and not again["prompt"].startswith(held["prompt"])
