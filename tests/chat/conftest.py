@@ -116,11 +116,12 @@ class ChatClient:
             subjects.CHAT_SEND, SendRequest(conversation=conversation, content=content), SendReply
         )
 
-    async def control(self, conversation: str, action: str) -> ControlReply:
+    async def control(self, conversation: str, action: str, timeout: float = 10.0) -> ControlReply:
         return await self._req(
             subjects.CHAT_CONTROL,
             ControlRequest(conversation=conversation, action=action),
             ControlReply,
+            timeout,
         )
 
     async def state(self, conversation: str) -> StateReply:

@@ -242,3 +242,17 @@ def test_continuation_request_is_sent_request_plus_one_demand():
     assert body["tool_choice"] == "none" and body["tools"] == sent["tools"]
     assert body["max_tokens"] == 300 and body["id_slot"] == 0
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_continuation_demand_joins_a_trailing_user_message_with_content_parts():
+    """Issue 16: a strict-alternation template (Gemma's) refuses two user messages in a row;
+    a trailing image turn (content parts) takes the demand as one more text part."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    parts = [{"type": "text", "text": "look"}, image]
+    sent = {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": parts}]}
+    body = S.continuation_request(
+        sent, [], "DEMAND", budget=300, local=True, id_slot=None, template_kwargs=None
+    )
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert body["messages"][1]["content"] == [*parts, {"type": "text", "text": "DEMAND"}]
+    assert sent["messages"][1]["content"] == parts  # the sent request is left as it was

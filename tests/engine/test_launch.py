@@ -289,3 +289,25 @@ async def test_parallel_two_without_side_slot_has_no_id_slot_and_a_smaller_windo
     rel = await release(nc, a.lease_id, job_done=True)
     assert not rel.slot_erased and "2 slots" in (rel.erase_skipped or "")
     await release(nc, b.lease_id)
+
+
+async def test_chat_template_file_gives_gemma_its_turn_template(engine_env, supervisor_factory, nc):
+    """Issue 16: Gemma 3 270M's GGUF has no chat template; ``LOKI_CHAT_TEMPLATE_FILE``
+    (Loki's Gemma-turn template of the template tests) is passed with ``--jinja``, and the
+    probe at ready sees what that template does (strict alternation, no tools)."""
+    from tests.templates.models import GEMMA_TEMPLATE, gemma_model
+
+    env = {
+        **engine_env,
+        "LOKI_MODEL": str(gemma_model()),
+        "LOKI_CHAT_TEMPLATE_FILE": str(GEMMA_TEMPLATE),
+    }
+    sup = supervisor_factory(env)
+    info = await wait_info(nc, lambda i: i.state == "ready", sup=sup)
+    i = info.argv.index("--chat-template-file")
+    assert info.argv[i - 1 : i + 2] == ["--jinja", "--chat-template-file", str(GEMMA_TEMPLATE)]
+    assert "<start_of_turn>" in (info.chat_template or "")
+    template = info.template
+    assert template is not None and template.error is None
+    assert (template.supports_tools, template.strict_alternation) == (False, True)
+    assert "refuses two user messages" in " ".join(template.notes)

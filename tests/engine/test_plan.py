@@ -397,3 +397,51 @@ def test_parse_help_reads_flags_env_and_ngl_auto():
     assert HELP.env_of("-c") == ["LLAMA_ARG_CTX_SIZE"]
     assert HELP.env_of("--no-kv-unified") == ["LLAMA_ARG_KV_UNIFIED"]
     assert not OLD_HELP.ngl_auto and not OLD_HELP.has("--cache-ram")
+
+
+TEMPLATE_HELP = parse_help(
+    HELP_TEXT
+    + "--jinja, --no-jinja                     whether to use jinja template engine for chat\n"
+    + "--chat-template JINJA_TEMPLATE          set custom jinja chat template\n"
+    + "--chat-template-file JINJA_TEMPLATE_FILE\n"
+    + "                                        set custom jinja chat template file\n"
+)
+
+
+@pytest.mark.parametrize(
+    "name,cfg_kw,help_,args,note",
+    [
+        ("unset", {}, TEMPLATE_HELP, [], None),
+        (
+            "passed",
+            {"chat_template_file": "/t/gemma.jinja"},
+            TEMPLATE_HELP,
+            ["--jinja", "--chat-template-file", "/t/gemma.jinja"],
+            "chat template from /t/gemma.jinja",
+        ),
+        (
+            "engine does not know it",
+            {"chat_template_file": "/t/gemma.jinja"},
+            HELP,
+            [],
+            "CHAT_TEMPLATE_FILE not passed: the engine's --help lists no --chat-template-file",
+        ),
+        (
+            "EXTRA_ARGS names a template",
+            {"chat_template_file": "/t/gemma.jinja", "extra_args": "--chat-template chatml"},
+            TEMPLATE_HELP,
+            [],
+            "CHAT_TEMPLATE_FILE not passed: --chat-template in EXTRA_ARGS wins",
+        ),
+    ],
+)
+def test_chat_template_file_only_when_the_engine_lists_the_flag(name, cfg_kw, help_, args, note):
+    """Issue 16: a GGUF without a chat template (Gemma 3 270M on PyPI) gets one from a file;
+    ``--jinja`` first (any template text accepted), before EXTRA_ARGS, which win."""
+    plan = plan_launch(cfg(**cfg_kw), facts(help=help_))
+    got = [a for a in plan.args if a in ("--jinja", "--chat-template-file") or a.endswith(".jinja")]
+    assert got == args
+    if args:
+        i = plan.args.index("--jinja")
+        assert plan.args[i : i + 3] == args
+    assert (note in plan.notes) if note else not any("template" in n for n in plan.notes)

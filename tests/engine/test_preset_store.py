@@ -73,6 +73,7 @@ async def test_new_preset_gets_an_id(store):
         {"id": "x", "ngl": "lots"},
         {"id": "x", "model": "/no/such/model.gguf"},
         {"id": "x", "features": {"CACHE_RAM": "-5"}},
+        {"id": "x", "features": {"CHAT_TEMPLATE_FILE": "/no/such/template.jinja"}},
         {"id": "x", "external": True, "base_url": "ftp://x", "api_model": "m"},
         {"id": "x", "external": True, "base_url": "https://x"},
         {"id": "x", "ctx": "many"},

@@ -59,3 +59,7 @@ def gemma_model() -> Path:
 def smollm2_model() -> Path:
     """Path of the bundled SmolLM2 GGUF."""
     return servers.find_bundled_model()
+
+
+#: Loki's own chat template for Gemma 3 (the GGUF has none): ``--chat-template-file``.
+GEMMA_TEMPLATE = Path(__file__).with_name("gemma3_turns.jinja")

@@ -62,11 +62,11 @@ def wire_messages(
         item = wire_message(message, echo_model=echo_model)
         prev = out[-1]
         if item["role"] == "user" and prev["role"] == "user" and len(out) > 1:
-            prev["content"] = _join(prev["content"], item["content"])
+            prev["content"] = join_content(prev["content"], item["content"])
             continue
         out.append(item)
     if suffix:
-        out[-1]["content"] = _join(out[-1].get("content") or "", suffix)
+        out[-1]["content"] = join_content(out[-1].get("content") or "", suffix)
     return out
 
 
@@ -94,7 +94,10 @@ def wire_message(message: ChatMessage, *, echo_model: str | None = None) -> dict
     return item
 
 
-def _join(a: Any, b: Any) -> Any:
+def join_content(a: Any, b: Any) -> Any:
+    """Message content ``b`` put at the end of content ``a`` (one message, never two user
+    messages in a row): two texts joined by a blank line (``b`` alone when ``a`` is empty);
+    otherwise content parts, a text becoming one ``text`` part."""
     if isinstance(a, str) and isinstance(b, str):
         return f"{a}\n\n{b}" if a else b
     parts_a = a if isinstance(a, list) else [{"type": "text", "text": a}]

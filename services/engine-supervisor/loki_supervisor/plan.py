@@ -66,6 +66,7 @@ _CPU_WEIGHT_FLAGS = (
 )
 _NO_KV_OFFLOAD_FLAGS = ("-nkvo", "--no-kv-offload")
 _CACHE_RAM_FLAGS = ("-cram", "--cache-ram")
+_TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file")
 _NGL_ALL = {"", "auto", "all", "999", "-1"}
 
 
@@ -84,7 +85,8 @@ class LocalConfig:
     ``ngl``: None/"auto"/"all"/"999" or a layer count (text). ``parallel``: PARALLEL or None.
     ``extra_args``: EXTRA_ARGS, shell-quoted text. ``cache_ram``: CACHE_RAM text.
     ``slot_dir``: ``LOKI_HOME/slots``. ``draft``: the draft model fields
-    (speculative decoding, :mod:`loki_supervisor.draft`).
+    (speculative decoding, :mod:`loki_supervisor.draft`). ``chat_template_file``:
+    CHAT_TEMPLATE_FILE, a Jinja chat template used instead of the GGUF's ("": the GGUF's).
     """
 
     model: Path
@@ -100,6 +102,7 @@ class LocalConfig:
     threads: int | None = None
     slot_dir: Path | None = None
     draft: DraftRequest = field(default_factory=DraftRequest)
+    chat_template_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -455,13 +458,39 @@ def cache_ram_decision(
     )
 
 
+# ---------------------------------------------------------------------- CHAT_TEMPLATE_FILE
+def chat_template_args(
+    cfg: LocalConfig, help_: EngineHelp, tokens: list[str]
+) -> tuple[list[str], str | None]:
+    """CHAT_TEMPLATE_FILE (a GGUF without a chat template, or a corrected one): the
+    arguments and a note. ``--jinja --chat-template-file PATH`` (``--jinja`` first, so any
+    template text is accepted, and only when the help lists it) when the engine's help lists
+    ``--chat-template-file``; nothing, noted, when it does not or when EXTRA_ARGS already
+    names a template (``--chat-template``/``--chat-template-file``: EXTRA_ARGS wins)."""
+    path = cfg.chat_template_file.strip()
+    if not path:
+        return [], None
+    clash = sorted(arg_names(tokens) & set(_TEMPLATE_FLAGS))
+    if clash:
+        return [], f"CHAT_TEMPLATE_FILE not passed: {clash[0]} in EXTRA_ARGS wins"
+    if not help_.has("--chat-template-file"):
+        return (
+            [],
+            "CHAT_TEMPLATE_FILE not passed: the engine's --help lists no --chat-template-file",
+        )
+    jinja = ["--jinja"] if help_.has("--jinja") else []
+    return [*jinja, "--chat-template-file", path], f"chat template from {path}"
+
+
 # ------------------------------------------------------------------------------ the plan
 def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
     """Build the engine's command line and notes from a local preset and the facts.
 
     Arguments, in order: ``-m``, ``-c``, ``-np``, ``--no-kv-unified`` (SIDE_SLOT), ``-ngl``,
     ``--metrics``, ``--host``, ``--port``, ``--api-key``, ``-t``, ``--slot-save-path``,
-    ``--cache-ram``, then EXTRA_ARGS (last, so they win where llama.cpp keeps the last value).
+    ``--cache-ram``, the draft options, ``--jinja --chat-template-file`` (CHAT_TEMPLATE_FILE,
+    :func:`chat_template_args`), then EXTRA_ARGS (last, so they win where llama.cpp keeps
+    the last value).
 
     SIDE_SLOT accepted: ``-c 2×CTX -np 2 --no-kv-unified`` (two slots of CTX each). Refused
     or off: ``-c CTX -np PARALLEL`` (1 when unset), the refusal's reason in ``notes``.
@@ -526,6 +555,10 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
         args += ["--cache-ram", str(cram.value_mib)]
         notes.append(f"CACHE_RAM {cram.value_mib} MiB ({cram.reason})")
     args += draft.args
+    template_args, template_note = chat_template_args(cfg, facts.help, tokens)
+    args += template_args
+    if template_note:
+        notes.append(template_note)
     args += tokens
     names = arg_names(tokens)
     unified = bool(names & {"-kvu", "--kv-unified"}) or truthy(

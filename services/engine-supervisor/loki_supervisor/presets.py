@@ -51,8 +51,8 @@ def validate(preset: Preset) -> None:
 
     Raises:
         InvalidRequest: bad id, missing model or draft model file, CTX, NGL, CACHE_RAM,
-            SLOT_PERSIST_MAX_MB, DRAFT_MAX/DRAFT_MIN/DRAFT_NGL, external preset without
-            ``base_url`` or ``api_model``.
+            SLOT_PERSIST_MAX_MB, DRAFT_MAX/DRAFT_MIN/DRAFT_NGL, a CHAT_TEMPLATE_FILE that
+            is not a file, external preset without ``base_url`` or ``api_model``.
     """
     if not _ID.match(preset.id):
         raise InvalidRequest("preset id: 1-64 letters, digits, '-' or '_'")
@@ -87,6 +87,9 @@ def validate(preset: Preset) -> None:
     dngl = (preset.draft_ngl or "").strip().lower()
     if dngl not in ("", "auto", "all") and not dngl.lstrip("-").isdigit():
         raise InvalidRequest("DRAFT_NGL: auto, all or a number of layers")
+    template = (preset.features.get("CHAT_TEMPLATE_FILE") or "").strip()
+    if template and not Path(template).is_file():
+        raise InvalidRequest(f"CHAT_TEMPLATE_FILE: file not found: {template}")
     persist_mb = (preset.features.get("SLOT_PERSIST_MAX_MB") or "").strip()
     if persist_mb and not persist_mb.isdigit():
         raise InvalidRequest("SLOT_PERSIST_MAX_MB: empty (2048) or MiB")

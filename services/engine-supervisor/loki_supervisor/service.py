@@ -66,6 +66,7 @@ def env_preset(settings: Settings) -> Preset:
             "CACHE_ISOLATE": settings.cache_isolate,
             "SLOT_PERSIST": settings.slot_persist,
             "SLOT_PERSIST_MAX_MB": settings.slot_persist_max_mb,
+            "CHAT_TEMPLATE_FILE": settings.chat_template_file,
         },
         draft_model=settings.draft_model,
         draft_max=settings.draft_max,
@@ -228,6 +229,7 @@ class Supervisor:
             extra_args=preset.extra_args,
             side_slot=truthy(preset.features.get("SIDE_SLOT")),
             cache_ram=preset.features.get("CACHE_RAM", "") or "",
+            chat_template_file=preset.features.get("CHAT_TEMPLATE_FILE", "") or "",
             host=self.settings.engine_host,
             port=self._port,
             api_key=self.settings.engine_api_key.get_secret_value()

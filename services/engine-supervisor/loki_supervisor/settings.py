@@ -28,6 +28,8 @@ class Settings(LokiSettings):
     - ``LOKI_DRAFT_MIN``: tokens drafted at least per step (unset: the engine's default).
     - ``LOKI_DRAFT_NGL``: the draft model's GPU layers: a number, ``auto`` or ``all``
       (unset: the engine's default).
+    - ``LOKI_CHAT_TEMPLATE_FILE``: a Jinja chat template file used instead of the GGUF's
+      (``--jinja --chat-template-file``; for a GGUF without one; empty: the GGUF's).
     - ``LOKI_ENGINE_URL``: use the llama-server already running there (nothing launched).
     - ``LOKI_ENGINE_HOST`` (default 127.0.0.1), ``LOKI_ENGINE_PORT`` (default: a free port),
       ``LOKI_ENGINE_API_KEY`` (``--api-key`` of the local engine; the key sent to it).
@@ -51,6 +53,7 @@ class Settings(LokiSettings):
     draft_max: int | None = Field(default=None, ge=0)
     draft_min: int | None = Field(default=None, ge=0)
     draft_ngl: str | None = None
+    chat_template_file: str = ""
     engine_url: str = ""
     engine_host: str = "127.0.0.1"
     engine_port: int | None = None

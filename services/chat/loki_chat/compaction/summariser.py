@@ -23,6 +23,7 @@ from typing import Any
 from loki_shared.canonical import canonical_json
 from loki_shared.messages.chat import ChatMessage
 
+from ..request import join_content
 from .rules import SUMMARY_KIND, excerpt, is_reminder, text_of
 
 _KEEP = (
@@ -191,17 +192,14 @@ def continuation_request(
     """The continuation path's body: ``sent`` (the turn's request as it was sent) with its
     messages followed by ``after`` (the model-view messages accepted since, as wire dicts)
     and the summary demand as one user message — joined to the last message when that is a
-    user message (never two consecutive user messages). Sampling, streaming and
-    ``tool_choice`` are replaced as for every summary request; ``tools`` stay (the prompt is
-    the one the slot holds)."""
+    user message, text or content parts (never two consecutive user messages). Sampling,
+    streaming and ``tool_choice`` are replaced as for every summary request; ``tools`` stay
+    (the prompt is the one the slot holds)."""
     body = {k: v for k, v in sent.items() if k not in _SAMPLING}
     messages = [dict(m) for m in sent["messages"]] + [dict(m) for m in after]
-    if (
-        messages
-        and messages[-1].get("role") == "user"
-        and isinstance(messages[-1].get("content"), str)
-    ):
-        messages[-1]["content"] = f"{messages[-1]['content']}\n\n{demand}"
+    if messages and messages[-1].get("role") == "user":
+        # text or content parts (an image turn): the demand goes at its end either way
+        messages[-1]["content"] = join_content(messages[-1].get("content") or "", demand)
     else:
         messages.append({"role": "user", "content": demand})
     body["messages"] = messages
