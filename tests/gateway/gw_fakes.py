@@ -237,6 +237,8 @@ class FakePeers:
 
         async def queued_turn() -> None:
             async with conv.turns:  # like the chat service: a send during a turn runs after it
+                if req.content not in conv.pending:
+                    return  # cancelled while it waited
                 conv.pending.remove(req.content)
                 await self.play_turn(conv.info.id, req.content)
 
@@ -247,6 +249,11 @@ class FakePeers:
         conv = self.convs.get(req.conversation)
         if conv is None:
             return ControlReply(error=ErrorInfo(type="not_found", message="no such conversation"))
+        if req.action == "cancel_queued":  # as the chat service: only a message still waiting
+            if req.content in conv.pending and (conv.generating or conv.turns.locked()):
+                conv.pending.remove(req.content)
+                return ControlReply(ok=True, detail="cancelled")
+            return ControlReply(ok=False, detail="not queued: its turn already started")
         if req.action == "stop":
             conv.stop = True
         elif req.action == "reset":

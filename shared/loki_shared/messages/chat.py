@@ -137,11 +137,14 @@ class SendReply(Reply):
 
 
 class ControlRequest(Msg):
-    """``loki.chat.control``: stop the running turn, reset the conversation, compact it, or
-    continue its last assistant reply (Continue after a reply cut at ``max_tokens``)."""
+    """``loki.chat.control``: stop the running turn, reset the conversation, compact it,
+    continue its last assistant reply (Continue after a reply cut at ``max_tokens``), or
+    ``cancel_queued``: drop the queued user message whose text is ``content`` (one that has
+    not started; a started one is never cancelled)."""
 
     conversation: str
-    action: Literal["stop", "reset", "compact", "continue"]
+    action: Literal["stop", "reset", "compact", "continue", "cancel_queued"]
+    content: str | None = None
 
 
 class ControlReply(Reply):

@@ -521,26 +521,16 @@
     if (first) setTitle(first);
   }
 
-  // ---- messages sent but not yet taken: shown at once, marked queued behind a running turn --
-  function pendingBox() {
-    let p = $("pending");
-    if (!p) { p = document.createElement("div"); p.id = "pending"; box().appendChild(p); }
-    return p;
-  }
+  // ---- messages sent but not yet taken: queue-bubbles.js ----------------------------------
+  const pendingBox = LokiQueue.holder;
+  const dropPending = LokiQueue.drop;
 
-  function addPending(text) {
-    const el = bubble("user pending");
-    el.textContent = text;
-    el.dataset.text = text;
-    pendingBox().appendChild(el);
-    box().scrollTop = box().scrollHeight;
-    return el;
-  }
-
-  function markQueued(el) { if (el.isConnected) { el.classList.add("queued"); el.title = "Queued: sent when the current reply ends"; } }
-
-  function dropPending(text) {
-    for (const el of pendingBox().children) if (el.dataset.text === text) { el.remove(); return; }
+  async function cancelQueued(text) {
+    try {
+      const r = await apiJSON("/api/chat/cancel_queued", { method: "POST", json: { conversation: state.conversation, content: text } });
+      notice(r.ok ? "Queued message cancelled" : "Not cancelled: " + r.detail, r.ok ? "ok" : "");
+      return r.ok;
+    } catch (e) { notice("Cancel failed: " + e.message, "error"); return false; }
   }
 
   // ---- notices: what an action did, or that it is under way --------------------------------
@@ -592,13 +582,13 @@
   // ---- actions -------------------------------------------------------------------------
   async function send(text) {
     const body = { content: text };
-    const pending = state.conversation ? addPending(text) : null;
+    const pending = state.conversation ? LokiQueue.add(text) : null;
     if (state.conversation) body.conversation = state.conversation;
     let r;
     try { r = await apiJSON("/api/chat/send", { method: "POST", json: body }); }
     catch (e) { if (pending) pending.remove(); throw e; }
     if (r.conversation !== state.conversation) { openConversation(r.conversation); loadConversations(); }
-    else if (r.queued && pending) markQueued(pending);
+    else if (r.queued && pending) LokiQueue.markQueued(pending, cancelQueued);
   }
 
   async function control(action) {
