@@ -544,9 +544,17 @@
     if (text && ms !== 0) noticeTimer = setTimeout(() => { n.hidden = true; }, ms || 4000);
   }
 
+  // The sidebar's picker: what the switch did is said under it (never a modal alert); a
+  // refused switch leaves the picker on the active preset (refreshEngine).
   async function switchPreset(id) {
-    try { await apiJSON("/api/presets/switch", { method: "POST", json: { id: id } }); }
-    catch (e) { alert("preset: " + e.message); }
+    const msg = $("preset-picker-msg");
+    const say = (text, isError) => { msg.textContent = text; msg.className = isError ? "hint error" : "hint"; msg.hidden = !text; };
+    say("Switching to " + id + "…");
+    try {
+      const r = await apiJSON("/api/presets/switch", { method: "POST", json: { id: id } });
+      const d = r.detail || {};
+      say(d.error ? "Switched to " + id + ": " + d.error : "", !!d.error);
+    } catch (e) { say("Preset not switched: " + e.message, true); }
     refreshEngine();
   }
 
@@ -594,7 +602,7 @@
   async function control(action) {
     if (!state.conversation) return;
     try { await apiJSON("/api/chat/" + action, { method: "POST", json: { conversation: state.conversation } }); }
-    catch (e) { alert(action + ": " + e.message); }
+    catch (e) { notice(action + ": " + e.message, "error"); }
     refreshStateSoon();
   }
 
@@ -636,7 +644,7 @@
       const text = $("input").value.trim();
       if (!text) return;
       $("input").value = "";
-      try { await send(text); } catch (e) { alert("send: " + e.message); $("input").value = text; }
+      try { await send(text); } catch (e) { notice("Not sent: " + e.message, "error", 8000); $("input").value = text; }
     };
     $("input").onkeydown = (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $("composer").requestSubmit(); }
