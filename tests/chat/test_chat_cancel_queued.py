@@ -17,6 +17,7 @@ async def test_a_queued_message_is_cancelled_and_never_sent(chat, client, fake_e
     cid = first.conversation
     assert (await client.send("m2", cid)).queued
     assert (await client.send("m3", cid)).queued
+    assert (await client.state(cid)).pending == ["m2", "m3"]  # shown again after a reload
     reply = await client.control(cid, "cancel_queued", content="m2")
     assert reply.ok and reply.detail == "cancelled"
     assert (await client.state(cid)).queued == 1

@@ -286,6 +286,7 @@ class FakePeers:
             n_ctx=self.state_n_ctx,
             generating=conv.generating,
             queued=len(conv.pending),
+            pending=list(conv.pending) if conv.generating or conv.turns.locked() else [],
             last_seq=len(conv.events),
         )
 

@@ -78,8 +78,8 @@ def test_a_message_sent_during_a_reply_shows_queued_at_once(browser, gateway, pe
 def test_a_queued_message_is_cancelled_from_its_bubble(browser, gateway, peers, size):
     """Cancel on the queued bubble drops it (it never becomes a turn); a message whose turn
     started is not cancelled and the page says so."""
-    peers.reply_pieces = [f"piece{i} " for i in range(40)]
-    peers.delay_s = 0.05  # about 2 s
+    peers.reply_pieces = [f"piece{i} " for i in range(80)]
+    peers.delay_s = 0.05  # about 4 s: the queue waits through a reload
     page = browser.new_page(viewport={"width": size[0], "height": size[1]})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -92,6 +92,13 @@ def test_a_queued_message_is_cancelled_from_its_bubble(browser, gateway, peers, 
             page.fill("#input", text)
             page.press("#input", "Enter")
         page.wait_for_function("document.querySelectorAll('.msg.user.queued').length == 2")
+        # a reload while they wait: drawn again from the conversation's state, in order
+        page.reload()
+        page.wait_for_function("document.querySelectorAll('.msg.user.queued').length == 2")
+        queued = page.eval_on_selector_all(
+            ".msg.user.queued .text", "els => els.map(e => e.textContent)"
+        )
+        assert queued == ["keep me", "drop me"]
         drop = page.locator(".msg.user.queued", has_text="drop me")
         button = drop.locator("button.cancel-queued")
         box = button.bounding_box()

@@ -238,6 +238,7 @@ class ChatHandlers:
             n_ctx=conv.meter.n_ctx,
             generating=bool(actor and actor.busy),
             queued=len(conv.pending),  # the running turn's message already left the queue
+            pending=list(conv.pending),
             last_seq=conv.seq,
             tools_unavailable=actor.tools_unavailable if actor else None,
         )

@@ -182,8 +182,8 @@ async def chat_stream(
 
 @router.get("/api/chat/state")
 async def chat_state(conversation: ConvQuery, bus: Bus = Depends(get_bus)) -> Any:
-    """Model-view ``messages``, ``ctx_used``/``n_ctx`` (tokens), ``generating``, ``queued``,
-    ``last_seq``."""
+    """Model-view ``messages``, ``ctx_used``/``n_ctx`` (tokens), ``generating``, ``queued``
+    (count) and ``pending`` (their texts, in order), ``last_seq``."""
     reply = await bus.request_ok(
         subjects.CHAT_STATE, StateRequest(conversation=conversation), StateReply
     )

@@ -16,6 +16,7 @@
   const state = {
     conversation: null,
     lastSeq: 0,
+    userSeq: 0,        // seq of the last user message drawn (a queued one taken by its turn)
     abort: null,
     generating: false,
     turn: null,        // pointers of the turn being drawn
@@ -120,6 +121,7 @@
     state.abort = null;
     state.conversation = id;
     state.lastSeq = 0;
+    state.userSeq = 0;
     state.turn = null;
     dropAnswers();
     $("messages").textContent = "";
@@ -288,6 +290,7 @@
       for (const b of box().querySelectorAll("button.continue")) b.remove();
       const text = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
       dropPending(text);
+      if (typeof ev.seq === "number") state.userSeq = ev.seq;
       const el = bubble("user");
       el.textContent = text;
       add(el);
@@ -446,6 +449,8 @@
       if (st.n_ctx) state.nctx = st.n_ctx;
       if (!st.generating || !state.streamed) setCtxUsed(st.ctx_used || 0);
       if (st.generating) setGenerating(true);
+      // the queue as the state saw it, unless a turn took a message since (a newer user event)
+      if (st.pending && st.pending.length && state.userSeq <= st.last_seq) LokiQueue.sync(st.pending, cancelQueued);
     } catch (e) { /* the stream shows errors */ }
   }
   let stateTimer = null;

@@ -2,7 +2,8 @@
 // marked queued when the send says they wait behind it, with a Cancel button. Cancel asks the
 // chat service to drop the message from its queue (app.js: POST /api/chat/cancel_queued); a
 // message whose turn already started is never cancelled, and its bubble stays until the turn
-// shows it as an ordinary user message.
+// shows it as an ordinary user message. After a reload the queue is drawn again from the
+// conversation's state (sync).
 "use strict";
 
 window.LokiQueue = (function () {
@@ -50,5 +51,16 @@ window.LokiQueue = (function () {
     for (const el of holder().children) if (el.dataset.text === text) { el.remove(); return; }
   }
 
-  return { holder: holder, add: add, markQueued: markQueued, drop: drop };
+  // After a reload: the chat service's queue (its texts, in order) shown again, each bubble
+  // with its Cancel; those already shown are kept.
+  function sync(texts, cancel) {
+    const shown = {};
+    for (const el of holder().children) shown[el.dataset.text] = (shown[el.dataset.text] || 0) + 1;
+    for (const t of texts) {
+      if (shown[t]) { shown[t]--; continue; }
+      markQueued(add(t), cancel);
+    }
+  }
+
+  return { holder: holder, add: add, markQueued: markQueued, drop: drop, sync: sync };
 })();
