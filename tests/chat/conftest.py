@@ -116,10 +116,16 @@ class ChatClient:
             subjects.CHAT_SEND, SendRequest(conversation=conversation, content=content), SendReply
         )
 
-    async def control(self, conversation: str, action: str, timeout: float = 10.0) -> ControlReply:
+    async def control(
+        self,
+        conversation: str,
+        action: str,
+        content: str | None = None,
+        timeout: float = 10.0,
+    ) -> ControlReply:
         return await self._req(
             subjects.CHAT_CONTROL,
-            ControlRequest(conversation=conversation, action=action),
+            ControlRequest(conversation=conversation, action=action, content=content),
             ControlReply,
             timeout,
         )

@@ -108,6 +108,7 @@ def test_real_engine_help_lists_what_the_rules_need():
         "--slot-save-path",
         "--kv-unified-per-slot",
         "--cache-idle-slots",
+        "--ubatch-size",  # UBATCH
     ):
         assert help_.has(flag), flag
     assert help_.ngl_auto

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from loki_shared.messages.engine import Preset
+from loki_supervisor.errors import InvalidRequest
 from loki_supervisor.facts import MIB, EngineHelp, GgufFacts, Gpu, GpuFacts, HostMemory, parse_help
 from loki_supervisor.plan import (
     ENGINE_DEFAULT_CACHE_RAM_MIB,
@@ -16,6 +18,7 @@ from loki_supervisor.plan import (
     placement,
     plan_launch,
 )
+from loki_supervisor.presets import validate
 
 GIB = 1024 * MIB
 
@@ -445,3 +448,23 @@ def test_chat_template_file_only_when_the_engine_lists_the_flag(name, cfg_kw, he
         i = plan.args.index("--jinja")
         assert plan.args[i : i + 3] == args
     assert (note in plan.notes) if note else not any("template" in n for n in plan.notes)
+
+
+def test_ubatch_passed_only_when_the_engine_lists_it():
+    """UBATCH becomes ``--ubatch-size`` where the help lists it; else it is left out with a
+    note (an engine that does not know an option refuses to start)."""
+    ub_help = parse_help(
+        HELP_TEXT + "-ub,   --ubatch-size N                  physical maximum batch size\n"
+    )
+    plan = plan_launch(cfg(ubatch=256), facts(help=ub_help))
+    i = plan.args.index("--ubatch-size")
+    assert plan.args[i + 1] == "256"
+    assert not any("UBATCH" in n for n in plan.notes)
+    plan = plan_launch(cfg(ubatch=256), facts())  # HELP lacks it
+    assert "--ubatch-size" not in plan.args and "-ub" not in plan.args
+    assert "UBATCH 256 left out: the engine's help lacks --ubatch-size" in plan.notes
+    # unset: no flag, no note (the command line stays as before)
+    assert plan_launch(cfg(), facts(help=ub_help)).args == plan_launch(cfg(), facts()).args
+    with pytest.raises(InvalidRequest, match="UBATCH must be at least 1"):
+        validate(Preset(id="x", ubatch=0))
+    validate(Preset(id="x", ubatch=64))

@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -57,6 +58,7 @@ from loki_shared.messages.engine import (
 )
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.messages.recall import BlocksReply, BlocksRequest
+from loki_supervisor.model_files import list_model_files
 from loki_supervisor.presets import public, validate
 from tests.fakes.fake_supervisor import FakeSupervisor, responder
 
@@ -120,6 +122,8 @@ class FakePeers:
         self.presets: dict[str, Preset] = {"env": Preset(id="env", name="env")}
         self.active_preset = "env"
         self.switches: list[str] = []  # every switch asked, in order
+        self.switch_refusal: str | None = None  # a switch is refused with this message
+        self.model_dirs: list[Path] = []  # LOKI_MODEL_DIRS of the ``models`` action
         self.engine_failure: dict[str, Any] | None = None  # info answers "failed" with these
         # what a connection test answers (the supervisor's ``detail``)
         self.test_reply: dict[str, Any] = {"ok": True, "status": 200, "message": "", "models": []}
@@ -237,6 +241,8 @@ class FakePeers:
 
         async def queued_turn() -> None:
             async with conv.turns:  # like the chat service: a send during a turn runs after it
+                if req.content not in conv.pending:
+                    return  # cancelled while it waited
                 conv.pending.remove(req.content)
                 await self.play_turn(conv.info.id, req.content)
 
@@ -247,6 +253,11 @@ class FakePeers:
         conv = self.convs.get(req.conversation)
         if conv is None:
             return ControlReply(error=ErrorInfo(type="not_found", message="no such conversation"))
+        if req.action == "cancel_queued":  # as the chat service: only a message still waiting
+            if req.content in conv.pending and (conv.generating or conv.turns.locked()):
+                conv.pending.remove(req.content)
+                return ControlReply(ok=True, detail="cancelled")
+            return ControlReply(ok=False, detail="not queued: its turn already started")
         if req.action == "stop":
             conv.stop = True
         elif req.action == "reset":
@@ -275,6 +286,7 @@ class FakePeers:
             n_ctx=self.state_n_ctx,
             generating=conv.generating,
             queued=len(conv.pending),
+            pending=list(conv.pending) if conv.generating or conv.turns.locked() else [],
             last_seq=len(conv.events),
         )
 
@@ -364,6 +376,8 @@ class FakePeers:
             return PresetsReply(preset=public(preset), active=active, detail={"notes": []})
         if req.action == "test":
             return PresetsReply(active=active, detail=dict(self.test_reply))
+        if req.action == "models":  # the supervisor's own listing, of ``model_dirs``
+            return PresetsReply(active=active, detail=list_model_files(self.model_dirs))
         if req.action == "cacheram":
             cache_ram = {"value_mib": 1024, "effective_mib": 1024, "reason": "fake: auto"}
             detail = {"cache_ram": cache_ram, "side_slot": False, "notes": []}
@@ -379,6 +393,8 @@ class FakePeers:
             del self.presets[pid]
             return PresetsReply(active=active)
         if req.action == "switch":
+            if self.switch_refusal:
+                raise InvalidRequest(self.switch_refusal)
             self.switches.append(pid)
             self.active_preset = pid
             self.engine_failure = None

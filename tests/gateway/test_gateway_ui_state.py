@@ -8,6 +8,8 @@ it runs and what it did (including "nothing to compact").
 
 from __future__ import annotations
 
+import pytest
+
 from .conftest import ARTIFACTS
 
 HELLO = ["Hello", ", ", "wörld", " 🌍", "!"]
@@ -44,7 +46,7 @@ def test_a_message_sent_during_a_reply_shows_queued_at_once(browser, gateway, pe
         page.wait_for_selector(".msg.user.pending", timeout=1000)
         assert page.input_value("#input") == ""
         page.wait_for_selector(".msg.user.pending.queued", timeout=2000)
-        assert page.inner_text(".msg.user.pending") == "second question"
+        assert page.inner_text(".msg.user.pending .text") == "second question"
         assert page.is_visible("#stop-btn")  # the first reply still runs
         # below the running reply, which goes on growing above it
         reply = page.locator(".msg.assistant").first
@@ -66,6 +68,61 @@ def test_a_message_sent_during_a_reply_shows_queued_at_once(browser, gateway, pe
         badges = [i for i, o in enumerate(order) if o.startswith("badge")]
         assert users[0] < badges[0] < users[1], order
         page.wait_for_function("document.querySelectorAll('.badge').length == 2", timeout=30000)
+        assert errors == []
+    finally:
+        _restore(peers)
+        page.close()
+
+
+@pytest.mark.parametrize("size", [(390, 844), (1280, 800)], ids=["phone", "desktop"])
+def test_a_queued_message_is_cancelled_from_its_bubble(browser, gateway, peers, size):
+    """Cancel on the queued bubble drops it (it never becomes a turn); a message whose turn
+    started is not cancelled and the page says so."""
+    peers.reply_pieces = [f"piece{i} " for i in range(80)]
+    peers.delay_s = 0.05  # about 4 s: the queue waits through a reload
+    page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(gateway.url + "/")
+        page.fill("#input", "first question")
+        page.press("#input", "Enter")
+        page.wait_for_selector(".msg.assistant")
+        for text in ("keep me", "drop me"):
+            page.fill("#input", text)
+            page.press("#input", "Enter")
+        page.wait_for_function("document.querySelectorAll('.msg.user.queued').length == 2")
+        # a reload while they wait: drawn again from the conversation's state, in order
+        page.reload()
+        page.wait_for_function("document.querySelectorAll('.msg.user.queued').length == 2")
+        queued = page.eval_on_selector_all(
+            ".msg.user.queued .text", "els => els.map(e => e.textContent)"
+        )
+        assert queued == ["keep me", "drop me"]
+        drop = page.locator(".msg.user.queued", has_text="drop me")
+        button = drop.locator("button.cancel-queued")
+        box = button.bounding_box()
+        assert box and box["x"] + box["width"] <= size[0] and box["height"] >= 20
+        page.screenshot(path=str(ARTIFACTS / f"ui-queued-cancel-{size[0]}.png"))
+        button.click()
+        page.wait_for_function("document.querySelectorAll('.msg.user.queued').length == 1")
+        assert "cancelled" in page.inner_text("#notice").lower()
+        # the first reply and the kept message run; the cancelled one never shows as a turn
+        page.wait_for_function("document.querySelectorAll('.badge').length == 2", timeout=30000)
+        users = page.eval_on_selector_all(".msg.user", "els => els.map(e => e.textContent)")
+        assert users == ["first question", "keep me"], users
+        cid = page.eval_on_selector("#messages", "el => el.dataset.conversation")
+        sent = [m.content for m in peers.convs[cid].messages if m.role == "user"]
+        assert sent == ["first question", "keep me"]
+        # the API refuses to cancel a message whose turn started: nothing changes
+        with gateway.client() as http:
+            r = http.post(
+                "/api/chat/cancel_queued", json={"conversation": cid, "content": "keep me"}
+            )
+            assert r.status_code == 200 and r.json()["ok"] is False
+            assert "already started" in r.json()["detail"]
+            r = http.post("/api/chat/cancel_queued", json={"conversation": cid, "content": ""})
+            assert r.status_code in (400, 422) and "error" in r.json()
         assert errors == []
     finally:
         _restore(peers)

@@ -188,6 +188,18 @@ class Actor:
         self._ensure_worker()
         return busy
 
+    async def unqueue(self, text: str) -> bool:
+        """Drop a queued user message whose text is ``text`` (the latest such one: the same
+        text queued twice is the same message twice); False when none waits, because its
+        turn already started (it left the queue) or it was never queued. A started message
+        is never cancelled: the turn loop takes it off the queue before its first await."""
+        for i in range(len(self.conv.pending) - 1, -1, -1):
+            if self.conv.pending[i] == text:
+                del self.conv.pending[i]
+                await self.persist()
+                return True
+        return False
+
     def can_continue(self) -> bool:
         """Whether the last message is an assistant reply (text, no tool call) to resume."""
         last = self.conv.messages[-1] if self.conv.messages else None

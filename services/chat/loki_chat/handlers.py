@@ -158,9 +158,22 @@ class ChatHandlers:
         """``stop`` the running turn (partial reply kept, marked stopped); ``reset`` the
         conversation (turn stopped, queue, Messages and Log emptied; seq goes on);
         ``compact`` it through the compaction policy; ``continue`` the last assistant reply
-        (cut at ``max_tokens``) in a turn of its own."""
+        (cut at ``max_tokens``) in a turn of its own; ``cancel_queued`` drops the queued
+        message ``content`` (``ok`` false, nothing changed, when it already started).
+
+        Raises:
+            InvalidRequest: ``cancel_queued`` without ``content``.
+        """
 
         async def local(actor: Actor) -> ControlReply:
+            if req.action == "cancel_queued":
+                if not req.content:
+                    raise InvalidRequest("cancel_queued needs the queued message's content")
+                if await actor.unqueue(req.content):
+                    return ControlReply(ok=True, detail="cancelled")
+                return ControlReply(
+                    ok=False, detail="not queued: its turn already started (or it never waited)"
+                )
             if req.action == "stop":
                 was = actor.busy
                 actor.stop.set()
@@ -229,6 +242,7 @@ class ChatHandlers:
             n_ctx=conv.meter.n_ctx,
             generating=bool(actor and actor.busy),
             queued=len(conv.pending),  # the running turn's message already left the queue
+            pending=list(conv.pending),
             last_seq=conv.seq,
             tools_unavailable=actor.tools_unavailable if actor else None,
         )

@@ -83,6 +83,7 @@ class LocalConfig:
     """A local preset resolved for one launch.
 
     ``ngl``: None/"auto"/"all"/"999" or a layer count (text). ``parallel``: PARALLEL or None.
+    ``ubatch``: UBATCH (``--ubatch-size``, tokens) or None.
     ``extra_args``: EXTRA_ARGS, shell-quoted text. ``cache_ram``: CACHE_RAM text.
     ``slot_dir``: ``LOKI_HOME/slots``. ``draft``: the draft model fields
     (speculative decoding, :mod:`loki_supervisor.draft`). ``chat_template_file``:
@@ -93,6 +94,7 @@ class LocalConfig:
     ctx: int = 8192
     ngl: str | None = None
     parallel: int | None = None
+    ubatch: int | None = None
     extra_args: str = ""
     side_slot: bool = False
     cache_ram: str = ""
@@ -487,7 +489,8 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
     """Build the engine's command line and notes from a local preset and the facts.
 
     Arguments, in order: ``-m``, ``-c``, ``-np``, ``--no-kv-unified`` (SIDE_SLOT), ``-ngl``,
-    ``--metrics``, ``--host``, ``--port``, ``--api-key``, ``-t``, ``--slot-save-path``,
+    ``--metrics``, ``--host``, ``--port``, ``--api-key``, ``-t``, ``--ubatch-size`` (UBATCH,
+    only when the engine's help lists it; else a note says it was left out), ``--slot-save-path``,
     ``--cache-ram``, the draft options, ``--jinja --chat-template-file`` (CHAT_TEMPLATE_FILE,
     :func:`chat_template_args`), then EXTRA_ARGS (last, so they win where llama.cpp keeps
     the last value).
@@ -543,6 +546,11 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
         args += ["--api-key", cfg.api_key]
     if cfg.threads:
         args += ["-t", str(cfg.threads)]
+    if cfg.ubatch is not None:
+        if facts.help.has("--ubatch-size", "-ub"):
+            args += ["--ubatch-size", str(cfg.ubatch)]
+        else:
+            notes.append(f"UBATCH {cfg.ubatch} left out: the engine's help lacks --ubatch-size")
     slot_path: Path | None = None
     if cfg.slot_dir is not None and facts.help.has("--slot-save-path"):
         if is_loopback(cfg.host) or cfg.api_key:

@@ -50,7 +50,7 @@ def validate(preset: Preset) -> None:
     """Check a preset's fields.
 
     Raises:
-        InvalidRequest: bad id, missing model or draft model file, CTX, NGL, CACHE_RAM,
+        InvalidRequest: bad id, missing model or draft model file, CTX, NGL, UBATCH, CACHE_RAM,
             SLOT_PERSIST_MAX_MB, DRAFT_MAX/DRAFT_MIN/DRAFT_NGL, a CHAT_TEMPLATE_FILE that
             is not a file, external preset without ``base_url`` or ``api_model``.
     """
@@ -73,6 +73,8 @@ def validate(preset: Preset) -> None:
         raise InvalidRequest("NGL: auto, all, 999 or a number of layers")
     if preset.parallel is not None and preset.parallel < 1:
         raise InvalidRequest("PARALLEL must be at least 1")
+    if preset.ubatch is not None and preset.ubatch < 1:
+        raise InvalidRequest("UBATCH must be at least 1 token (or unset)")
     if preset.draft_model and not Path(preset.draft_model).is_file():
         raise InvalidRequest(f"draft model file not found: {preset.draft_model}")
     for name, value in (("DRAFT_MAX", preset.draft_max), ("DRAFT_MIN", preset.draft_min)):

@@ -33,7 +33,7 @@ from loki_shared.messages.engine import (
 from loki_shared.sealing import Sealer
 
 from . import facts as facts_mod
-from . import slot_files
+from . import model_files, slot_files
 from .draft import DraftRequest
 from .engine import EngineRunner, LaunchSpec
 from .errors import InvalidRequest, SupervisorError
@@ -59,6 +59,7 @@ def env_preset(settings: Settings) -> Preset:
         ctx=settings.ctx,
         ngl=settings.ngl,
         parallel=settings.parallel,
+        ubatch=settings.ubatch,
         extra_args=settings.extra_args,
         features={
             "SIDE_SLOT": settings.side_slot,
@@ -226,6 +227,7 @@ class Supervisor:
             ctx=preset.ctx,
             ngl=preset.ngl,
             parallel=preset.parallel,
+            ubatch=preset.ubatch,
             extra_args=preset.extra_args,
             side_slot=truthy(preset.features.get("SIDE_SLOT")),
             cache_ram=preset.features.get("CACHE_RAM", "") or "",
@@ -538,6 +540,10 @@ class Supervisor:
             return PresetsReply(preset=public(preset), active=preset.id, detail=detail)
         if req.action == "test":
             return PresetsReply(active=active, detail=await self._test(req))
+        if req.action == "models":
+            dirs = model_files.parse_dirs(self.settings.model_dirs)
+            found = await asyncio.to_thread(model_files.list_model_files, dirs)
+            return PresetsReply(active=active, detail=found)
         if req.action == "cacheram":
             preset = await self._preset_of(req, active)
             if preset.external:

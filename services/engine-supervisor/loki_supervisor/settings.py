@@ -13,10 +13,14 @@ class Settings(LokiSettings):
     The local engine (the ``env`` preset, used until another preset is switched to):
 
     - ``LOKI_MODEL``: GGUF path (default: the bundled SmolLM2-135M-Instruct Q4_1).
+    - ``LOKI_MODEL_DIRS``: directories whose ``*.gguf`` files the preset editor offers
+      (``:`` or ``,`` separated; empty: only the bundled model is offered).
     - ``LOKI_CTX``: CTX, the window of one conversation in tokens (default 8192).
     - ``LOKI_NGL``: GPU layers: unset/``auto``, ``all``, ``999`` (all three → ``-ngl auto``
       on an engine that knows it), or a number (imposed; a warning is noted).
     - ``LOKI_PARALLEL``: ``-np`` (unset: one slot, or two with SIDE_SLOT).
+    - ``LOKI_UBATCH``: ``--ubatch-size`` (tokens; unset: the engine's default; passed only when
+      the engine's help lists the option).
     - ``LOKI_EXTRA_ARGS``: more llama-server arguments (shell-quoted), appended last.
     - ``LOKI_SIDE_SLOT`` (``on``/``off``, default off), ``LOKI_CACHE_RAM`` (MiB: empty/auto,
       a number, -1, 0), ``LOKI_CACHE_ISOLATE`` (default on).
@@ -40,9 +44,13 @@ class Settings(LokiSettings):
     """
 
     model: str = Field(default="", description="GGUF path; empty: bundled model.")
+    model_dirs: str = Field(
+        default="", description="Directories of GGUF files the preset editor offers (: or ,)."
+    )
     ctx: int = Field(default=8192, ge=256)
     ngl: str | None = None
     parallel: int | None = Field(default=None, ge=1)
+    ubatch: int | None = Field(default=None, ge=1)
     extra_args: str = ""
     side_slot: str = "off"
     cache_ram: str = ""

@@ -137,11 +137,14 @@ class SendReply(Reply):
 
 
 class ControlRequest(Msg):
-    """``loki.chat.control``: stop the running turn, reset the conversation, compact it, or
-    continue its last assistant reply (Continue after a reply cut at ``max_tokens``)."""
+    """``loki.chat.control``: stop the running turn, reset the conversation, compact it,
+    continue its last assistant reply (Continue after a reply cut at ``max_tokens``), or
+    ``cancel_queued``: drop the queued user message whose text is ``content`` (one that has
+    not started; a started one is never cancelled)."""
 
     conversation: str
-    action: Literal["stop", "reset", "compact", "continue"]
+    action: Literal["stop", "reset", "compact", "continue", "cancel_queued"]
+    content: str | None = None
 
 
 class ControlReply(Reply):
@@ -158,6 +161,9 @@ class StateRequest(Msg):
 class StateReply(Reply):
     """Model-view messages, context use (tokens) and whether a turn runs.
 
+    ``pending``: the texts of the user messages queued behind the running turn, in the order
+    they will run (``queued`` is their count); a page shows them again after a reload.
+
     ``tools_unavailable``: the tools the last step could not offer and why, as
     ``{"tools": [names], "model", "reason"}`` (the model's chat template drops them, per the
     engine's template probe); None when they were offered or no step ran on this owner.
@@ -169,6 +175,7 @@ class StateReply(Reply):
     n_ctx: int | None = None
     generating: bool = False
     queued: int = 0
+    pending: list[str] = Field(default_factory=list)
     last_seq: int = 0
     tools_unavailable: dict[str, Any] | None = None
 

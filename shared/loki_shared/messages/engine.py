@@ -227,7 +227,9 @@ class Preset(Msg):
 
     Local preset: ``model`` (GGUF path; empty: the bundled model), ``ctx`` (CTX, tokens),
     ``ngl`` (``None``/"auto", "all", 999, or a layer count), ``parallel`` (PARALLEL, ``None``:
-    unset), ``extra_args`` (llama-server arguments, shell-quoted), ``features`` (feature keys
+    unset), ``ubatch`` (UBATCH, llama-server's ``--ubatch-size`` in tokens, passed only when
+    the engine's help lists it; ``None``: the engine's default), ``extra_args``
+    (llama-server arguments, shell-quoted), ``features`` (feature keys
     without the ``LOKI_`` prefix: ``SIDE_SLOT``, ``CACHE_RAM``, ``CACHE_ISOLATE``,
     ``SLOT_PERSIST``, ``SLOT_PERSIST_MAX_MB``, ...). Speculative decoding with a draft model
     (llama.cpp ``--spec-draft-model`` and friends): ``draft_model`` (GGUF path; empty: none),
@@ -247,6 +249,7 @@ class Preset(Msg):
     ctx: int = 8192
     ngl: str | None = None
     parallel: int | None = None
+    ubatch: int | None = None
     extra_args: str = ""
     sampling: dict[str, Any] = Field(default_factory=dict)
     system_prompt: str = ""
@@ -265,10 +268,11 @@ class Preset(Msg):
 
 
 class PresetsRequest(Msg):
-    """``loki.engine.presets``: list, get, save, delete, switch, test a preset, or compute
-    the CACHE_RAM auto value (``cacheram``, for ``preset`` or the active one)."""
+    """``loki.engine.presets``: list, get, save, delete, switch, test a preset, compute
+    the CACHE_RAM auto value (``cacheram``, for ``preset`` or the active one), or list the
+    GGUF files a preset may pick (``models``: under ``LOKI_MODEL_DIRS``)."""
 
-    action: Literal["list", "get", "save", "delete", "switch", "test", "cacheram"]
+    action: Literal["list", "get", "save", "delete", "switch", "test", "cacheram", "models"]
     preset_id: str | None = None
     preset: dict[str, Any] | None = None
 
@@ -277,7 +281,8 @@ class PresetsReply(Reply):
     """``presets``/``preset`` are :class:`Preset` dumps (never with a key in clear);
     ``active`` the active preset's id; ``detail`` the action's result (connection test:
     ``{"ok", "status", "message", "models"}``; cacheram: the arithmetic; save/switch: the
-    launch plan's notes and SIDE_SLOT verdict)."""
+    launch plan's notes and SIDE_SLOT verdict; models: ``{"dirs", "bundled", "files",
+    "truncated"}``, each file ``{"path", "name", "size_bytes", "architecture"}``)."""
 
     presets: list[dict[str, Any]] = Field(default_factory=list)
     preset: dict[str, Any] | None = None

@@ -65,6 +65,13 @@ class ControlBody(BaseModel):
     conversation: str = Field(pattern=CONV_PATTERN)
 
 
+class CancelQueuedBody(BaseModel):
+    """``POST /api/chat/cancel_queued``: the queued message's text, as it was sent."""
+
+    conversation: str = Field(pattern=CONV_PATTERN)
+    content: str = Field(min_length=1)
+
+
 class ControlResult(BaseModel):
     ok: bool
     detail: str = ""
@@ -175,18 +182,20 @@ async def chat_stream(
 
 @router.get("/api/chat/state")
 async def chat_state(conversation: ConvQuery, bus: Bus = Depends(get_bus)) -> Any:
-    """Model-view ``messages``, ``ctx_used``/``n_ctx`` (tokens), ``generating``, ``queued``,
-    ``last_seq``."""
+    """Model-view ``messages``, ``ctx_used``/``n_ctx`` (tokens), ``generating``, ``queued``
+    (count) and ``pending`` (their texts, in order), ``last_seq``."""
     reply = await bus.request_ok(
         subjects.CHAT_STATE, StateRequest(conversation=conversation), StateReply
     )
     return _public(reply)
 
 
-async def _control(bus: Bus, conversation: str, action: str, timeout: float) -> Any:
+async def _control(
+    bus: Bus, conversation: str, action: str, timeout: float, content: str | None = None
+) -> Any:
     reply = await bus.request_ok(
         subjects.CHAT_CONTROL,
-        ControlRequest(conversation=conversation, action=action),  # type: ignore[arg-type]
+        ControlRequest(conversation=conversation, action=action, content=content),  # type: ignore[arg-type]
         ControlReply,
         timeout=timeout,
     )
@@ -217,6 +226,14 @@ async def chat_continue(body: ControlBody, bus: Bus = Depends(get_bus)) -> Any:
     message, its text is appended to it; ``ok`` false when a turn runs or the last message
     is not an assistant reply. The continuation streams like a turn."""
     return await _control(bus, body.conversation, "continue", 10.0)
+
+
+@router.post("/api/chat/cancel_queued", response_model=ControlResult)
+async def chat_cancel_queued(body: CancelQueuedBody, bus: Bus = Depends(get_bus)) -> Any:
+    """Drop a message queued behind the running turn (``content``: its text as sent):
+    ``ok`` true when it was still waiting; ``ok`` false, nothing changed, when its turn
+    already started (a started message is never cancelled)."""
+    return await _control(bus, body.conversation, "cancel_queued", 10.0, body.content)
 
 
 async def _conversations(bus: Bus, **fields: Any) -> ConversationsReply:

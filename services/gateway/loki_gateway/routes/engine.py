@@ -18,6 +18,9 @@ like every ``/api`` route).
   ``parallel``, ``extra_args``, ``model``, ``side_slot``, ``cache_ram``) → the CACHE_RAM
   arithmetic (``cache_ram.value_mib``, ``effective_mib``, ``need_mib``, ``cap_mib``) and the
   SIDE_SLOT verdict (second slot's MiB or the refusal's reason).
+- ``GET /api/preset/models`` → the GGUF files a preset may pick (under the supervisor's
+  ``LOKI_MODEL_DIRS``, the bundled model apart): ``{"dirs", "bundled", "files",
+  "truncated"}``, each file ``{"path", "name", "size_bytes", "architecture"}``.
 
 No supervisor answering is a 503 (OpenAI-shaped error body).
 """
@@ -114,3 +117,11 @@ async def preset_cacheram(
     req = PresetsRequest(action="cacheram", preset_id=id, preset=edited or None)
     reply = await _presets(bus, req)
     return {"preset": reply.preset, "active": reply.active, **(reply.detail or {})}
+
+
+@router.get("/api/preset/models")
+async def preset_models(bus: Bus = Depends(get_bus)) -> dict:
+    """The GGUF files under ``LOKI_MODEL_DIRS`` with name, size and architecture (read from
+    the header by the supervisor, which sees the model files)."""
+    reply = await _presets(bus, PresetsRequest(action="models"))
+    return reply.detail or {"dirs": [], "bundled": None, "files": [], "truncated": False}

@@ -16,6 +16,7 @@
   const state = {
     conversation: null,
     lastSeq: 0,
+    userSeq: 0,        // seq of the last user message drawn (a queued one taken by its turn)
     abort: null,
     generating: false,
     turn: null,        // pointers of the turn being drawn
@@ -120,6 +121,7 @@
     state.abort = null;
     state.conversation = id;
     state.lastSeq = 0;
+    state.userSeq = 0;
     state.turn = null;
     dropAnswers();
     $("messages").textContent = "";
@@ -288,6 +290,7 @@
       for (const b of box().querySelectorAll("button.continue")) b.remove();
       const text = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
       dropPending(text);
+      if (typeof ev.seq === "number") state.userSeq = ev.seq;
       const el = bubble("user");
       el.textContent = text;
       add(el);
@@ -446,6 +449,8 @@
       if (st.n_ctx) state.nctx = st.n_ctx;
       if (!st.generating || !state.streamed) setCtxUsed(st.ctx_used || 0);
       if (st.generating) setGenerating(true);
+      // the queue as the state saw it, unless a turn took a message since (a newer user event)
+      if (st.pending && st.pending.length && state.userSeq <= st.last_seq) LokiQueue.sync(st.pending, cancelQueued);
     } catch (e) { /* the stream shows errors */ }
   }
   let stateTimer = null;
@@ -521,26 +526,16 @@
     if (first) setTitle(first);
   }
 
-  // ---- messages sent but not yet taken: shown at once, marked queued behind a running turn --
-  function pendingBox() {
-    let p = $("pending");
-    if (!p) { p = document.createElement("div"); p.id = "pending"; box().appendChild(p); }
-    return p;
-  }
+  // ---- messages sent but not yet taken: queue-bubbles.js ----------------------------------
+  const pendingBox = LokiQueue.holder;
+  const dropPending = LokiQueue.drop;
 
-  function addPending(text) {
-    const el = bubble("user pending");
-    el.textContent = text;
-    el.dataset.text = text;
-    pendingBox().appendChild(el);
-    box().scrollTop = box().scrollHeight;
-    return el;
-  }
-
-  function markQueued(el) { if (el.isConnected) { el.classList.add("queued"); el.title = "Queued: sent when the current reply ends"; } }
-
-  function dropPending(text) {
-    for (const el of pendingBox().children) if (el.dataset.text === text) { el.remove(); return; }
+  async function cancelQueued(text) {
+    try {
+      const r = await apiJSON("/api/chat/cancel_queued", { method: "POST", json: { conversation: state.conversation, content: text } });
+      notice(r.ok ? "Queued message cancelled" : "Not cancelled: " + r.detail, r.ok ? "ok" : "");
+      return r.ok;
+    } catch (e) { notice("Cancel failed: " + e.message, "error"); return false; }
   }
 
   // ---- notices: what an action did, or that it is under way --------------------------------
@@ -554,9 +549,17 @@
     if (text && ms !== 0) noticeTimer = setTimeout(() => { n.hidden = true; }, ms || 4000);
   }
 
+  // The sidebar's picker: what the switch did is said under it (never a modal alert); a
+  // refused switch leaves the picker on the active preset (refreshEngine).
   async function switchPreset(id) {
-    try { await apiJSON("/api/presets/switch", { method: "POST", json: { id: id } }); }
-    catch (e) { alert("preset: " + e.message); }
+    const msg = $("preset-picker-msg");
+    const say = (text, isError) => { msg.textContent = text; msg.className = isError ? "hint error" : "hint"; msg.hidden = !text; };
+    say("Switching to " + id + "…");
+    try {
+      const r = await apiJSON("/api/presets/switch", { method: "POST", json: { id: id } });
+      const d = r.detail || {};
+      say(d.error ? "Switched to " + id + ": " + d.error : "", !!d.error);
+    } catch (e) { say("Preset not switched: " + e.message, true); }
     refreshEngine();
   }
 
@@ -592,19 +595,19 @@
   // ---- actions -------------------------------------------------------------------------
   async function send(text) {
     const body = { content: text };
-    const pending = state.conversation ? addPending(text) : null;
+    const pending = state.conversation ? LokiQueue.add(text) : null;
     if (state.conversation) body.conversation = state.conversation;
     let r;
     try { r = await apiJSON("/api/chat/send", { method: "POST", json: body }); }
     catch (e) { if (pending) pending.remove(); throw e; }
     if (r.conversation !== state.conversation) { openConversation(r.conversation); loadConversations(); }
-    else if (r.queued && pending) markQueued(pending);
+    else if (r.queued && pending) LokiQueue.markQueued(pending, cancelQueued);
   }
 
   async function control(action) {
     if (!state.conversation) return;
     try { await apiJSON("/api/chat/" + action, { method: "POST", json: { conversation: state.conversation } }); }
-    catch (e) { alert(action + ": " + e.message); }
+    catch (e) { notice(action + ": " + e.message, "error"); }
     refreshStateSoon();
   }
 
@@ -646,7 +649,7 @@
       const text = $("input").value.trim();
       if (!text) return;
       $("input").value = "";
-      try { await send(text); } catch (e) { alert("send: " + e.message); $("input").value = text; }
+      try { await send(text); } catch (e) { notice("Not sent: " + e.message, "error", 8000); $("input").value = text; }
     };
     $("input").onkeydown = (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $("composer").requestSubmit(); }

@@ -1,5 +1,5 @@
 // The preset editor: the presets dialog (list, create, edit, delete, switch; a local preset's
-// engine fields or an external API's URL, model and key) against /api/presets,
+// engine fields, its model file picked from LOKI_MODEL_DIRS by model-picker.js, or an external API's URL, model and key) against /api/presets,
 // /api/presets/switch, /api/presets/test and /api/preset/cacheram; the server's validation
 // message is shown in the dialog, which stays open. The key is write-only: never shown back,
 // an empty field keeps the stored one. Also the engine's failure box in the sidebar (state
@@ -93,7 +93,7 @@
     $("preset-external").hidden = !external;
   }
 
-  function edit(p) {
+  async function edit(p) {
     editing = JSON.parse(JSON.stringify(p || {}));
     const external = !!editing.external;
     const f = editing.features || {};
@@ -101,6 +101,7 @@
       id: editing.id || "", name: editing.name || "", model: editing.model || "",
       ctx: editing.ctx != null ? editing.ctx : (p ? "" : 8192), ngl: editing.ngl || "",
       parallel: editing.parallel != null ? editing.parallel : "", extra_args: editing.extra_args || "",
+      ubatch: editing.ubatch != null ? editing.ubatch : "",
       "f.SIDE_SLOT": f.SIDE_SLOT || "", "f.CACHE_RAM": f.CACHE_RAM || "",
       base_url: editing.base_url || "", api_model: editing.api_model || "", api_key: "",
       max_tokens: editing.max_tokens != null ? editing.max_tokens : "",
@@ -108,6 +109,7 @@
       system_prompt: editing.system_prompt || "",
     };
     for (const [k, v] of Object.entries(values)) field(k).value = v;
+    await LokiModelPicker.fill(field("model"), editing.model || "");
     field("vision").checked = !!editing.vision;
     field("id").readOnly = !!editing.id;
     field("api_key").placeholder = editing.api_key_set ? "stored (empty keeps it)" : "none";
@@ -150,6 +152,7 @@
       if (v("ctx") !== "") out.ctx = Number(v("ctx"));
       out.ngl = v("ngl") || null;
       out.parallel = intOrNull(v("parallel"));
+      out.ubatch = intOrNull(v("ubatch"));
       out.extra_args = v("extra_args");
       const features = Object.assign({}, out.features || {});
       for (const k of ["SIDE_SLOT", "CACHE_RAM"]) {
@@ -232,6 +235,7 @@
     status("");
     closeForm();
     $("presets-dialog").showModal();
+    LokiModelPicker.load();
     loadList();
   }
 
