@@ -148,8 +148,14 @@ async def test_slot_survives_a_crash_and_a_planned_stop(engine_env, supervisor_f
     assert [k.fingerprint for k in files if k] == [fingerprints(messages)[-1][:16]]
 
     sup = supervisor_factory(env, "second")
-    info = await wait_info(nc, lambda i: i.state == "ready" and i.slot_persist is not None, sup=sup)
-    assert info.slot_persist.get("action") == "restore" and "error" not in info.slot_persist
+    # the first "ready" is published before the restore ran (leases wait for it): wait for
+    # the restore's own outcome
+    info = await wait_info(
+        nc,
+        lambda i: i.state == "ready" and (i.slot_persist or {}).get("action") == "restore",
+        sup=sup,
+    )
+    assert "error" not in info.slot_persist, info.slot_persist
     messages = followed(messages, third, "Thanks.")
     fourth = await turn(nc, info.base_url, messages)
     assert cached_share(fourth, "after a planned stop") >= 0.95, fourth["timings"]
