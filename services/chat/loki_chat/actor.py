@@ -20,7 +20,7 @@ from typing import Any
 
 from loki_shared import subjects
 from loki_shared.lease import EngineLease
-from loki_shared.messages.chat import ChatEvent
+from loki_shared.messages.chat import ChatEvent, ImageAttachment
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
 from loki_shared.messages.perf import PerfRecord
 
@@ -29,6 +29,7 @@ from .context import ContextPolicy
 from .conversation import Conversation
 from .engine import EngineClient
 from .errors import FencedWrite
+from .images import pending_item
 from .leases import EngineLeases
 from .settings import Settings
 from .store import Store
@@ -180,10 +181,11 @@ class Actor:
         if self.conv.pending:
             self._ensure_worker()
 
-    async def enqueue(self, text: str) -> bool:
-        """Queue a user message; return True when it waits behind a running turn."""
+    async def enqueue(self, text: str, images: list[ImageAttachment] | None = None) -> bool:
+        """Queue a user message (and the images sent with it); return True when it waits
+        behind a running turn."""
         busy = self.busy
-        self.conv.pending.append(text)
+        self.conv.pending.append(pending_item(text, images or []))
         await self.persist()
         self._ensure_worker()
         return busy

@@ -141,7 +141,7 @@ class ChatHandlers:
         subjects.chat_events(cid)  # validates the id
 
         async def local(actor: Actor) -> SendReply:
-            queued = await actor.enqueue(req.content)
+            queued = await actor.enqueue(req.content, req.images)
             return SendReply(conversation=cid, queued=queued)
 
         return await self.ownership.owned(

@@ -70,6 +70,7 @@ from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
 from .errors import StepError, StreamError
+from .images import PendingItem, forget_images, unpack, user_content
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
@@ -149,7 +150,7 @@ class TurnRunner:
     ``resume``: the turn continues the last (assistant) message instead of adding one."""
 
     host: TurnHost
-    user_text: str | None
+    user_text: PendingItem | None
     resume: bool = False
     outcome: TurnOutcome = field(default_factory=TurnOutcome)
     plan: StepPlan = field(default_factory=StepPlan)
@@ -198,17 +199,20 @@ class TurnRunner:
         conv = self.conv
         if self.resume:
             await self.host.emit({}, loki={"event": "continue"})
+        # images of an earlier turn (one a crash left open) leave the history first
+        forget_images(conv.messages)
         if self.user_text is not None:
             if conv.pending and conv.pending[0] == self.user_text:
                 conv.pending.pop(0)
-            conv.messages.append(ChatMessage(role="user", content=self.user_text))
+            text, images = unpack(self.user_text)
+            conv.messages.append(ChatMessage(role="user", content=user_content(text, images)))
             if not conv.title:
-                conv.title = (
-                    self.user_text.strip().splitlines()[0][:60] if self.user_text.strip() else ""
-                )
-            await self.host.emit(
-                {"role": "user", "content": self.user_text}, loki={"event": "user"}
-            )
+                first = text.strip() or (images[0].name if images else "")
+                conv.title = first.splitlines()[0][:60] if first else ""
+            meta: dict[str, Any] = {"event": "user"}
+            if images:
+                meta["images"] = [{"id": i.id, "name": i.name} for i in images]
+            await self.host.emit({"role": "user", "content": text}, loki=meta)
         conv.turn_open = True
         await self.host.persist()
         return await self.check("start", then=self.build)
@@ -459,6 +463,8 @@ class TurnRunner:
         ):
             conv.messages.pop()
         conv.turn_open = False
+        # the ephemeral rule: an image is seen in the turn it arrives only
+        forget_images(conv.messages)
         if not self.outcome.stopped and self.outcome.error is None:
             if await self.compact("end"):
                 pass
@@ -672,7 +678,7 @@ class TurnRunner:
 
     async def prime(self) -> None:
         """Have the engine count what :meth:`ctx_used` needs (bounded; estimates else)."""
-        pending = [ChatMessage(role="user", content=t) for t in self.conv.pending]
+        pending = [ChatMessage(role="user", content=unpack(t)[0]) for t in self.conv.pending]
         await self.conv.meter.prime(self.settings.system_prompt, [*self.conv.messages, *pending])
 
     async def compact(self, trigger: Trigger, overflow: OverflowInfo | None = None) -> bool:
@@ -694,7 +700,7 @@ class TurnRunner:
     def ctx_used(self) -> int:
         """``ctx_used`` plus estimates of the user messages queued behind this turn."""
         # begin() moved this turn's message out of ``pending``: what is left waits behind it
-        queued = sum(self.conv.meter.tokens(t) for t in self.conv.pending)
+        queued = sum(self.conv.meter.tokens(unpack(t)[0]) for t in self.conv.pending)
         return self.conv.meter.used(self.settings.system_prompt, self.conv.messages) + queued
 
     async def wait_or_stop(self, coro: Awaitable[Any]) -> Any:

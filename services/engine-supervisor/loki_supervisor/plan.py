@@ -84,7 +84,8 @@ class LocalConfig:
     ``ngl``: None/"auto"/"all"/"999" or a layer count (text). ``parallel``: PARALLEL or None.
     ``extra_args``: EXTRA_ARGS, shell-quoted text. ``cache_ram``: CACHE_RAM text.
     ``slot_dir``: ``LOKI_HOME/slots``. ``draft``: the draft model fields
-    (speculative decoding, :mod:`loki_supervisor.draft`).
+    (speculative decoding, :mod:`loki_supervisor.draft`). ``mmproj``: the preset's MMPROJ
+    feature, a vision projector GGUF path (empty: none).
     """
 
     model: Path
@@ -100,6 +101,7 @@ class LocalConfig:
     threads: int | None = None
     slot_dir: Path | None = None
     draft: DraftRequest = field(default_factory=DraftRequest)
+    mmproj: str = ""
 
 
 @dataclass(frozen=True)
@@ -461,7 +463,8 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
 
     Arguments, in order: ``-m``, ``-c``, ``-np``, ``--no-kv-unified`` (SIDE_SLOT), ``-ngl``,
     ``--metrics``, ``--host``, ``--port``, ``--api-key``, ``-t``, ``--slot-save-path``,
-    ``--cache-ram``, then EXTRA_ARGS (last, so they win where llama.cpp keeps the last value).
+    ``--cache-ram``, the draft model's, ``--mmproj`` (MMPROJ, only when the engine's help
+    lists it), then EXTRA_ARGS (last, so they win where llama.cpp keeps the last value).
 
     SIDE_SLOT accepted: ``-c 2×CTX -np 2 --no-kv-unified`` (two slots of CTX each). Refused
     or off: ``-c CTX -np PARALLEL`` (1 when unset), the refusal's reason in ``notes``.
@@ -526,6 +529,12 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
         args += ["--cache-ram", str(cram.value_mib)]
         notes.append(f"CACHE_RAM {cram.value_mib} MiB ({cram.reason})")
     args += draft.args
+    if cfg.mmproj:
+        if facts.help.has("--mmproj"):
+            args += ["--mmproj", cfg.mmproj]
+            notes.append("MMPROJ: vision projector given (--mmproj)")
+        else:
+            notes.append("MMPROJ ignored: this llama-server does not list --mmproj")
     args += tokens
     names = arg_names(tokens)
     unified = bool(names & {"-kvu", "--kv-unified"}) or truthy(

@@ -228,6 +228,7 @@ class Supervisor:
             extra_args=preset.extra_args,
             side_slot=truthy(preset.features.get("SIDE_SLOT")),
             cache_ram=preset.features.get("CACHE_RAM", "") or "",
+            mmproj=(preset.features.get("MMPROJ", "") or "").strip(),
             host=self.settings.engine_host,
             port=self._port,
             api_key=self.settings.engine_api_key.get_secret_value()
@@ -391,7 +392,7 @@ class Supervisor:
             preset_id=self.preset.id,
             sampling=dict(self.preset.sampling),
             system_prompt=self.preset.system_prompt,
-            vision=self.preset.vision,
+            vision=self.preset.vision if self.runner.external else props.vision,
             features=dict(self.preset.features),
             side_slot=bool(plan and plan.side_slot),
             side_slot_refusal=plan.side_slot_refusal if plan else None,
