@@ -116,6 +116,7 @@ class FakePeers:
         self.compact_delay_s = 0.0
         self.state_n_ctx: int | None = 4096  # None: the chat service does not know it yet
         self.perf_records: list[PerfRecord] = []
+        self.sends: list[SendRequest] = []  # every send received, in order
         # the presets (id -> Preset, keys kept in clear here) and the active one's id
         self.presets: dict[str, Preset] = {"env": Preset(id="env", name="env")}
         self.active_preset = "env"
@@ -226,6 +227,7 @@ class FakePeers:
         conv.generating = False
 
     async def _send(self, req: SendRequest) -> SendReply:
+        self.sends.append(req)
         if req.conversation is None:
             conv = self.new_conv((req.content.strip().splitlines() or [""])[0][:60])  # as turn.py
         elif req.conversation not in self.convs:
