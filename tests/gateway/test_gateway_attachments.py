@@ -10,9 +10,9 @@ import time
 
 import redis
 
-from tests.fakes.media import pdf, png
 from loki_gateway.attachments import TTL_S, redis_key
 from loki_shared import memkey
+from tests.fakes.media import pdf, png
 
 
 def _upload(c, name: str, data: bytes, mime: str = "application/octet-stream"):
@@ -31,7 +31,7 @@ def test_text_pdf_and_image_attachments(gateway, peers, redis_url) -> None:
     peers.supervisor.vision = False
     with gateway.client() as c:
         # the type comes from the content: a text file named .png is text
-        text = _upload(c, "notes.png", "line one\n```\ncode\n```\n".encode(), "image/png")
+        text = _upload(c, "notes.png", b"line one\n```\ncode\n```\n", "image/png")
         assert text.status_code == 201, text.text
         t = text.json()
         assert t["kind"] == "text" and t["mime"] == "text/plain" and t["name"] == "notes.png"
