@@ -397,3 +397,15 @@ def test_parse_help_reads_flags_env_and_ngl_auto():
     assert HELP.env_of("-c") == ["LLAMA_ARG_CTX_SIZE"]
     assert HELP.env_of("--no-kv-unified") == ["LLAMA_ARG_KV_UNIFIED"]
     assert not OLD_HELP.ngl_auto and not OLD_HELP.has("--cache-ram")
+
+
+def test_mmproj_passed_only_when_the_engine_lists_it():
+    with_mmproj = parse_help(HELP_TEXT + "-mm,   --mmproj FILE    path to a multimodal projector\n")
+    plan = plan_launch(cfg(mmproj="/m/proj.gguf"), facts(help=with_mmproj))
+    at = plan.args.index("--mmproj")
+    assert plan.args[at + 1] == "/m/proj.gguf"
+    assert "MMPROJ: vision projector given (--mmproj)" in plan.notes
+    old = plan_launch(cfg(mmproj="/m/proj.gguf"), facts())
+    assert "--mmproj" not in old.args
+    assert "MMPROJ ignored: this llama-server does not list --mmproj" in old.notes
+    assert "--mmproj" not in plan_launch(cfg(), facts(help=with_mmproj)).args
