@@ -76,3 +76,14 @@ def test_forget_images_and_queue_entries() -> None:
     assert forget_images([only, kept]) == 2
     assert only.content == f"{marker('red.png')}\n\n{marker('red.png')}"
     assert kept.content == [{"type": "text", "text": "no image"}]  # untouched
+
+
+async def test_vision_read_from_props(fake_engine):
+    import httpx
+
+    from loki_supervisor.engine import read_props
+
+    async with httpx.AsyncClient() as http:
+        assert (await read_props(http, fake_engine.url, None)).vision is False
+        fake_engine.vision = True
+        assert (await read_props(http, fake_engine.url, None)).vision is True
