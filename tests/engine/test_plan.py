@@ -468,3 +468,15 @@ def test_ubatch_passed_only_when_the_engine_lists_it():
     with pytest.raises(InvalidRequest, match="UBATCH must be at least 1"):
         validate(Preset(id="x", ubatch=0))
     validate(Preset(id="x", ubatch=64))
+
+
+def test_mmproj_passed_only_when_the_engine_lists_it():
+    with_mmproj = parse_help(HELP_TEXT + "-mm,   --mmproj FILE    path to a multimodal projector\n")
+    plan = plan_launch(cfg(mmproj="/m/proj.gguf"), facts(help=with_mmproj))
+    at = plan.args.index("--mmproj")
+    assert plan.args[at + 1] == "/m/proj.gguf"
+    assert "MMPROJ: vision projector given (--mmproj)" in plan.notes
+    old = plan_launch(cfg(mmproj="/m/proj.gguf"), facts())
+    assert "--mmproj" not in old.args
+    assert "MMPROJ ignored: this llama-server does not list --mmproj" in old.notes
+    assert "--mmproj" not in plan_launch(cfg(), facts(help=with_mmproj)).args

@@ -318,6 +318,7 @@ class FakeEngine:
         self.total_slots = total_slots
         self.model_id = "fake-model"
         self.embeddings = False
+        self.vision = False  # ``/props`` ``modalities.vision``
         self.url = ""
         self.requests: list[RecordedRequest] = []
         self.script: deque[Response] = deque()
@@ -510,6 +511,7 @@ class FakeEngine:
                     "default_generation_settings": {"n_ctx": self.n_ctx},
                     "build_info": "b0-fake",
                     "model_path": "fake.gguf",
+                    "modalities": {"vision": self.vision, "audio": False},
                 },
             )
             return True

@@ -58,6 +58,7 @@ class FakeSupervisor:
     info_stopped_without_url: bool = False
     template: TemplateProbe | None = None  # the template probe's verdicts, sent with leases
     max_tokens: int | None = None  # the preset's cap on one step, sent with leases
+    vision: bool = False  # what ``info`` says of the engine's vision
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -76,6 +77,7 @@ class FakeSupervisor:
             n_ctx=self.n_ctx,
             total_slots=self.total_slots,
             model=self.model,
+            vision=self.vision,
         )
 
     def lease(self, req: LeaseRequest) -> Lease:
@@ -96,6 +98,7 @@ class FakeSupervisor:
             external=self.external,
             api_key=self.api_key,
             template=self.template,
+            vision=self.vision,
             max_tokens=self.max_tokens,
         )
 

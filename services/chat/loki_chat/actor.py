@@ -20,7 +20,7 @@ from typing import Any
 
 from loki_shared import subjects
 from loki_shared.lease import EngineLease
-from loki_shared.messages.chat import ChatEvent
+from loki_shared.messages.chat import ChatEvent, ImageAttachment
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
 from loki_shared.messages.perf import PerfRecord
 
@@ -29,6 +29,8 @@ from .context import ContextPolicy
 from .conversation import Conversation
 from .engine import EngineClient
 from .errors import FencedWrite
+from .image_shelf import ImageShelf
+from .images import pending_item, unpack
 from .leases import EngineLeases
 from .settings import Settings
 from .store import Store
@@ -59,6 +61,7 @@ class Shared:
     toolbox: ToolBox
     policy: ContextPolicy
     closing: bool = False
+    shelf: ImageShelf | None = None  # the conversations' images (see_image)
     tokens: TokenCounts | None = None  # exact token counts (None: estimates)
 
 
@@ -141,6 +144,16 @@ class Actor:
     def publish_perf(self, record: PerfRecord) -> None:
         self.shared.bus.publish_perf(record)
 
+    async def keep_images(self, images: list[ImageAttachment]) -> None:
+        """Keep the images a user message brought, for ``see_image`` (never fails the turn:
+        an image not kept is only one ``see_image`` cannot find)."""
+        if self.shared.shelf is None or not images:
+            return
+        try:
+            await self.shared.shelf.put(self.conv.id, images)
+        except Exception:  # noqa: BLE001 - see_image will say it is not attached
+            log.warning("conversation %s: images not kept for see_image", self.conv.id)
+
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None:
         """Record what the last step could not offer (None: the tools were offered)."""
         self.tools_unavailable = unavailable
@@ -180,10 +193,11 @@ class Actor:
         if self.conv.pending:
             self._ensure_worker()
 
-    async def enqueue(self, text: str) -> bool:
-        """Queue a user message; return True when it waits behind a running turn."""
+    async def enqueue(self, text: str, images: list[ImageAttachment] | None = None) -> bool:
+        """Queue a user message (and the images sent with it); return True when it waits
+        behind a running turn."""
         busy = self.busy
-        self.conv.pending.append(text)
+        self.conv.pending.append(pending_item(text, images or []))
         await self.persist()
         self._ensure_worker()
         return busy
@@ -194,7 +208,7 @@ class Actor:
         turn already started (it left the queue) or it was never queued. A started message
         is never cancelled: the turn loop takes it off the queue before its first await."""
         for i in range(len(self.conv.pending) - 1, -1, -1):
-            if self.conv.pending[i] == text:
+            if unpack(self.conv.pending[i])[0] == text:
                 del self.conv.pending[i]
                 await self.persist()
                 return True

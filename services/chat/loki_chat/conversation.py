@@ -12,6 +12,7 @@ from typing import Any
 
 from loki_shared.messages.chat import ChatEvent, ChatMessage
 
+from .images import PendingItem
 from .meter import ContextMeter
 
 BLOB_VERSION = 1
@@ -27,7 +28,7 @@ class Conversation:
             seq goes on.
         seq: the last seq given.
         pending: user messages waiting behind the running turn (FIFO), persisted so a
-            crash does not lose them.
+            crash does not lose them (text, or text and images: :mod:`loki_chat.images`).
         turn_open: a turn has started and not ended (set in the blob while it runs).
     """
 
@@ -38,7 +39,7 @@ class Conversation:
     messages: list[ChatMessage] = field(default_factory=list)
     log: list[ChatEvent] = field(default_factory=list)
     seq: int = 0
-    pending: list[str] = field(default_factory=list)
+    pending: list[PendingItem] = field(default_factory=list)
     turn_open: bool = False
     meter: ContextMeter = field(default_factory=ContextMeter)
 

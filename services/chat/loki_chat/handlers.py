@@ -40,6 +40,7 @@ from loki_shared.messages.recall import PurgeReply, PurgeRequest
 from .actor import Actor, Shared
 from .context import ContextView
 from .conversation import Conversation
+from .images import unpack
 from .ownership import Ownership
 from .store import new_conversation_id
 
@@ -141,7 +142,7 @@ class ChatHandlers:
         subjects.chat_events(cid)  # validates the id
 
         async def local(actor: Actor) -> SendReply:
-            queued = await actor.enqueue(req.content)
+            queued = await actor.enqueue(req.content, req.images)
             return SendReply(conversation=cid, queued=queued)
 
         return await self.ownership.owned(
@@ -242,7 +243,7 @@ class ChatHandlers:
             n_ctx=conv.meter.n_ctx,
             generating=bool(actor and actor.busy),
             queued=len(conv.pending),  # the running turn's message already left the queue
-            pending=list(conv.pending),
+            pending=[unpack(p)[0] for p in conv.pending],
             last_seq=conv.seq,
             tools_unavailable=actor.tools_unavailable if actor else None,
         )

@@ -18,14 +18,27 @@ from typing import Any, Protocol
 from loki_shared.canonical import canonical_json
 from loki_shared.messages.chat import ChatMessage
 
+#: Estimate of one image part (tokens): the engine's real cost is only known from its usage.
+IMAGE_ESTIMATE = 256
+
 
 def estimate_tokens(message: ChatMessage | dict[str, Any] | str) -> int:
-    """Rough token estimate of one message: characters of its JSON / 4, plus 4."""
+    """Rough token estimate of one message: characters of its JSON / 4, plus 4; an image
+    part counts :data:`IMAGE_ESTIMATE` (its data URL's characters are not tokens)."""
     if isinstance(message, str):
         return len(message) // 4 + 4
     if isinstance(message, ChatMessage):
         message = message.model_dump(exclude_none=True, exclude={"loki", "reasoning_model"})
-    return len(canonical_json(message).decode("utf-8")) // 4 + 4
+    content = message.get("content")
+    images = 0
+    if isinstance(content, list):
+        images = sum(1 for p in content if isinstance(p, dict) and p.get("type") == "image_url")
+        if images:
+            kept = [
+                p for p in content if not (isinstance(p, dict) and p.get("type") == "image_url")
+            ]
+            message = {**message, "content": kept}
+    return len(canonical_json(message).decode("utf-8")) // 4 + 4 + images * IMAGE_ESTIMATE
 
 
 class Counter(Protocol):

@@ -158,6 +158,8 @@ class Ownership:
         actor.conv.pending.clear()
         await actor.halt()
         await self.store.delete(actor.conv.id, actor.lock_value)
+        if self.shared.shelf is not None:
+            await self.shared.shelf.drop(actor.conv.id)
         actor.lost = True
         self.actors.pop(actor.conv.id, None)
 

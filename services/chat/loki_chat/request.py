@@ -38,6 +38,7 @@ from loki_shared.canonical import canonical_json
 from loki_shared.messages.chat import ChatMessage
 from loki_shared.messages.engine import Lease
 
+from .images import wire_parts
 from .settings import Settings
 
 
@@ -90,7 +91,8 @@ def wire_message(message: ChatMessage, *, echo_model: str | None = None) -> dict
         item["content"] = message.content if message.content is not None else ""
         item["tool_call_id"] = message.tool_call_id or ""
     else:
-        item["content"] = message.content if message.content is not None else ""
+        content = message.content if message.content is not None else ""
+        item["content"] = wire_parts(content) if isinstance(content, list) else content
     return item
 
 

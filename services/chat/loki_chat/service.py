@@ -29,6 +29,7 @@ from .compaction import CompactionDeps, CompactionPolicy
 from .context import ContextPolicy
 from .engine import EngineClient
 from .handlers import ChatHandlers
+from .image_shelf import ImageShelf
 from .leases import EngineLeases
 from .ownership import Ownership
 from .settings import Settings
@@ -70,13 +71,15 @@ class ChatService:
         self.instance = store.instance
         self.http = http
         self.request = self.bus.request
+        shelf = ImageShelf(store.r, store.sealer)
         self.shared = Shared(
             settings=settings,
             store=store,
             bus=self.bus,
             leases=EngineLeases(self.bus, settings),
             engine=EngineClient(http, settings.retry_delays, settings.engine_timeout_s),
-            toolbox=toolbox or default_toolbox(self.bus, settings),
+            toolbox=toolbox or default_toolbox(self.bus, settings, shelf),
+            shelf=shelf,
             policy=policy or CompactionPolicy(CompactionDeps(settings, self.bus, http)),
             tokens=(
                 TokenCounts(http, settings.tokenize_timeout_s, self._locate_engine)

@@ -61,7 +61,14 @@ from typing import Any, Protocol
 
 from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import EngineLease, LeaseError, LeaseStopped
-from loki_shared.messages.chat import ChatEvent, ChatMessage, LokiMeta, ToolCall, ToolCallFunction
+from loki_shared.messages.chat import (
+    ChatEvent,
+    ChatMessage,
+    ImageAttachment,
+    LokiMeta,
+    ToolCall,
+    ToolCallFunction,
+)
 from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import build_record
@@ -70,10 +77,12 @@ from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
 from .errors import StepError, StreamError
+from .images import PendingItem, forget_images, unpack, user_content
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
-from .tools import ToolBox, cut_for_model, parse_arguments
+from .tools import ToolBox, cut_for_model, label, parse_arguments
+from .tools.vision import NAME as SEE_IMAGE
 
 log = logging.getLogger("loki.chat.turn")
 
@@ -94,6 +103,8 @@ NO_TOOL_INSTRUCTION = (
 )
 
 MAX_ACT_REMINDERS = 2
+#: Tools offered only when the lease's endpoint sees images.
+VISION_TOOLS = frozenset({SEE_IMAGE})
 MAX_COMPACTIONS_PER_STEP = 2
 
 
@@ -113,6 +124,7 @@ class TurnHost(Protocol):
     def publish_perf(self, record: PerfRecord) -> None: ...
     async def total_slots(self) -> int | None: ...
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
+    async def keep_images(self, images: list[ImageAttachment]) -> None: ...
 
 
 @dataclass
@@ -149,13 +161,14 @@ class TurnRunner:
     ``resume``: the turn continues the last (assistant) message instead of adding one."""
 
     host: TurnHost
-    user_text: str | None
+    user_text: PendingItem | None
     resume: bool = False
     outcome: TurnOutcome = field(default_factory=TurnOutcome)
     plan: StepPlan = field(default_factory=StepPlan)
     act_reminders: int = 0
     budget_reminded: bool = False
     lease_n_ctx: int = 0
+    vision: bool = False  # the last lease's endpoint sees images (see_image offered)
     result: StepResult | None = None
     sent_wire: list[dict[str, Any]] = field(default_factory=list)
     sent_echo: bool = False
@@ -198,17 +211,21 @@ class TurnRunner:
         conv = self.conv
         if self.resume:
             await self.host.emit({}, loki={"event": "continue"})
+        # images of an earlier turn (one a crash left open) leave the history first
+        forget_images(conv.messages)
         if self.user_text is not None:
             if conv.pending and conv.pending[0] == self.user_text:
                 conv.pending.pop(0)
-            conv.messages.append(ChatMessage(role="user", content=self.user_text))
+            text, images = unpack(self.user_text)
+            await self.host.keep_images(images)
+            conv.messages.append(ChatMessage(role="user", content=user_content(text, images)))
             if not conv.title:
-                conv.title = (
-                    self.user_text.strip().splitlines()[0][:60] if self.user_text.strip() else ""
-                )
-            await self.host.emit(
-                {"role": "user", "content": self.user_text}, loki={"event": "user"}
-            )
+                first = text.strip() or (images[0].name if images else "")
+                conv.title = first.splitlines()[0][:60] if first else ""
+            meta: dict[str, Any] = {"event": "user"}
+            if images:
+                meta["images"] = [{"id": i.id, "name": i.name} for i in images]
+            await self.host.emit({"role": "user", "content": text}, loki=meta)
         conv.turn_open = True
         await self.host.persist()
         return await self.check("start", then=self.build)
@@ -241,6 +258,7 @@ class TurnRunner:
                 self.model = lease.model
                 self.external = lease.external
                 self.template = lease.template
+                self.vision = lease.vision
                 echo_model = lease.model if self.echo_reasoning() and self.plan.echo else None
                 wire = wire_messages(
                     self.settings.system_prompt,
@@ -413,15 +431,19 @@ class TurnRunner:
     async def tools(self) -> State:
         host = self.host
         stopped_text = "Not executed: the user stopped the turn."
+        seen: list[ImageAttachment] = []
         for call in self.pending_calls:
             # every call gets a result, even when stopped: a call without its result would
             # break the next request
             text = stopped_text
+            raw_args = self.pending_raw.get(call.id, call.function.arguments)
             if not host.stop.is_set():
-                raw = self.pending_raw.get(call.id, call.function.arguments)
-                outcome = await self.wait_or_stop(host.toolbox.execute(call.function.name, raw))
+                outcome = await self.wait_or_stop(
+                    host.toolbox.execute(call.function.name, raw_args, self.conv.id)
+                )
                 if outcome is not None:
                     text = outcome.text
+                    seen += outcome.images
             if text is stopped_text:
                 self.outcome.stopped = True
             model_text = cut_for_model(text, self.settings.tool_result_max)
@@ -437,9 +459,14 @@ class TurnRunner:
                     "name": call.function.name,
                     "content": text,
                 },
-                loki={"event": "tool_result"},
+                loki={
+                    "event": "tool_result",
+                    "label": label(call.function.name, parse_arguments(raw_args)[0] or {}),
+                },
             )
         self.pending_calls = []
+        if seen and not self.outcome.stopped:
+            await self.show_images(seen)
         await host.persist()
         if self.outcome.stopped:
             return self.finish
@@ -459,6 +486,8 @@ class TurnRunner:
         ):
             conv.messages.pop()
         conv.turn_open = False
+        # the ephemeral rule: an image is seen in the turn it arrives only
+        forget_images(conv.messages)
         if not self.outcome.stopped and self.outcome.error is None:
             if await self.compact("end"):
                 pass
@@ -490,6 +519,27 @@ class TurnRunner:
         )
         await self.host.persist()
 
+    async def show_images(self, images: list[ImageAttachment]) -> None:
+        """Images a tool gave (``see_image``): one user message after the step's results,
+        marked ``injected="see_image"``; the ephemeral rule removes them at the turn's end."""
+        names = ", ".join(i.name for i in images)
+        text = f"[see_image] {names}"
+        self.conv.messages.append(
+            ChatMessage(
+                role="user",
+                content=user_content(text, images),
+                loki=LokiMeta(injected="see_image"),
+            )
+        )
+        await self.host.emit(
+            {"role": "user", "content": text},
+            loki={
+                "event": "see_image",
+                "injected": "see_image",
+                "images": [{"id": i.id, "name": i.name} for i in images],
+            },
+        )
+
     # -- helpers --------------------------------------------------------------------------
     def offered_tools(self) -> list[dict[str, Any]] | None:
         """The tool schemas offered to the next step (None: no ``tools`` key): the host's
@@ -501,7 +551,10 @@ class TurnRunner:
             return None
         if self.tools_dropped():
             return None
-        return self.host.toolbox.schemas()
+        schemas = self.host.toolbox.schemas()
+        if not self.vision:  # see_image only for an endpoint that sees images
+            schemas = [s for s in schemas if s["function"]["name"] not in VISION_TOOLS]
+        return schemas
 
     def prefix_unstable(self) -> bool:
         """The lease's template probe says the template does not keep a stable prefix
@@ -672,7 +725,7 @@ class TurnRunner:
 
     async def prime(self) -> None:
         """Have the engine count what :meth:`ctx_used` needs (bounded; estimates else)."""
-        pending = [ChatMessage(role="user", content=t) for t in self.conv.pending]
+        pending = [ChatMessage(role="user", content=unpack(t)[0]) for t in self.conv.pending]
         await self.conv.meter.prime(self.settings.system_prompt, [*self.conv.messages, *pending])
 
     async def compact(self, trigger: Trigger, overflow: OverflowInfo | None = None) -> bool:
@@ -694,7 +747,7 @@ class TurnRunner:
     def ctx_used(self) -> int:
         """``ctx_used`` plus estimates of the user messages queued behind this turn."""
         # begin() moved this turn's message out of ``pending``: what is left waits behind it
-        queued = sum(self.conv.meter.tokens(t) for t in self.conv.pending)
+        queued = sum(self.conv.meter.tokens(unpack(t)[0]) for t in self.conv.pending)
         return self.conv.meter.used(self.settings.system_prompt, self.conv.messages) + queued
 
     async def wait_or_stop(self, coro: Awaitable[Any]) -> Any:

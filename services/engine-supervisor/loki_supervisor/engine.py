@@ -48,6 +48,8 @@ class Props:
     chat_template_caps: dict[str, Any] | None = None
     model: str = ""
     model_path: str | None = None
+    #: ``/props`` ``modalities.vision``: the engine was given a vision projector.
+    vision: bool = False
 
 
 try:  # loaded in the parent: the child between fork and exec only calls prctl
@@ -70,7 +72,8 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | None) -> Props:
     """Read ``/props`` (``total_slots``, ``default_generation_settings.n_ctx``,
-    ``build_info``, ``chat_template``, ``chat_template_caps``, ``model_path``), then
+    ``build_info``, ``chat_template``, ``chat_template_caps``, ``model_path``,
+    ``modalities.vision``), then
     ``/slots`` for the per-slot ``n_ctx`` when the engine exposes it, and ``/v1/models``
     for the model id.
 
@@ -99,6 +102,8 @@ async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | No
             model = str(rm.json()["data"][0]["id"])
     model_path = props.get("model_path")
     caps = props.get("chat_template_caps")
+    modalities = props.get("modalities")
+    vision = isinstance(modalities, dict) and modalities.get("vision") is True
     if not model and model_path:
         model = Path(str(model_path)).name
     return Props(
@@ -109,6 +114,7 @@ async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | No
         chat_template_caps=caps if isinstance(caps, dict) else None,
         model=model,
         model_path=str(model_path) if model_path else None,
+        vision=vision,
     )
 
 

@@ -88,6 +88,7 @@ class LocalConfig:
     ``slot_dir``: ``LOKI_HOME/slots``. ``draft``: the draft model fields
     (speculative decoding, :mod:`loki_supervisor.draft`). ``chat_template_file``:
     CHAT_TEMPLATE_FILE, a Jinja chat template used instead of the GGUF's ("": the GGUF's).
+    ``mmproj``: the preset's MMPROJ feature, a vision projector GGUF path (empty: none).
     """
 
     model: Path
@@ -105,6 +106,7 @@ class LocalConfig:
     slot_dir: Path | None = None
     draft: DraftRequest = field(default_factory=DraftRequest)
     chat_template_file: str = ""
+    mmproj: str = ""
 
 
 @dataclass(frozen=True)
@@ -492,8 +494,8 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
     ``--metrics``, ``--host``, ``--port``, ``--api-key``, ``-t``, ``--ubatch-size`` (UBATCH,
     only when the engine's help lists it; else a note says it was left out), ``--slot-save-path``,
     ``--cache-ram``, the draft options, ``--jinja --chat-template-file`` (CHAT_TEMPLATE_FILE,
-    :func:`chat_template_args`), then EXTRA_ARGS (last, so they win where llama.cpp keeps
-    the last value).
+    :func:`chat_template_args`), ``--mmproj`` (MMPROJ, only when the engine's help lists it),
+    then EXTRA_ARGS (last, so they win where llama.cpp keeps the last value).
 
     SIDE_SLOT accepted: ``-c 2×CTX -np 2 --no-kv-unified`` (two slots of CTX each). Refused
     or off: ``-c CTX -np PARALLEL`` (1 when unset), the refusal's reason in ``notes``.
@@ -567,6 +569,12 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
     args += template_args
     if template_note:
         notes.append(template_note)
+    if cfg.mmproj:
+        if facts.help.has("--mmproj"):
+            args += ["--mmproj", cfg.mmproj]
+            notes.append("MMPROJ: vision projector given (--mmproj)")
+        else:
+            notes.append("MMPROJ ignored: this llama-server does not list --mmproj")
     args += tokens
     names = arg_names(tokens)
     unified = bool(names & {"-kvu", "--kv-unified"}) or truthy(

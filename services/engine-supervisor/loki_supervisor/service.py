@@ -232,6 +232,7 @@ class Supervisor:
             side_slot=truthy(preset.features.get("SIDE_SLOT")),
             cache_ram=preset.features.get("CACHE_RAM", "") or "",
             chat_template_file=preset.features.get("CHAT_TEMPLATE_FILE", "") or "",
+            mmproj=(preset.features.get("MMPROJ", "") or "").strip(),
             host=self.settings.engine_host,
             port=self._port,
             api_key=self.settings.engine_api_key.get_secret_value()
@@ -373,7 +374,12 @@ class Supervisor:
             n_ctx=self.n_ctx(),
             template=self.runner.template,
             max_tokens=step_cap(self.preset, self.n_ctx()),
+            vision=self.vision(),
         )
+
+    def vision(self) -> bool:
+        """The endpoint sees images: the external preset's checkbox, else ``/props``."""
+        return self.preset.vision if self.runner.external else self.runner.props.vision
 
     def info(self) -> EngineInfo:
         props = self.runner.props
@@ -395,7 +401,7 @@ class Supervisor:
             preset_id=self.preset.id,
             sampling=dict(self.preset.sampling),
             system_prompt=self.preset.system_prompt,
-            vision=self.preset.vision,
+            vision=self.vision(),
             features=dict(self.preset.features),
             side_slot=bool(plan and plan.side_slot),
             side_slot_refusal=plan.side_slot_refusal if plan else None,

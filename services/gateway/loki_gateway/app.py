@@ -30,7 +30,7 @@ from . import errors
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
 from .bus import Bus
 from .memory_state import MemoryState
-from .routes import chat, engine, memory, perf, recall, v1
+from .routes import attachments, chat, engine, memory, perf, recall, v1
 from .settings import Settings
 from .sse import EventHub
 
@@ -41,6 +41,7 @@ STATIC = Path(__file__).parent / "static"
 #: The routers, in the order they are included (one module per domain, each ``router``).
 ROUTERS: dict[str, APIRouter] = {
     "chat": chat.router,
+    "attachments": attachments.router,
     "recall": recall.router,
     "memory": memory.router,
     "engine": engine.router,

@@ -88,6 +88,10 @@ class MemoryState:
             self._sub = None
         self._key = None
 
+    def key(self) -> bytes | None:
+        """The memory key while it is held (unlocked), else None. Never logged or stored."""
+        return self._key
+
     async def state(self) -> State:
         """``unlocked`` (key held), ``locked`` (passphrase set, key not held) or ``off``."""
         if self._key is not None:

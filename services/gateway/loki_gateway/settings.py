@@ -19,6 +19,7 @@ class Settings(LokiSettings):
     - ``LOKI_API_KEY``: when set, every ``/api`` and ``/v1`` route needs
       ``Authorization: Bearer <key>``.
     - ``LOKI_MAX_BODY_BYTES`` (16 MiB): request bodies above it get 413.
+    - ``LOKI_UPLOAD_MAX_MB`` (8): largest file ``/api/chat/upload`` accepts (413 over it).
     - ``LOKI_MAX_MESSAGE_CHARS`` (1 000 000): longest user message ``/api/chat/send`` accepts.
     - ``LOKI_SSE_PING_S`` (4): seconds between ``: ping`` comments on ``/api/chat``.
     - ``LOKI_SSE_CLIENT_BUFFER`` (4096): live events one SSE client may have waiting; past it
@@ -37,6 +38,7 @@ class Settings(LokiSettings):
     api_key: SecretStr | None = None
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     max_message_chars: int = Field(default=1_000_000, ge=1)
+    upload_max_mb: float = Field(default=8.0, gt=0, le=16)
     sse_ping_s: float = Field(default=4.0, gt=0)
     sse_client_buffer: int = Field(default=4096, ge=16)
     sse_replay_page: int = Field(default=200, ge=1)

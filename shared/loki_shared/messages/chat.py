@@ -122,11 +122,25 @@ class ForwardRequest(Msg):
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
+class ImageAttachment(Msg):
+    """An image sent with a user message: ``id`` (the attachment's), ``name`` (the file
+    name the user gave), ``url`` (a ``data:<mime>;base64,...`` URL: what the model gets as
+    an OpenAI ``image_url`` part in the turn it arrives, never kept in the history)."""
+
+    id: str
+    name: str
+    url: str
+
+
 class SendRequest(Msg):
-    """``loki.chat.send``: a user message. No ``conversation`` creates a new one."""
+    """``loki.chat.send``: a user message. No ``conversation`` creates a new one.
+
+    ``images``: images attached to the message (the gateway checked that the engine sees
+    images); text files are already inlined in ``content`` as fenced blocks."""
 
     conversation: str | None = None
     content: str
+    images: list[ImageAttachment] = Field(default_factory=list)
 
 
 class SendReply(Reply):

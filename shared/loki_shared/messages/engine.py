@@ -168,7 +168,9 @@ class Lease(Reply):
     ``api_key``: the key of THIS endpoint (the local engine's, or the external preset's).
     ``template``: the probe's verdicts on the engine's chat template (None: not probed, as
     for an external API: the caller then assumes what it always did).
-    ``max_tokens``: the preset's cap on one completion step (tokens; None: none)."""
+    ``max_tokens``: the preset's cap on one completion step (tokens; None: none).
+    ``vision``: the endpoint sees images (the engine's ``/props`` modalities, or the external
+    preset's vision checkbox), read again at every lease."""
 
     lease_id: str = ""
     kind: str = ""
@@ -183,6 +185,7 @@ class Lease(Reply):
     preset_id: str | None = None
     template: TemplateProbe | None = None
     max_tokens: int | None = None
+    vision: bool = False
 
 
 class RenewRequest(Msg):

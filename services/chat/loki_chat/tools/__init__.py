@@ -2,6 +2,8 @@
 
 - :mod:`.box` — :class:`ToolBox` and the rules applied to every call (arguments, results);
 - :mod:`.recall` — ``recall`` and ``recall_search`` (the recall service);
+- :mod:`.vision` — ``see_image`` (an image of the conversation's attachments);
+- :mod:`.labels` — the tool-name → main-argument table (labels, and what a tool reads);
 - :func:`default_toolbox` — the tools a chat instance offers, in their fixed order.
 
 A new family of tools (memory_read / memory_write / tracker_log, subagent, see_image) is one
@@ -14,27 +16,40 @@ template a probe found unable to call them) is decided in one place: the turn lo
 from __future__ import annotations
 
 from ..bus import ChatBus
+from ..image_shelf import ImageShelf
 from ..settings import Settings
 from .box import (
     EMPTY_PARAMETERS,
     ToolBox,
     ToolFn,
     ToolOutcome,
+    ToolReturn,
     ToolSpec,
     cut_for_model,
     parse_arguments,
 )
+from .labels import MAIN_ARGUMENT, label, main_argument
 from .recall import UNREACHABLE, recall_tools
+from .vision import see_image_tool
 
 
-def default_toolbox(bus: ChatBus, settings: Settings) -> ToolBox:
+def default_toolbox(bus: ChatBus, settings: Settings, shelf: ImageShelf | None = None) -> ToolBox:
     """The tools a chat instance offers, in this order (the order is part of the request
-    prefix, so it never changes between requests): ``recall``, ``recall_search``."""
-    return ToolBox(recall_tools(bus.request, settings.recall_timeout_s))
+    prefix, so it never changes between requests): ``recall``, ``recall_search``, then
+    ``see_image`` when ``shelf`` is given (offered only to an endpoint that sees images)."""
+    box = ToolBox(recall_tools(bus.request, settings.recall_timeout_s))
+    if shelf is not None:
+        box.add(see_image_tool(shelf))
+    return box
 
 
 __all__ = [
     "EMPTY_PARAMETERS",
+    "MAIN_ARGUMENT",
+    "ToolReturn",
+    "label",
+    "main_argument",
+    "see_image_tool",
     "UNREACHABLE",
     "ToolBox",
     "ToolFn",

@@ -10,28 +10,45 @@ Rules:
 - A result longer than ``tool_result_max`` characters (30,000) is cut in the model's view,
   with a note inviting a targeted call; the display log keeps the whole result.
 - A tool's own failure (an exception) is a result the model sees, never a failed turn.
+- A tool may return images with its text (:class:`ToolReturn`, ``see_image``): the turn
+  loop shows them to the model in a user message after the step's results (this turn only).
+- A ``conversational`` tool is called with the conversation id as a second argument.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from loki_shared.messages.chat import ImageAttachment
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
-ToolFn = Callable[[dict[str, Any]], Awaitable[str]]
+
+@dataclass
+class ToolReturn:
+    """A result with images: ``text`` for the tool message, ``images`` for the model to see
+    in this turn."""
+
+    text: str
+    images: list[ImageAttachment] = field(default_factory=list)
+
+
+ToolFn = Callable[..., Awaitable[str | ToolReturn]]
 
 
 @dataclass
 class ToolSpec:
-    """One tool: ``run`` gets the decoded argument object and returns the result text."""
+    """One tool: ``run`` gets the decoded argument object (and the conversation id when
+    ``conversational``) and returns the result text or a :class:`ToolReturn`."""
 
     name: str
     description: str
     run: ToolFn
     parameters: dict[str, Any] | None = None
+    conversational: bool = False
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -47,11 +64,13 @@ class ToolSpec:
 @dataclass
 class ToolOutcome:
     """``text``: the full result; ``executed``: whether the tool ran; ``arguments``: the
-    arguments text to keep in the history (``{}`` when the model's were not valid JSON)."""
+    arguments text to keep in the history (``{}`` when the model's were not valid JSON);
+    ``images``: images the tool gives the model to see (:class:`ToolReturn`)."""
 
     text: str
     executed: bool
     arguments: str
+    images: list[ImageAttachment] = field(default_factory=list)
 
 
 def parse_arguments(text: str) -> tuple[dict[str, Any] | None, str]:
@@ -92,8 +111,9 @@ class ToolBox:
     def schemas(self) -> list[dict[str, Any]]:
         return [spec.schema() for spec in self.specs.values()]
 
-    async def execute(self, name: str, arguments: str) -> ToolOutcome:
-        """Run one call by the rules above. Never raises for a tool's own failure."""
+    async def execute(self, name: str, arguments: str, conversation: str = "") -> ToolOutcome:
+        """Run one call by the rules above (``conversation``: the id a conversational tool
+        gets). Never raises for a tool's own failure."""
         spec = self.specs.get(name)
         args, reason = parse_arguments(arguments)
         if args is None:
@@ -113,11 +133,16 @@ class ToolBox:
                 executed=False,
                 arguments=arguments,
             )
+        images: list[ImageAttachment] = []
         try:
-            text = await spec.run(args)
+            got = await (spec.run(args, conversation) if spec.conversational else spec.run(args))
+            if isinstance(got, ToolReturn):
+                text, images = got.text, got.images
+            else:
+                text = got
         except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's to see
             text = f"Error: the tool `{name}` failed: {exc}"
-        return ToolOutcome(text=text, executed=True, arguments=arguments)
+        return ToolOutcome(text=text, executed=True, arguments=arguments, images=images)
 
 
 def cut_for_model(text: str, limit: int) -> str:

@@ -36,6 +36,7 @@ from ..bus import Bus
 from ..deps import get_bus
 from ..errors import BadRequest
 from ..sse import conversation_stream, replay_page
+from . import attachments
 
 router = APIRouter(tags=["chat"])
 
@@ -53,7 +54,12 @@ class SendBody(BaseModel):
     """``POST /api/chat/send``: no ``conversation`` starts a new one."""
 
     conversation: str | None = Field(default=None, pattern=CONV_PATTERN)
-    content: str = Field(min_length=1)
+    content: str = ""
+    attachments: list[str] = Field(
+        default_factory=list,
+        description="Attachment ids from /api/chat/upload: text files are inlined as fenced "
+        "blocks, images sent to the model in this turn.",
+    )
 
 
 class SendAccepted(BaseModel):
@@ -96,15 +102,19 @@ def _public(reply: BaseModel) -> dict[str, Any]:
 @router.post("/api/chat/send", status_code=202, response_model=SendAccepted)
 async def send(body: SendBody, request: Request, bus: Bus = Depends(get_bus)) -> Any:
     """Start a turn (or queue it behind the running one): 202 with the conversation id."""
+    if not body.content and not body.attachments:
+        raise BadRequest("content is empty and nothing is attached", code="empty_message")
+    content, images = await attachments.expand(request, bus, body.content, body.attachments)
     limit = _settings(request).max_message_chars
-    if len(body.content) > limit:
+    if len(content) > limit:
         raise BadRequest(
-            f"content is {len(body.content)} characters, the limit is {limit}",
+            f"content (attached text files inlined) is {len(content)} characters, "
+            f"the limit is {limit}",
             code="content_too_long",
         )
     reply = await bus.request_ok(
         subjects.CHAT_SEND,
-        SendRequest(conversation=body.conversation, content=body.content),
+        SendRequest(conversation=body.conversation, content=content, images=images),
         SendReply,
         timeout=10.0,
     )

@@ -1,0 +1,150 @@
+"""Attachments through the real gateway process (real Redis, the fake chat and supervisor
+peers on NATS): upload by content type, size limit, sealed storage with a 24 h expiry, the
+thumbnail route, text inlined and images as data URLs on send, vision refused clearly, the
+memory key's lock."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import redis
+
+from loki_gateway.attachments import TTL_S, redis_key
+from loki_shared import memkey
+from tests.fakes.media import pdf, png
+
+
+def _upload(c, name: str, data: bytes, mime: str = "application/octet-stream"):
+    return c.post("/api/chat/upload", files={"file": (name, data, mime)})
+
+
+def _last_send(peers, n: int, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while len(peers.sends) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(peers.sends) >= n
+    return peers.sends[n - 1]
+
+
+def test_text_pdf_and_image_attachments(gateway, peers, redis_url) -> None:
+    peers.supervisor.vision = False
+    with gateway.client() as c:
+        # the type comes from the content: a text file named .png is text
+        text = _upload(c, "notes.png", b"line one\n```\ncode\n```\n", "image/png")
+        assert text.status_code == 201, text.text
+        t = text.json()
+        assert t["kind"] == "text" and t["mime"] == "text/plain" and t["name"] == "notes.png"
+        doc = _upload(c, "../../etc/report.pdf", pdf("Quarterly figures are up"))
+        assert doc.status_code == 201, doc.text
+        d = doc.json()
+        assert d["kind"] == "text" and d["mime"] == "application/pdf"
+        assert d["name"] == "report.pdf"  # the path part of the name is dropped
+        image = _upload(c, "red.bin", png(), "text/plain")
+        assert image.status_code == 201, image.text
+        i = image.json()
+        assert i["kind"] == "image" and i["mime"] == "image/png"
+
+        # stored sealed (the plaintext is nowhere in Redis) and pruned 24 h after last use
+        r = redis.Redis.from_url(redis_url)
+        raw = r.get(redis_key(t["id"]))
+        assert raw is not None and b"line one" not in raw
+        assert TTL_S - 60 < r.ttl(redis_key(t["id"])) <= TTL_S
+        r.expire(redis_key(i["id"]), 100)
+        thumb = c.get(f"/api/chat/attachment/{i['id']}")
+        assert thumb.status_code == 200 and thumb.content == png()
+        assert thumb.headers["content-type"] == "image/png"
+        assert r.ttl(redis_key(i["id"])) > TTL_S - 60  # a use starts the 24 h again
+        gone = c.get("/api/chat/attachment/" + "0" * 32)
+        assert gone.status_code == 404
+        assert gone.json()["error"]["code"] == "attachment_not_found"
+
+        # text files inlined as fenced blocks with their names, after the message
+        before = len(peers.sends)
+        sent = c.post(
+            "/api/chat/send", json={"content": "Read these", "attachments": [t["id"], d["id"]]}
+        )
+        assert sent.status_code == 202, sent.text
+        req = _last_send(peers, before + 1)
+        assert req.images == []
+        assert req.content.startswith("Read these\n\nAttached file `notes.png`:\n````\nline one")
+        assert "Attached file `report.pdf`:\n```\nQuarterly figures are up\n```" in req.content
+
+        # an image without vision: refused, saying why, nothing sent
+        before = len(peers.sends)
+        refused = c.post("/api/chat/send", json={"content": "Look", "attachments": [i["id"]]})
+        assert refused.status_code == 400
+        err = refused.json()["error"]
+        assert err["code"] == "vision_unavailable" and "red.bin" in err["message"]
+        assert err["type"] == "invalid_request_error"
+        time.sleep(0.2)
+        assert len(peers.sends) == before
+
+        # with vision: the image goes as a data URL beside the text
+        peers.supervisor.vision = True
+        ok = c.post("/api/chat/send", json={"attachments": [i["id"]]})
+        assert ok.status_code == 202, ok.text
+        req = _last_send(peers, before + 1)
+        assert req.content == ""
+        assert [(x.id, x.name) for x in req.images] == [(i["id"], "red.bin")]
+        assert req.images[0].url == "data:image/png;base64," + base64.b64encode(png()).decode()
+
+        # an unknown attachment id on send: 404, nothing sent
+        missing = c.post("/api/chat/send", json={"content": "x", "attachments": ["f" * 32]})
+        assert missing.status_code == 404
+        empty = c.post("/api/chat/send", json={"content": ""})
+        assert empty.status_code == 400 and empty.json()["error"]["code"] == "empty_message"
+    peers.supervisor.vision = False
+
+
+def test_refused_uploads(gateway_factory, peers) -> None:
+    gw = gateway_factory(LOKI_UPLOAD_MAX_MB="0.001")  # 1048 bytes
+    with gw.client() as c:
+        big = _upload(c, "big.txt", b"a" * 2000, "text/plain")
+        assert big.status_code == 413
+        err = big.json()["error"]
+        assert err["code"] == "file_too_large" and "LOKI_UPLOAD_MAX_MB" in err["message"]
+        assert err["type"] == "invalid_request_error"
+        zipped = _upload(c, "notes.txt", b"PK\x03\x04" + b"\x00" * 60, "text/plain")
+        assert zipped.status_code == 415
+        assert "application/zip" in zipped.json()["error"]["message"]
+        binary = _upload(c, "a.txt", bytes(range(256)), "text/plain")
+        assert binary.status_code == 415
+        assert binary.json()["error"]["code"] == "unsupported_file_type"
+        scan = _upload(c, "scan.pdf", pdf(""), "application/pdf")
+        assert scan.status_code == 415 and "images" in scan.json()["error"]["message"]
+
+
+def test_behind_the_key(gateway_factory, peers) -> None:
+    gw = gateway_factory(key="attach-key")
+    with gw.client() as c:
+        up = _upload(c, "a.txt", b"hello")
+        assert up.status_code == 201
+        att = up.json()["id"]
+    import httpx
+
+    anon = httpx.post(f"{gw.url}/api/chat/upload", files={"file": ("a.txt", b"hello")})
+    assert anon.status_code == 401
+    assert httpx.get(f"{gw.url}/api/chat/attachment/{att}").status_code == 401
+
+
+def test_memory_key_seals_attachments(gateway_factory, peers, redis_url) -> None:
+    gw = gateway_factory()
+    r = redis.Redis.from_url(redis_url)
+    try:
+        with gw.client() as c:
+            assert c.post("/api/memory/unlock", json={"passphrase": "pw-att"}).status_code == 200
+            up = _upload(c, "secret.txt", b"sealed twice")
+            assert up.status_code == 201
+            att = up.json()["id"]
+            assert c.get(f"/api/chat/attachment/{att}").content == b"sealed twice"
+            assert c.post("/api/memory/lock").json() == {"state": "locked"}
+            locked = c.get(f"/api/chat/attachment/{att}")
+            assert locked.status_code == 423
+            assert locked.json()["error"]["code"] == "memory_locked"
+            refused = _upload(c, "other.txt", b"not while locked")
+            assert refused.status_code == 423 and "unlock" in refused.json()["error"]["message"]
+            assert c.post("/api/memory/unlock", json={"passphrase": "pw-att"}).status_code == 200
+            assert c.get(f"/api/chat/attachment/{att}").content == b"sealed twice"
+    finally:
+        r.delete(memkey.KDF_REDIS_KEY)
