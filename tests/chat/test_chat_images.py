@@ -87,3 +87,39 @@ async def test_vision_read_from_props(fake_engine):
         assert (await read_props(http, fake_engine.url, None)).vision is False
         fake_engine.vision = True
         assert (await read_props(http, fake_engine.url, None)).vision is True
+
+
+#: The request of the turn after an image turn, frozen: the image is its marker. A future
+#: LOKI_KEEP_TURN_IMAGES (grey zone, off by default) must leave this request byte-identical
+#: when off.
+FROZEN_AFTER_IMAGE_REQUEST = (
+    b'{"messages":[{"content":"You are Loki, a helpful assistant. Answer in the user\'s '
+    b"language. Use the tools when they help; `recall` brings back an archived block by its "
+    b'id (recall:r<seq>) and `recall_search` finds archived blocks by keywords.",'
+    b'"role":"system"},{"content":"What is this?\\n\\n[image red.png: no longer visible]",'
+    b'"role":"user"},{"content":"A red square.","role":"assistant"},{"content":"Sure?",'
+    b'"role":"user"}],"model":"fake-model","stream":true,"stream_options":{"include_usage":'
+    b'true},"tools":[{"function":{"description":"Bring back, verbatim, an archived block cited'
+    b' as recall:r<seq> in a summary.","name":"recall","parameters":{"properties":{"id":'
+    b'{"description":"the block id, e.g. r12","type":"string"}},"required":["id"],"type":'
+    b'"object"}},"type":"function"},{"function":{"description":"Find archived blocks of '
+    b'earlier conversation by keywords.","name":"recall_search","parameters":{"properties":'
+    b'{"query":{"description":"keywords","type":"string"}},"required":["query"],"type":'
+    b'"object"}},"type":"function"},{"function":{"description":"Answers pong.","name":"ping",'
+    b'"parameters":{"properties":{},"type":"object"}},"type":"function"},{"function":'
+    b'{"description":"Echoes its arguments.","name":"echo","parameters":{"properties":{"text":'
+    b'{"type":"string"}},"required":["text"],"type":"object"}},"type":"function"}]}'
+)
+
+
+async def test_turn_after_an_image_is_byte_identical_to_the_frozen_copy(chat, client, fake_engine):
+    fake_engine.push(text_reply("A red square."), text_reply("Yes."))
+    raw = await client.nc.request(
+        subjects.CHAT_SEND,
+        SendRequest(content="What is this?", images=[IMAGE]).model_dump_json().encode(),
+        timeout=10,
+    )
+    cid = SendReply.model_validate_json(raw.data).conversation
+    await client.tap.wait_turn_ends(cid, 1, 20)
+    await client.turn("Sure?", cid)
+    assert fake_engine.requests[1].body == FROZEN_AFTER_IMAGE_REQUEST

@@ -118,6 +118,7 @@ class FakePeers:
         self.compact_delay_s = 0.0
         self.state_n_ctx: int | None = 4096  # None: the chat service does not know it yet
         self.perf_records: list[PerfRecord] = []
+        self.sends: list[SendRequest] = []  # every send received, in order
         # the presets (id -> Preset, keys kept in clear here) and the active one's id
         self.presets: dict[str, Preset] = {"env": Preset(id="env", name="env")}
         self.active_preset = "env"
@@ -200,12 +201,16 @@ class FakePeers:
             await self.nc.publish(subjects.chat_events(cid), event.model_dump_json().encode())
         return event
 
-    async def play_turn(self, cid: str, content: str) -> None:
+    async def play_turn(self, cid: str, content: str, images: list[Any] | None = None) -> None:
         conv = self.convs[cid]
         conv.generating = True
         conv.stop = False
         conv.messages.append(ChatMessage(role="user", content=content))
-        await self.emit(cid, {"role": "user", "content": content})
+        if images:  # as turn.py: the display event names the images (thumbnails by id)
+            meta = {"event": "user", "images": [{"id": i.id, "name": i.name} for i in images]}
+            await self.emit(cid, {"role": "user", "content": content}, loki=meta)
+        else:
+            await self.emit(cid, {"role": "user", "content": content})
         await self.emit(cid, {"role": "assistant"}, loki={"event": "turn_start"})
         text = ""
         for piece in self.reasoning_pieces:
@@ -230,6 +235,7 @@ class FakePeers:
         conv.generating = False
 
     async def _send(self, req: SendRequest) -> SendReply:
+        self.sends.append(req)
         if req.conversation is None:
             conv = self.new_conv((req.content.strip().splitlines() or [""])[0][:60])  # as turn.py
         elif req.conversation not in self.convs:
@@ -244,7 +250,7 @@ class FakePeers:
                 if req.content not in conv.pending:
                     return  # cancelled while it waited
                 conv.pending.remove(req.content)
-                await self.play_turn(conv.info.id, req.content)
+                await self.play_turn(conv.info.id, req.content, req.images)
 
         asyncio.get_running_loop().create_task(queued_turn())
         return SendReply(conversation=conv.info.id, queued=queued)

@@ -73,7 +73,10 @@
     try { body = await resp.json(); } catch (e) { body = null; }
     if (!resp.ok) {
       const msg = body && body.error ? body.error.message : resp.status + " " + resp.statusText;
-      throw new Error(msg);
+      const err = new Error(msg);
+      err.status = resp.status;
+      err.code = body && body.error ? body.error.code : null;
+      throw err;
     }
     return body;
   }
@@ -257,6 +260,7 @@
       const pre = document.createElement("pre");
       pre.textContent = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
       el.append(s, pre);
+      if (ev.loki.images && window.LokiAttach) window.LokiAttach.thumbs(el, ev.loki.images);
       add(el);
       if (state.turn) { state.turn.last = "tool"; state.turn.answer = null; }
       return;
@@ -293,6 +297,7 @@
       if (typeof ev.seq === "number") state.userSeq = ev.seq;
       const el = bubble("user");
       el.textContent = text;
+      if (ev.loki && ev.loki.images && window.LokiAttach) window.LokiAttach.thumbs(el, ev.loki.images);
       add(el);
       if (!state.titles[state.conversation]) provisionalTitle(text);
       setGenerating(true);
@@ -595,11 +600,22 @@
   // ---- actions -------------------------------------------------------------------------
   async function send(text) {
     const body = { content: text };
-    const pending = state.conversation ? LokiQueue.add(text) : null;
+    const attached = window.LokiAttach ? window.LokiAttach.ids() : [];
+    if (attached.length) body.attachments = attached;
+    const pending = state.conversation && text ? LokiQueue.add(text) : null;
     if (state.conversation) body.conversation = state.conversation;
     let r;
     try { r = await apiJSON("/api/chat/send", { method: "POST", json: body }); }
-    catch (e) { if (pending) pending.remove(); throw e; }
+    catch (e) {
+      if (pending) pending.remove();
+      if (attached.length && window.LokiAttach) {
+        // said next to the attachments (no vision, one gone, too large together): they stay
+        window.LokiAttach.showError("Not sent: " + e.message);
+        e.shown = true;
+      }
+      throw e;
+    }
+    if (attached.length) window.LokiAttach.clear();
     if (r.conversation !== state.conversation) { openConversation(r.conversation); loadConversations(); }
     else if (r.queued && pending) LokiQueue.markQueued(pending, cancelQueued);
   }
@@ -647,9 +663,9 @@
     $("composer").onsubmit = async (ev) => {
       ev.preventDefault();
       const text = $("input").value.trim();
-      if (!text) return;
+      if (!text && !(window.LokiAttach && window.LokiAttach.count())) return;
       $("input").value = "";
-      try { await send(text); } catch (e) { notice("Not sent: " + e.message, "error", 8000); $("input").value = text; }
+      try { await send(text); } catch (e) { if (!e.shown) notice("Not sent: " + e.message, "error", 8000); $("input").value = text; }
     };
     $("input").onkeydown = (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $("composer").requestSubmit(); }

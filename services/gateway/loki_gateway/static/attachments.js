@@ -1,0 +1,139 @@
+// Attachments in the composer: the attach button, drag and drop onto the chat, pasting an
+// image. Each file is uploaded at once (POST /api/chat/upload); the tray shows what the next
+// message carries, and a refusal (413 too large, 415 type not accepted, no vision on send)
+// is said inline above the composer, never silently dropped.
+// Thumbnails of a message's images are read through the API (the key travels with them);
+// an image the store no longer has shows a marker instead.
+(function () {
+  "use strict";
+  const $ = (id) => document.getElementById(id);
+  const items = [];  // {id, name, kind, url?, el}
+
+  function showError(text) {
+    const el = $("attach-error");
+    el.textContent = text || "";
+    el.hidden = !text;
+  }
+
+  function errorText(name, status, body) {
+    const msg = body && body.error ? body.error.message : status ? String(status) : "network error";
+    if (status === 413) return name + " is too large: " + msg;
+    if (status === 415) return name + " cannot be attached (type not accepted): " + msg;
+    return name + " not attached: " + msg;
+  }
+
+  function renderTray() {
+    const tray = $("attach-tray");
+    tray.hidden = items.length === 0;
+  }
+
+  function chip(item) {
+    const el = document.createElement("span");
+    el.className = "attach-chip " + item.kind;
+    el.dataset.id = item.id;
+    if (item.url) {
+      const img = document.createElement("img");
+      img.src = item.url; img.alt = item.name;
+      el.appendChild(img);
+    }
+    const name = document.createElement("span");
+    name.className = "name"; name.textContent = item.name;
+    const rm = document.createElement("button");
+    rm.type = "button"; rm.className = "icon remove"; rm.textContent = "✕";
+    rm.setAttribute("aria-label", "Remove " + item.name);
+    rm.onclick = () => remove(item.id);
+    el.append(name, rm);
+    return el;
+  }
+
+  function remove(id) {
+    const at = items.findIndex((i) => i.id === id);
+    if (at < 0) return;
+    const [item] = items.splice(at, 1);
+    item.el.remove();
+    if (item.url) URL.revokeObjectURL(item.url);
+    renderTray();
+  }
+
+  async function upload(file) {
+    const name = file.name || "pasted image";
+    const fd = new FormData();
+    fd.append("file", file, name);
+    let resp, body = null;
+    try {
+      resp = await window.LokiApi.api("/api/chat/upload", { method: "POST", body: fd });
+      try { body = await resp.json(); } catch (e) { body = null; }
+    } catch (e) { showError(errorText(name, 0, null)); return null; }
+    if (!resp.ok) { showError(errorText(name, resp.status, body)); return null; }
+    showError("");
+    const item = { id: body.id, name: body.name, kind: body.kind };
+    if (body.kind === "image") item.url = URL.createObjectURL(file);
+    item.el = chip(item);
+    $("attach-tray").appendChild(item.el);
+    items.push(item);
+    renderTray();
+    return item;
+  }
+
+  async function uploadAll(files) {
+    for (const f of Array.from(files || [])) await upload(f);
+  }
+
+  // The images of a message: one thumbnail each, read with the key; gone: a marker.
+  function thumbs(parent, images) {
+    if (!images || !images.length) return;
+    const row = document.createElement("div");
+    row.className = "thumbs";
+    for (const im of images) {
+      const fig = document.createElement("figure");
+      fig.className = "thumb";
+      fig.title = im.name + " (seen by the model in this turn only)";
+      row.appendChild(fig);
+      window.LokiApi.api("/api/chat/attachment/" + encodeURIComponent(im.id)).then(async (r) => {
+        if (!r.ok) throw new Error(String(r.status));
+        const img = document.createElement("img");
+        img.alt = im.name;
+        img.src = URL.createObjectURL(await r.blob());
+        fig.appendChild(img);
+      }).catch(() => {
+        fig.classList.add("gone");
+        fig.textContent = "[image " + im.name + ": not kept]";
+      });
+    }
+    parent.appendChild(row);
+  }
+
+  function init() {
+    $("attach-btn").onclick = () => $("attach-input").click();
+    $("attach-input").onchange = async (ev) => { await uploadAll(ev.target.files); ev.target.value = ""; };
+    const zone = document.querySelector("main");
+    zone.addEventListener("dragover", (ev) => {
+      if (!ev.dataTransfer || !Array.from(ev.dataTransfer.types || []).includes("Files")) return;
+      ev.preventDefault();
+      zone.classList.add("dropping");
+    });
+    zone.addEventListener("dragleave", (ev) => { if (ev.target === zone) zone.classList.remove("dropping"); });
+    zone.addEventListener("drop", (ev) => {
+      zone.classList.remove("dropping");
+      if (!ev.dataTransfer || !ev.dataTransfer.files.length) return;
+      ev.preventDefault();
+      uploadAll(ev.dataTransfer.files);
+    });
+    $("input").addEventListener("paste", (ev) => {
+      const files = Array.from((ev.clipboardData && ev.clipboardData.files) || []);
+      if (!files.length) return;  // plain text pastes as usual
+      ev.preventDefault();
+      uploadAll(files);
+    });
+  }
+
+  window.LokiAttach = {
+    ids: () => items.map((i) => i.id),
+    count: () => items.length,
+    clear: () => { for (const i of items.slice()) remove(i.id); showError(""); },
+    showError: showError,
+    upload: upload,
+    thumbs: thumbs,
+  };
+  init();
+})();
