@@ -151,3 +151,20 @@ async def test_lease_carries_the_step_cap_of_the_preset():
     lease = await lm.acquire(req())
     assert lease.max_tokens == 512
     lm.release(lease.lease_id)
+
+
+async def test_every_lease_says_whether_the_endpoint_sees_images():
+    """Vision is read again at every lease (the chat offers ``see_image`` step by step): a
+    target that loses its projector grants leases without vision from then on."""
+    state = {"target": Target(base_url="http://127.0.0.1:1", model="m", api_key="k", view=ONE)}
+    lm = LeaseManager(lambda: state["target"], ttl=30.0)
+    state["target"] = Target(
+        base_url="http://127.0.0.1:1", model="m", api_key="k", view=ONE, vision=True
+    )
+    lease = await lm.acquire(req())
+    assert lease.vision is True
+    lm.release(lease.lease_id)
+    state["target"] = Target(base_url="http://127.0.0.1:1", model="m", api_key="k", view=ONE)
+    lease = await lm.acquire(req())
+    assert lease.vision is False
+    lm.release(lease.lease_id)
