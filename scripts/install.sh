@@ -129,7 +129,7 @@ want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages"
   pkgs=(-e "$ROOT/shared")
-  for svc in gateway chat recall engine-supervisor perf; do pkgs+=(-e "$ROOT/services/$svc"); done
+  for svc in gateway chat recall memory engine-supervisor perf; do pkgs+=(-e "$ROOT/services/$svc"); done
   pkgs+=(-e "$ROOT/cli")
   [ "$WITH_TEST" = 1 ] && pkgs+=(-r "$ROOT/requirements-dev.txt")
   "${PIP[@]}" "${pkgs[@]}"
