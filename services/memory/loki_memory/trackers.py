@@ -35,6 +35,8 @@ class Trackers:
     def __init__(self, redis: Redis, vault: Vault) -> None:
         self.redis = redis
         self.vault = vault
+        self._hset = redis.register_script(keys.HSET_IN_PROJECT)
+        self._rpush = redis.register_script(keys.RPUSH_IN_PROJECT)
 
     async def _meta(self, project_id: str, slug: str) -> dict[str, Any] | None:
         field = self.vault.field(project_id, slug)
@@ -115,6 +117,7 @@ class Trackers:
 
         Raises:
             InvalidRequest: a bad name or unit, or a unit other than the tracker's.
+            NotFound: the project does not exist (or was deleted meanwhile).
             Locked: the memory is locked.
         """
         name = names.name(tracker, "tracker name")
@@ -124,12 +127,14 @@ class Trackers:
         field = self.vault.field(project_id, slug)
         aad = keys.aad_tracker(project_id, field)
         meta = {"slug": slug, "name": name, "unit": unit or "", "created_at": time.time()}
+        blob = self.vault.seal_private(aad, meta, memory)
         with keys.guard():
-            created = bool(
-                await self.redis.hsetnx(
-                    keys.trackers(project_id), field, self.vault.seal_private(aad, meta, memory)
-                )
+            done = await self._hset(
+                keys=[keys.META, keys.trackers(project_id)], args=[project_id, field, blob, 1]
             )
+        if done == -1:
+            raise NotFound(f"no project {project_id!r}")
+        created = bool(done)
         if not created:
             existing = await self._meta(project_id, slug)
             if existing is None:
@@ -146,7 +151,11 @@ class Trackers:
         ]
         if blobs:
             with keys.guard():
-                await self.redis.rpush(keys.values(project_id, field), *blobs)
+                done = await self._rpush(
+                    keys=[keys.META, keys.values(project_id, field)], args=[project_id, *blobs]
+                )
+            if done == -1:
+                raise NotFound(f"no project {project_id!r}")
         return slug, created
 
     async def delete(self, project_id: str, tracker: str) -> str:
