@@ -96,6 +96,7 @@ class Handlers:
 
     async def delete(self, req: m.ProjectDeleteRequest) -> m.ProjectDeleteReply:
         pages, trackers = await self.store.projects.delete(req.project_id, req.confirm)
+        self.store.trackers.cache.drop(req.project_id)
         await self._changed(req.project_id, "deleted")
         return m.ProjectDeleteReply(project_id=req.project_id, pages=pages, trackers=trackers)
 

@@ -59,7 +59,7 @@ class MemoryService:
         secret = settings.secret_key.get_secret_value() if settings.secret_key else None
         self.redis = Redis.from_url(settings.redis_url, **settings.redis_options())
         self.store = Store(self.redis, load_service_key(settings.home, secret))
-        self.keys = KeyHolder(self.store.vault)
+        self.keys = KeyHolder(self.store.vault, self.store.trackers.cache.clear)
         self.broker: NatsBroker = make_broker(
             settings.nats_url, "memory", health_check=self._health, login=settings.nats_options()
         )

@@ -18,6 +18,7 @@ from loki_shared.errors import InvalidRequest, NotFound
 from loki_shared.messages.projects import Tracker, TrackerValue
 
 from . import keys, levels, names
+from .series_cache import SeriesCache
 from .vault import Vault
 
 NOTE_MAX = 300
@@ -37,6 +38,8 @@ class Trackers:
         self.vault = vault
         self._hset = redis.register_script(keys.HSET_IN_PROJECT)
         self._rpush = redis.register_script(keys.RPUSH_IN_PROJECT)
+        #: The values already opened (cleared when the memory key changes).
+        self.cache = SeriesCache()
 
     async def _meta(self, project_id: str, slug: str) -> dict[str, Any] | None:
         field = self.vault.field(project_id, slug)
@@ -47,12 +50,17 @@ class Trackers:
         meta: dict[str, Any] = self.vault.open_private(keys.aad_tracker(project_id, field), blob)
         return meta
 
-    async def _values(self, project_id: str, slug: str) -> list[TrackerValue]:
-        field = self.vault.field(project_id, slug)
+    async def _values(self, project_id: str, meta: dict[str, Any]) -> list[TrackerValue]:
+        """The tracker's values in the order logged: those cached, and the ones appended
+        since, opened now (see :mod:`loki_memory.series_cache`)."""
+        field = self.vault.field(project_id, meta["slug"])
         aad = keys.aad_tracker(project_id, field) + ":value"
+        key = (project_id, field, float(meta["created_at"]))
+        known = self.cache.get(key)
         with keys.guard():
-            blobs = await self.redis.lrange(keys.values(project_id, field), 0, -1)
-        return [TrackerValue.model_validate(self.vault.open_private(aad, b)) for b in blobs]
+            blobs = await self.redis.lrange(keys.values(project_id, field), len(known), -1)
+        new = [TrackerValue.model_validate(self.vault.open_private(aad, b)) for b in blobs]
+        return self.cache.extend(key, known, new)
 
     async def series(self, project_id: str, tracker: str) -> tuple[Tracker, list[TrackerValue]]:
         """A tracker (``tracker``: name or slug) and its values in the order logged.
@@ -79,7 +87,7 @@ class Trackers:
         out = []
         for field, blob in stored.items():
             meta = self.vault.open_private(keys.aad_tracker(project_id, field.decode()), blob)
-            out.append(_tracker(meta, await self._values(project_id, meta["slug"])))
+            out.append(_tracker(meta, await self._values(project_id, meta)))
         return sorted(out, key=lambda t: t.slug)
 
     async def log(
@@ -107,7 +115,7 @@ class Trackers:
         meta = await self._meta(project_id, slug)
         if meta is None:
             raise NotFound(f"no tracker {slug!r} in project {project_id!r}")
-        return meta, await self._values(project_id, slug)
+        return meta, await self._values(project_id, meta)
 
     async def append(
         self, project_id: str, tracker: str, unit: str | None, entries: list[TrackerValue]
@@ -173,6 +181,7 @@ class Trackers:
                 pipe.hdel(keys.trackers(project_id), field)
                 pipe.delete(keys.values(project_id, field))
                 gone, _ = await pipe.execute()
+        self.cache.drop(project_id, field)
         if not gone:
             raise NotFound(f"no tracker {slug!r} in project {project_id!r}")
         return slug
