@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loki_shared import subjects
+from loki_shared.errors import Conflict
 from loki_shared.messages import projects as m
 from loki_shared.messages.base import Msg, Reply
 
@@ -31,11 +32,16 @@ class Handlers:
     Args:
         store: the state.
         announce: where change events go.
+        max_reply: the largest reply the bus carries (bytes; NATS ``max_payload``), asked at
+            each export.
     """
 
-    def __init__(self, store: Store, announce: Announce) -> None:
+    def __init__(
+        self, store: Store, announce: Announce, max_reply: Callable[[], int] = lambda: 1 << 20
+    ) -> None:
         self.store = store
         self.announce = announce
+        self.max_reply = max_reply
 
     async def _changed(self, project_id: str, kind: m.ChangeKind, key: str | None = None) -> None:
         ts = time.time()
@@ -167,8 +173,17 @@ class Handlers:
 
     # --- export / import ---------------------------------------------------------------------
     async def export(self, req: m.ExportRequest) -> m.ExportReply:
+        """Raises ``conflict`` when the zip would not fit in one NATS message (the reply
+        would be lost and the caller left waiting)."""
         filename, data = await transfer.export(self.store, req.project_id)
-        return m.ExportReply(filename=filename, zip_b64=base64.b64encode(data).decode("ascii"))
+        reply = m.ExportReply(filename=filename, zip_b64=base64.b64encode(data).decode("ascii"))
+        size, limit = len(reply.zip_b64) + len(filename) + 64, self.max_reply()
+        if size > limit:
+            raise Conflict(
+                f"the export of {req.project_id!r} is {size} bytes, over the bus's limit of "
+                f"{limit} (NATS max_payload): raise max_payload or move pages to another project"
+            )
+        return reply
 
     async def import_(self, req: m.ImportRequest) -> m.ProjectReply:
         project = await transfer.import_(self.store, req.zip_b64, req.name)
