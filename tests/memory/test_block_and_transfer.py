@@ -151,3 +151,9 @@ async def test_an_export_too_big_for_the_bus_is_refused_not_lost(client: Project
     await client.delete_page("big", "p1")
     await client.delete_page("big", "p2")
     assert (await client.export_project("big")).zip_b64
+
+
+async def test_a_request_too_big_for_the_bus_is_an_invalid_request(client: ProjectsClient) -> None:
+    with pytest.raises(errors.InvalidRequest, match="max_payload"):
+        await client.import_project(base64.b64encode(os.urandom(900_000)).decode())
+    assert [p.id for p in (await client.list_projects()).projects] == ["default"]
