@@ -45,18 +45,22 @@ def values(project_id: str, field: str) -> str:
 
 
 def aad_meta(project_id: str) -> str:
+    """Associated data of a project's name record."""
     return f"{META}:{project_id}"
 
 
 def aad_body(project_id: str) -> str:
+    """Associated data of a project's description and instructions."""
     return f"{BODY}:{project_id}"
 
 
 def aad_page(project_id: str, field: str) -> str:
+    """Associated data of a page (``field``: the keyed hash of its file)."""
     return f"{pages(project_id)}:{field}"
 
 
 def aad_tracker(project_id: str, field: str) -> str:
+    """Associated data of a tracker's record (its values: this + ``:value``)."""
     return f"{trackers(project_id)}:{field}"
 
 
