@@ -85,9 +85,7 @@ async def test_real_engine_continue_prefills_only_the_new_tokens(
     )
 
 
-async def test_real_engine_runs_a_subagent_request_with_kind_subagent(
-    chat_runner, real_supervisor
-):
+async def test_real_engine_runs_a_subagent_request_with_kind_subagent(chat_runner, real_supervisor):
     """SmolLM2's template has no tool support, so the sub-agent is driven directly: its
     request runs on the real engine under a ``subagent`` lease and its answer comes back."""
     from loki_chat.subagent import run_subagent
