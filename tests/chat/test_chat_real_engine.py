@@ -83,3 +83,26 @@ async def test_real_engine_continue_prefills_only_the_new_tokens(
     assert state.messages[-1].content.startswith(first) and len(state.messages[-1].content) > len(
         first
     )
+
+
+async def test_real_engine_runs_a_subagent_request_with_kind_subagent(chat_runner, real_supervisor):
+    """SmolLM2's template has no tool support, so the sub-agent is driven directly: its
+    request runs on the real engine under a ``subagent`` lease and its answer comes back."""
+    from loki_chat.subagent import run_subagent
+    from loki_chat.tools.box import CallContext
+
+    svc = await chat_runner.start(tools=False, max_tokens=8, temperature=0.0)
+    events: list[dict] = []
+
+    async def emit(delta=None, **fields):
+        events.append(fields.get("loki") or {})
+
+    call = CallContext("c1", "conv-real", asyncio.Event(), emit)
+    answer = await asyncio.wait_for(
+        run_subagent(svc.shared, {"task": "Reply with one word: pong"}, call), 120
+    )
+    assert answer.strip() and not answer.startswith(("Error", "Stopped"))
+    assert [lease.kind for lease in real_supervisor.leases] == ["subagent"]
+    assert real_supervisor.leases[0].conversation == "conv-real"
+    assert real_supervisor.release_requests[0].job_done
+    assert events[-1]["inner"]["loki"]["event"] == "turn_end"

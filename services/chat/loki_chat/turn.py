@@ -73,7 +73,8 @@ from .errors import StepError, StreamError
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
-from .tools import ToolBox, cut_for_model, parse_arguments
+from .tools import ToolBox, ToolOutcome, cut_for_model, parse_arguments
+from .tools.box import CallContext
 
 log = logging.getLogger("loki.chat.turn")
 
@@ -169,6 +170,7 @@ class TurnRunner:
     withheld_told: bool = False
     nudged: tuple[ChatMessage, Any] | None = None
     max_tokens_sent: int | None = None
+    kind: str = "main"  # the lease and perf kind: ``main``, or ``subagent`` (a side job)
 
     @property
     def conv(self) -> Conversation:
@@ -301,6 +303,7 @@ class TurnRunner:
                     usage.get("prompt_tokens"),
                     usage.get("cached_tokens"),
                     prompt_fingerprint=next(reversed(fingerprints(wire)), None),
+                    job_done=self.kind != "main" and self.last_side_request(),
                 )
         except LeaseStopped:
             self.outcome.stopped = True
@@ -419,10 +422,16 @@ class TurnRunner:
             text = stopped_text
             if not host.stop.is_set():
                 raw = self.pending_raw.get(call.id, call.function.arguments)
-                outcome = await self.wait_or_stop(host.toolbox.execute(call.function.name, raw))
+                name = call.function.name
+                context = CallContext(call.id, self.conv.id, host.stop, host.emit)
+                running = host.toolbox.execute(name, raw, context)
+                if host.toolbox.handles_stop(name):  # it ends itself: its result is kept
+                    outcome: ToolOutcome | None = await running
+                else:
+                    outcome = await self.wait_or_stop(running)
                 if outcome is not None:
                     text = outcome.text
-            if text is stopped_text:
+            if text is stopped_text or host.stop.is_set():
                 self.outcome.stopped = True
             model_text = cut_for_model(text, self.settings.tool_result_max)
             self.conv.messages.append(
@@ -491,6 +500,13 @@ class TurnRunner:
         await self.host.persist()
 
     # -- helpers --------------------------------------------------------------------------
+    def last_side_request(self) -> bool:
+        """A side job's request is its last one (``job_done`` on its release): no tool call
+        came back, or the step budget is spent."""
+        acc = self.result.acc if self.result else None
+        calls = bool(acc and (acc.ordered_calls() or "<tool_call>" in acc.content))
+        return not calls or self.outcome.steps >= self.settings.step_budget
+
     def offered_tools(self) -> list[dict[str, Any]] | None:
         """The tool schemas offered to the next step (None: no ``tools`` key): the host's
         tool box, none in the no-tools fallback, none to a model whose chat template drops
@@ -718,7 +734,7 @@ class TurnRunner:
         result = self.result
         assert result is not None
         record = build_record(
-            kind="main",
+            kind=self.kind,
             messages=wire,
             conversation=self.conv.id,
             model=lease.model,

@@ -10,10 +10,15 @@ Rules:
 - A result longer than ``tool_result_max`` characters (30,000) is cut in the model's view,
   with a note inviting a targeted call; the display log keeps the whole result.
 - A tool's own failure (an exception) is a result the model sees, never a failed turn.
+- A tool that runs inside the turn (``run_call``, the ``subagent`` tool) gets the call's
+  :class:`CallContext` (its id, the conversation, the turn's stop, the turn's event sink) and
+  ends itself on a stop (``handles_stop``): the turn loop waits for its result instead of
+  cancelling it, so the call still gets a result.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,13 +30,33 @@ ToolFn = Callable[[dict[str, Any]], Awaitable[str]]
 
 
 @dataclass
+class CallContext:
+    """The turn a call runs in: ``call_id`` (the tool call's id), ``conversation`` (its id),
+    ``stop`` (the turn's stop event) and ``emit`` (the turn host's display-event sink,
+    :meth:`loki_chat.actor.Actor.emit`)."""
+
+    call_id: str
+    conversation: str
+    stop: asyncio.Event
+    emit: Callable[..., Awaitable[Any]]
+
+
+CallToolFn = Callable[[dict[str, Any], CallContext], Awaitable[str]]
+
+
+@dataclass
 class ToolSpec:
-    """One tool: ``run`` gets the decoded argument object and returns the result text."""
+    """One tool: ``run`` gets the decoded argument object and returns the result text;
+    ``run_call``, when set, is used instead inside a turn and also gets the
+    :class:`CallContext`; ``handles_stop``: the tool ends itself when the turn's stop fires
+    (its result is awaited, not cancelled)."""
 
     name: str
     description: str
     run: ToolFn
     parameters: dict[str, Any] | None = None
+    run_call: CallToolFn | None = None
+    handles_stop: bool = False
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -92,8 +117,24 @@ class ToolBox:
     def schemas(self) -> list[dict[str, Any]]:
         return [spec.schema() for spec in self.specs.values()]
 
-    async def execute(self, name: str, arguments: str) -> ToolOutcome:
-        """Run one call by the rules above. Never raises for a tool's own failure."""
+    def without(self, *names: str) -> ToolBox:
+        """A box of the same tools, in the same order, less ``names``."""
+        return ToolBox([s for n, s in self.specs.items() if n not in names])
+
+    def only(self, names: tuple[str, ...]) -> ToolBox:
+        """A box of those of ``names`` this box holds, in this box's order."""
+        return ToolBox([s for n, s in self.specs.items() if n in names])
+
+    def handles_stop(self, name: str) -> bool:
+        """Whether the tool ``name`` ends itself on a stop (see :class:`ToolSpec`)."""
+        spec = self.specs.get(name)
+        return spec is not None and spec.handles_stop
+
+    async def execute(
+        self, name: str, arguments: str, call: CallContext | None = None
+    ) -> ToolOutcome:
+        """Run one call by the rules above (``call``: the turn it runs in, given to a
+        ``run_call`` tool). Never raises for a tool's own failure."""
         spec = self.specs.get(name)
         args, reason = parse_arguments(arguments)
         if args is None:
@@ -114,7 +155,10 @@ class ToolBox:
                 arguments=arguments,
             )
         try:
-            text = await spec.run(args)
+            if spec.run_call is not None and call is not None:
+                text = await spec.run_call(args, call)
+            else:
+                text = await spec.run(args)
         except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's to see
             text = f"Error: the tool `{name}` failed: {exc}"
         return ToolOutcome(text=text, executed=True, arguments=arguments)
