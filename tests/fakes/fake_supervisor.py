@@ -58,6 +58,7 @@ class FakeSupervisor:
     info_stopped_without_url: bool = False
     template: TemplateProbe | None = None  # the template probe's verdicts, sent with leases
     max_tokens: int | None = None  # the preset's cap on one step, sent with leases
+    verify: bool | None = None  # the preset's VERIFY feature, sent with leases
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -97,6 +98,7 @@ class FakeSupervisor:
             api_key=self.api_key,
             template=self.template,
             max_tokens=self.max_tokens,
+            verify=self.verify,
         )
 
     def renew(self, req: RenewRequest) -> Lease:

@@ -59,6 +59,10 @@ class Settings(LokiSettings):
     - ``LOKI_SUBAGENT_STEP_BUDGET`` — completion steps of one sub-agent run (default 6; the
       ``subagent`` tool, :mod:`loki_chat.subagent`).
     - ``LOKI_SUBAGENT_SYSTEM_PROMPT`` — the sub-agent's own system message (fixed text).
+    - ``LOKI_VERIFY`` — after a turn's final answer, a verifier checks it against the
+      user's request; a failing verdict adds one corrective step (off by default; a
+      preset's feature ``VERIFY`` wins; :mod:`loki_chat.verify`).
+    - ``LOKI_VERIFY_MAX_TOKENS`` — ``max_tokens`` of the verifier's request (512).
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -84,3 +88,5 @@ class Settings(LokiSettings):
     tokenize_timeout_s: float = Field(default=0.3, ge=0)
     subagent_step_budget: int = Field(default=6, ge=1)
     subagent_system_prompt: str = DEFAULT_SUBAGENT_PROMPT
+    verify: bool = False
+    verify_max_tokens: int = Field(default=512, ge=16)

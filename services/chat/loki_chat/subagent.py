@@ -21,6 +21,7 @@ import asyncio
 from typing import Any
 
 from loki_shared.lease import EngineLease
+from loki_shared.messages.base import RequestKind
 from loki_shared.messages.chat import ChatEvent
 from loki_shared.messages.perf import PerfRecord
 
@@ -75,7 +76,9 @@ class SubagentHost:
     async def persist(self) -> None:
         """Nothing: the run lives in memory; its events are in the main log."""
 
-    def lease(self) -> EngineLease:
+    def lease(self, kind: RequestKind = "subagent") -> EngineLease:
+        """A ``subagent`` lease for the main conversation (a sub-agent is never verified:
+        ``kind`` is always its own)."""
         return self.shared.leases.lease(self.call.conversation, kind="subagent", stop=self.stop)
 
     def publish_perf(self, record: PerfRecord) -> None:

@@ -61,7 +61,15 @@ from typing import Any, Protocol
 
 from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import EngineLease, LeaseError, LeaseStopped
-from loki_shared.messages.chat import ChatEvent, ChatMessage, LokiMeta, ToolCall, ToolCallFunction
+from loki_shared.messages.base import RequestKind
+from loki_shared.messages.chat import (
+    REMINDER_KINDS,
+    ChatEvent,
+    ChatMessage,
+    LokiMeta,
+    ToolCall,
+    ToolCallFunction,
+)
 from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import build_record
@@ -75,12 +83,9 @@ from .settings import Settings
 from .stream import extract_text_tool_calls
 from .tools import ToolBox, ToolOutcome, cut_for_model, parse_arguments
 from .tools.box import CallContext
+from .verify import corrective_reminder, last_request, run_verify, verify_enabled
 
 log = logging.getLogger("loki.chat.turn")
-
-#: Loki's injected user messages (``loki.injected`` values) that the end-of-turn cleaning
-#: removes when they were left unanswered.
-REMINDER_KINDS = ("budget", "act")
 
 BUDGET_REMINDER = (
     "[Loki] This is the last step of this turn: answer the user now with "
@@ -110,7 +115,7 @@ class TurnHost(Protocol):
 
     async def emit(self, delta: dict[str, Any] | None = None, **fields: Any) -> ChatEvent: ...
     async def persist(self) -> None: ...
-    def lease(self) -> EngineLease: ...
+    def lease(self, kind: RequestKind = "main") -> EngineLease: ...
     def publish_perf(self, record: PerfRecord) -> None: ...
     async def total_slots(self) -> int | None: ...
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
@@ -171,6 +176,10 @@ class TurnRunner:
     nudged: tuple[ChatMessage, Any] | None = None
     max_tokens_sent: int | None = None
     kind: str = "main"  # the lease and perf kind: ``main``, or ``subagent`` (a side job)
+    preset_verify: bool | None = None  # the last lease's ``verify`` (the preset's VERIFY)
+    verified: bool = False  # the verifier ran in this turn (at most once)
+    budget_extra: int = 0  # steps granted beyond the budget (the corrective step)
+    continued: bool = False  # this turn is a Continue (never verified)
 
     @property
     def conv(self) -> Conversation:
@@ -179,6 +188,12 @@ class TurnRunner:
     @property
     def settings(self) -> Settings:
         return self.host.settings
+
+    @property
+    def step_budget(self) -> int:
+        """Completion steps this turn may take: the budget, plus the verifier's corrective
+        step when the budget was spent."""
+        return self.settings.step_budget + self.budget_extra
 
     async def run(self) -> TurnOutcome:
         """Run the states until the turn ends. Never raises for engine or tool trouble."""
@@ -199,6 +214,7 @@ class TurnRunner:
     async def begin(self) -> State:
         conv = self.conv
         if self.resume:
+            self.continued = True
             await self.host.emit({}, loki={"event": "continue"})
         if self.user_text is not None:
             if conv.pending and conv.pending[0] == self.user_text:
@@ -221,12 +237,12 @@ class TurnRunner:
         return then
 
     async def build(self) -> State:
-        if self.outcome.steps >= self.settings.step_budget:
+        if self.outcome.steps >= self.step_budget:
             self.outcome.finish_reason = "step_budget"
             return self.finish
         self.outcome.steps += 1
-        last_step = self.outcome.steps == self.settings.step_budget
-        if last_step and self.settings.step_budget > 1 and not self.budget_reminded:
+        last_step = self.outcome.steps == self.step_budget
+        if last_step and self.step_budget > 1 and not self.budget_reminded:
             self.budget_reminded = True
             await self.remind("budget", BUDGET_REMINDER)
         return self.complete
@@ -243,6 +259,7 @@ class TurnRunner:
                 self.model = lease.model
                 self.external = lease.external
                 self.template = lease.template
+                self.preset_verify = lease.verify
                 echo_model = lease.model if self.echo_reasoning() and self.plan.echo else None
                 wire = wire_messages(
                     self.settings.system_prompt,
@@ -377,15 +394,12 @@ class TurnRunner:
                 self.accept_message(ChatMessage(role="assistant", content=content))
             self.outcome.finish_reason = acc.finish_reason or "stop"
             await self.host.persist()
-            return self.finish
+            return self.verify if self.should_verify() else self.finish
         if resume:  # nothing more to say: the reply was whole
             self.outcome.finish_reason = acc.finish_reason or "stop"
             return self.finish
         # reasoning only, or nothing at all
-        if (
-            self.act_reminders < MAX_ACT_REMINDERS
-            and self.outcome.steps < self.settings.step_budget
-        ):
+        if self.act_reminders < MAX_ACT_REMINDERS and self.outcome.steps < self.step_budget:
             self.act_reminders += 1
             await self.remind("act", ACT_REMINDER)
             return self.build
@@ -454,6 +468,47 @@ class TurnRunner:
             return self.finish
         return await self.check("mid", then=self.build)
 
+    async def verify(self) -> State:
+        """The verifier (:mod:`loki_chat.verify`): check the final answer; a failing verdict
+        adds one corrective step (a ``verify`` reminder, then one more completion)."""
+        host = self.host
+        self.verified = True
+        answer = self.conv.messages[-1]
+        request = last_request(self.conv.messages[:-1])
+        if request is None or not isinstance(answer.content, str):
+            return self.finish
+        outcome = await run_verify(
+            settings=self.settings,
+            engine=host.engine,
+            lease=lambda: host.lease("verify"),
+            conversation=self.conv.id,
+            request=request,
+            answer=answer.content,
+            stop=host.stop,
+            publish_perf=host.publish_perf,
+        )
+        verdict = outcome.verdict
+        if outcome.stopped or verdict is None:
+            self.outcome.stopped = True
+            return self.finish
+        meta: dict[str, Any] = {
+            "event": "verify",
+            "verdict": "pass" if verdict.ok else "fail",
+            "reason": verdict.reason,
+        }
+        if verdict.malformed:
+            meta["malformed"] = True
+        await host.emit({}, loki=meta)
+        if verdict.ok:
+            return self.finish
+        if self.outcome.steps >= self.step_budget:
+            self.budget_extra += 1  # the corrective step is one more than the budget
+        if self.outcome.steps + 1 >= self.step_budget:
+            self.budget_reminded = True  # the verify reminder already asks for the answer
+        self.outcome.finish_reason = None
+        await self.remind("verify", corrective_reminder(verdict))
+        return self.build
+
     async def finish(self) -> None:
         conv = self.conv
         if self.nudged is not None and conv.messages and conv.messages[-1] is self.nudged[0]:
@@ -500,6 +555,18 @@ class TurnRunner:
         await self.host.persist()
 
     # -- helpers --------------------------------------------------------------------------
+    def should_verify(self) -> bool:
+        """The verifier checks this answer: a main turn's final text answer ended by
+        ``stop`` (not a Continue), not yet verified, the verifier on (the preset's VERIFY,
+        else ``LOKI_VERIFY``)."""
+        return (
+            self.kind == "main"
+            and not self.verified
+            and not self.continued
+            and self.outcome.finish_reason == "stop"
+            and verify_enabled(self.settings, self.preset_verify)
+        )
+
     def last_side_request(self) -> bool:
         """A side job's request is its last one (``job_done`` on its release): no tool call
         came back, or the step budget is spent."""

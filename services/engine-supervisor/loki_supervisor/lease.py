@@ -41,6 +41,7 @@ class Target:
     n_ctx: int = 0  # the conversation window granted (0: view.ctx)
     template: TemplateProbe | None = None  # the chat template probe's verdicts
     max_tokens: int | None = None  # the preset's cap on one completion step (tokens)
+    verify: bool | None = None  # the preset's VERIFY feature (None: not said)
 
 
 @dataclass
@@ -238,6 +239,7 @@ class LeaseManager:
                 preset_id=target.preset_id,
                 template=target.template,
                 max_tokens=target.max_tokens,
+                verify=target.verify,
             )
             self.held[lease.lease_id] = Held(
                 lease=lease,
