@@ -2,8 +2,9 @@
 
 States (each a method returning the next one)::
 
-    begin -> check(start) -> build -> complete -> assess --text--------> finish
-                               ^                     |--tool calls--> tools -> check(mid) -+
+    begin -> check(start) -> build -> complete -> assess --text--> [verify] --pass--> finish
+                               ^                     |                 |--fail: build (once)
+                               |                     |--tool calls--> tools -> check(mid) -+
                                |                     |--reasoning only (<= 2 reminders)----+
                                |                     |--500: replay tool_choice none, then no tools
                                |                     |--overflow: echo off, then compaction, replay
@@ -39,6 +40,9 @@ Rules implemented here (tests named in docs/behaviour.md (chat)):
   :class:`~loki_chat.context.ContextPolicy` (at most two compactions per step) and replay.
   "Context size has been exceeded." without a token count while two slots serve is replayed
   as is (once), never compacted.
+- The verifier (``LOKI_VERIFY`` or the preset's ``VERIFY``; :mod:`loki_chat.verify`) checks
+  a main turn's final text answer once; a failing verdict adds one corrective step (a
+  ``verify`` reminder, persisted as sent, then one more completion), never two.
 - A stop or a broken stream keeps the partial text, marked ``loki.stopped`` /
   ``loki.error``; nothing half-assembled (tool calls) is kept.
 - The conversation is persisted after every accepted step (the blob is written whole).
