@@ -11,12 +11,16 @@ model on CPU) under three launch configurations:
 - ``SIDE_SLOT on``: two slots of CTX each (``-np 2 --no-kv-unified -c 2×CTX``); side jobs are
   routed to slot 1 by the lease, the conversation keeps slot 0.
 
-Each turn leases ``main``, sends the whole conversation with the lease's ``id_slot``, reads
-``timings.cache_n``/``prompt_n``, releases; between turns a ``verify`` side job (a different,
-long prompt) runs through its own lease and is released with ``job_done`` (CACHE_ISOLATE
-erases slot 0 after it when there is one slot). The figure: for turns that follow a side
-job, the share of the conversation's previous tokens served from cache
-(``cache_n / (cache_n + prompt_n)``), and the prompt tokens recomputed.
+Each turn leases ``main``, streams the whole conversation with the lease's ``id_slot``, reads
+``timings.cache_n``/``prompt_n`` and the time to its first token, releases; between turns a
+real side job of the chat service runs, alternately (issue 19): the verifier
+(:func:`loki_chat.verify.run_verify` on the turn's request and answer) and a sub-agent
+(:func:`loki_chat.subagent.run_subagent` with a task and a long context), each through its
+own leases (kinds ``verify`` / ``subagent``), the last released with ``job_done``
+(CACHE_ISOLATE erases slot 0 after it when there is one slot). The figures: for turns that
+follow a side job, the share of the conversation's previous tokens served from cache
+(``cache_n / (cache_n + prompt_n)``), the prompt tokens recomputed, and the main turn's time
+to first token.
 
 Usage: ``python -m bench --only side_slot [--quick]`` or ``python bench/side_slot_bench.py
 [--quick]`` (writes ``bench/results/side_slot.json``).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -83,9 +88,89 @@ def user_message(i: int) -> str:
     return f"Turn {i}. Tell me one short thing about {topic}. Context: {facts}"
 
 
-def side_prompt(i: int) -> str:
+def side_context(i: int) -> str:
     items = ", ".join(f"item {k} weighs {(k * 37 + i) % 101} grams" for k in range(40))
-    return f"Check job {i}: is this inventory consistent? {items}. Answer yes or no."
+    return f"The inventory of job {i}: {items}."
+
+
+class _Leases:
+    """The chat service's lease seam (:class:`loki_chat.leases.EngineLeases`) on a bare NATS
+    connection, recording every side lease's release reply."""
+
+    def __init__(self, nc: Any) -> None:
+        self.nc = nc
+        self.held: list[Any] = []
+
+    def lease(self, cid: str, kind: str = "main", stop: asyncio.Event | None = None) -> Any:
+        held = engine_lease(
+            self.nc, LeaseRequest(kind=kind, conversation=cid, wait_s=120), timeout=130, stop=stop
+        )
+        self.held.append(held)
+        return held
+
+
+class _Bus:
+    def publish_perf(self, record: Any) -> None:
+        """Perf records are not collected here (the bench reads the engine's timings)."""
+
+
+async def side_job(nc, http: httpx.AsyncClient, i: int, request: str, answer: str) -> dict:
+    """One real side job of the chat service after turn ``i``: the verifier on even turns, a
+    sub-agent on odd ones. Returns its kind, slot and whether slot 0 was erased after it."""
+    from types import SimpleNamespace
+
+    from loki_chat.engine import EngineClient
+    from loki_chat.settings import Settings
+    from loki_chat.subagent import run_subagent
+    from loki_chat.tools import ToolBox
+    from loki_chat.tools.box import CallContext
+    from loki_chat.verify import run_verify
+
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        temperature=0.0,
+        max_tokens=8,
+        verify_max_tokens=16,
+        subagent_step_budget=1,
+    )
+    engine = EngineClient(http, [0.8, 1.6, 3.2])
+    leases = _Leases(nc)
+    stop = asyncio.Event()
+    if i % 2 == 0:
+        kind = "verify"
+        outcome = await run_verify(
+            settings=settings,
+            engine=engine,
+            lease=lambda: leases.lease("bench", "verify", stop),
+            conversation="bench",
+            request=request + " " + side_context(i),
+            answer=answer,
+            stop=stop,
+            publish_perf=_Bus().publish_perf,
+        )
+        if outcome.verdict is None:
+            raise _common.BenchError("the verifier was stopped")
+    else:
+        kind = "subagent"
+        shared = SimpleNamespace(
+            settings=settings, toolbox=ToolBox(), engine=engine, leases=leases, bus=_Bus()
+        )
+        shared.tokens = None
+
+        async def emit(*_a: Any, **_k: Any) -> None:
+            return None
+
+        call = CallContext(f"c{i}", "bench", stop, emit)
+        text = await run_subagent(
+            shared, {"task": "Is this inventory consistent?", "context": side_context(i)}, call
+        )
+        if text.startswith(("Error", "Stopped")):
+            raise _common.BenchError(f"sub-agent: {text}")
+    last = leases.held[-1]
+    rel = last.release_reply
+    if not (last.released and rel is not None):
+        raise _common.BenchError(f"the {kind} job's last lease was not released")
+    return {"kind": kind, "slot": last.lease.id_slot, "erased": bool(rel.slot_erased)}
 
 
 async def request(nc, subject: str, msg, reply_type, timeout: float = 30.0):
@@ -109,20 +194,41 @@ async def wait_ready(nc, proc: subprocess.Popen, timeout: float = 300.0) -> Engi
 
 
 async def completion(client: httpx.AsyncClient, lease: Lease, messages: list[dict]) -> dict:
+    """One streamed main request: its text, ``usage``, ``timings``, ``_wall_s`` and
+    ``_ttft_s`` (to the first delta of any type)."""
     body: dict[str, Any] = {
         "messages": messages,
         "max_tokens": 8,
         "temperature": 0,
         "cache_prompt": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
     if lease.id_slot is not None:
         body["id_slot"] = lease.id_slot
     headers = {"Authorization": f"Bearer {lease.api_key}"} if lease.api_key else {}
     t0 = time.perf_counter()
-    r = await client.post(f"{lease.base_url}/v1/chat/completions", json=body, headers=headers)
-    r.raise_for_status()
-    data = r.json()
+    ttft = None
+    text = ""
+    data: dict[str, Any] = {}
+    url = f"{lease.base_url}/v1/chat/completions"
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if ttft is None and any(delta.get(k) for k in ("content", "reasoning_content")):
+                    ttft = time.perf_counter() - t0
+                text += delta.get("content") or ""
+            for key in ("usage", "timings"):
+                if chunk.get(key):
+                    data[key] = chunk[key]
     data["_wall_s"] = time.perf_counter() - t0
+    data["_ttft_s"] = ttft if ttft is not None else data["_wall_s"]
+    data["text"] = text
     return data
 
 
@@ -153,28 +259,21 @@ async def conversation(nc, turns: int) -> dict[str, Any]:
                     "cache_n": t.get("cache_n"),
                     "prompt_n": t.get("prompt_n"),
                     "wall_s": data["_wall_s"],
+                    "ttft_s": data["_ttft_s"],
                     "after_side_job": i > 0,
                 }
             )
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": data["choices"][0]["message"].get("content") or "ok",
-                }
-            )
+            answer = data["text"] or "ok"
+            messages.append({"role": "assistant", "content": answer})
             if i == turns - 1:
                 break
-            verify = LeaseRequest(kind="verify", conversation="bench", wait_s=120)
             try:
-                async with engine_lease(nc, verify) as side_held:
-                    side = side_held.lease
-                    await completion(client, side, [{"role": "user", "content": side_prompt(i)}])
-                    side_held.report(job_done=True)
+                side = await side_job(nc, client, i, user_message(i), answer)
             except LeaseError as exc:
                 raise _common.BenchError(f"side lease: {exc}") from exc
-            rel = side_held.release_reply
-            rows[-1]["side_slot"] = side.id_slot
-            rows[-1]["slot_erased_after"] = bool(rel and rel.slot_erased)
+            rows[-1]["side_job"] = side["kind"]
+            rows[-1]["side_slot"] = side["slot"]
+            rows[-1]["slot_erased_after"] = side["erased"]
     return {"turns": rows}
 
 
@@ -258,6 +357,8 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "cache_n_sum": sum(r["cache_n"] for r in after),
         "prompt_n_sum": sum(r["prompt_n"] for r in after),
         "main_wall_s_median": statistics.median(r["wall_s"] for r in after) if after else None,
+        "main_ttft_s_median": statistics.median(r["ttft_s"] for r in after) if after else None,
+        "side_jobs": sorted({r["side_job"] for r in rows if r.get("side_job")}),
     }
 
 
@@ -283,6 +384,7 @@ def run(quick: bool) -> dict[str, Any]:
                 s["cache_n_sum"],
                 s["prompt_n_sum"],
                 None if s["main_wall_s_median"] is None else round(s["main_wall_s_median"], 3),
+                None if s["main_ttft_s_median"] is None else round(s["main_ttft_s_median"], 3),
             ]
         )
     off = results["one slot, CACHE_RAM 0"]["summary"]
@@ -325,10 +427,13 @@ def run(quick: bool) -> dict[str, Any]:
             "cache_n (sum)",
             "prompt_n recomputed (sum)",
             "main request s (median)",
+            "main TTFT s (median)",
         ],
         rows,
-        notes=f"CTX {CTX}; bundled SmolLM2-135M on CPU; side job = a verify request with a "
-        "different ~700-token prompt, released with job_done (CACHE_ISOLATE on).",
+        notes=f"CTX {CTX}; bundled SmolLM2-135M on CPU; side jobs = the chat service's own "
+        "verifier and sub-agent requests, alternately (loki_chat.verify.run_verify, "
+        "loki_chat.subagent.run_subagent; a ~700-token inventory in each), the last lease "
+        "of each released with job_done (CACHE_ISOLATE on).",
     )
     return _common.result(
         "SIDE_SLOT: the conversation keeps its slot beside side jobs",

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import redis.asyncio as aioredis
 from conftest import SECRET
 from fakes.fake_engine import Stream, chunk, text_reply, tool_reply
@@ -17,7 +18,13 @@ from fakes.fake_engine import Stream, chunk, text_reply, tool_reply
 from loki_chat.conversation import Conversation
 from loki_chat.errors import FencedWrite
 from loki_chat.store import Store, conv_key
-from loki_shared.messages.chat import SendRequest, StateRequest
+from loki_shared.messages.chat import (
+    REMINDER_KINDS,
+    ChatMessage,
+    LokiMeta,
+    SendRequest,
+    StateRequest,
+)
 from loki_shared.sealing import service_sealer
 
 
@@ -195,3 +202,36 @@ async def test_sigterm_mid_turn_keeps_partial_and_frees_the_lock(
     assert last.role == "assistant" and last.loki.stopped and last.content.startswith("s0 ")
     # the dying process's last event may reach this subscriber a moment after its exit
     assert (await client.tap.wait_turn_ends(cid))[-1].finish_reason == "stopped"
+
+
+@pytest.mark.parametrize("kind", REMINDER_KINDS)
+async def test_takeover_removes_a_reminder_a_dead_owner_left_unanswered(
+    chat_runner, supervisor, client, fake_engine, kind
+):
+    """A turn left open by a dead owner, ending with an injected reminder of any canonical
+    kind: the instance that takes the conversation over closes the turn and removes the
+    reminder before the next request (a summary, an injected message of another kind,
+    stays)."""
+    svc = await chat_runner.start()
+    store = svc.shared.store
+    conv = Conversation(id="dead-owner")
+    conv.messages = [
+        ChatMessage(role="user", content="Earlier", loki=LokiMeta(injected="summary")),
+        ChatMessage(role="assistant", content="ok"),
+        ChatMessage(role="user", content="Question"),
+        ChatMessage(role="assistant", content="An answer"),
+        ChatMessage(role="user", content=f"[Loki] {kind}", loki=LokiMeta(injected=kind)),
+    ]
+    conv.turn_open = True
+    value = await store.try_acquire(conv.id)
+    await store.save(conv, value)
+    await store.release(conv.id, value)
+    fake_engine.push(text_reply("next answer"))
+    assert (await client.send("next", conv.id)).error is None
+    interrupted, end = await client.tap.wait_turn_ends(conv.id, 2)
+    assert interrupted.loki.get("interrupted") and interrupted.finish_reason == "error"
+    assert end.finish_reason == "stop"
+    sent = [m["content"] for m in fake_engine.requests[0].json["messages"][1:]]
+    assert sent == ["Earlier", "ok", "Question", "An answer", "next"]
+    stored = (await client.state(conv.id)).messages
+    assert [m.content for m in stored[1:]] == [*sent, "next answer"]

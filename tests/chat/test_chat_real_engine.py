@@ -83,3 +83,62 @@ async def test_real_engine_continue_prefills_only_the_new_tokens(
     assert state.messages[-1].content.startswith(first) and len(state.messages[-1].content) > len(
         first
     )
+
+
+async def test_real_engine_runs_a_subagent_request_with_kind_subagent(chat_runner, real_supervisor):
+    """SmolLM2's template has no tool support, so the sub-agent is driven directly: its
+    request runs on the real engine under a ``subagent`` lease and its answer comes back."""
+    from loki_chat.subagent import run_subagent
+    from loki_chat.tools.box import CallContext
+
+    svc = await chat_runner.start(tools=False, max_tokens=8, temperature=0.0)
+    events: list[dict] = []
+
+    async def emit(delta=None, **fields):
+        events.append(fields.get("loki") or {})
+
+    call = CallContext("c1", "conv-real", asyncio.Event(), emit)
+    answer = await asyncio.wait_for(
+        run_subagent(svc.shared, {"task": "Reply with one word: pong"}, call), 120
+    )
+    assert answer.strip() and not answer.startswith(("Error", "Stopped"))
+    assert [lease.kind for lease in real_supervisor.leases] == ["subagent"]
+    assert real_supervisor.leases[0].conversation == "conv-real"
+    assert real_supervisor.release_requests[0].job_done
+    assert events[-1]["inner"]["loki"]["event"] == "turn_end"
+
+
+async def test_real_engine_verifies_an_answer_under_a_verify_lease(
+    chat_runner, real_supervisor, client
+):
+    """The verifier's request runs on the real engine under a ``verify`` lease for the
+    conversation, released with ``job_done``, and the engine's answer becomes a verdict
+    (SmolLM2 rarely writes the JSON: prose is a malformed verdict, a pass). Driven directly:
+    SmolLM2's replies seldom end before a small cap, and a cut answer is never verified
+    (the turn path is on the fake engine, ``test_chat_verify.py``)."""
+    from loki_chat.verify import run_verify
+
+    svc = await chat_runner.start(tools=False, temperature=0.0, verify_max_tokens=48)
+    shared = svc.shared
+    records: list = []
+    outcome = await asyncio.wait_for(
+        run_verify(
+            settings=shared.settings,
+            engine=shared.engine,
+            lease=lambda: shared.leases.lease("conv-real", kind="verify"),
+            conversation="conv-real",
+            request="What is 2+2?",
+            answer="2+2 is 4.",
+            stop=asyncio.Event(),
+            publish_perf=records.append,
+        ),
+        120,
+    )
+    verdict = outcome.verdict
+    assert verdict is not None and not outcome.stopped
+    assert not verdict.reason.startswith(("verifier failed", "no lease")), verdict
+    assert [lease.kind for lease in real_supervisor.leases] == ["verify"]
+    assert real_supervisor.leases[0].conversation == "conv-real"
+    assert real_supervisor.release_requests[0].job_done
+    assert [r.kind for r in records] == ["verify"] and records[0].conversation == "conv-real"
+    assert real_supervisor.held() == 0

@@ -15,6 +15,7 @@ from fakes.media import png
 from loki_chat.image_shelf import ImageShelf, shelf_key
 from loki_chat.images import marker
 from loki_chat.tools import MAIN_ARGUMENT, default_toolbox, label, main_argument, see_image_tool
+from loki_chat.tools.box import CallContext
 from loki_shared import subjects
 from loki_shared.messages.chat import ImageAttachment, SendReply, SendRequest
 from loki_shared.sealing import Sealer
@@ -47,10 +48,14 @@ async def test_every_default_tool_has_its_main_argument_in_the_table(redis_db, t
         assert label("ping", {"x": 1}) == "ping"  # a tool outside the table: its name only
         assert main_argument("see_image", {"path": ["x"]}) == ""
         await shelf.put("c1", [IMAGE])
-        found = await box.execute("see_image", json.dumps({"path": "red.png"}), "c1")
+        found = await box.execute(
+            "see_image", json.dumps({"path": "red.png"}), CallContext("k1", "c1")
+        )
         assert found.images == [IMAGE] and "red.png" in found.text
-        assert (await box.execute("see_image", '{"path": "/home/u/red.png"}', "c1")).images
-        missing = await box.execute("see_image", "{}", "c1")
+        assert (
+            await box.execute("see_image", '{"path": "/home/u/red.png"}', CallContext("k2", "c1"))
+        ).images
+        missing = await box.execute("see_image", "{}", CallContext("k3", "c1"))
         assert missing.images == [] and "needs `path`" in missing.text and "red.png" in missing.text
         # sealed at rest: the data URL is not readable in Redis
         raw = await r.hgetall(shelf_key("c1"))

@@ -168,3 +168,20 @@ async def test_every_lease_says_whether_the_endpoint_sees_images():
     lease = await lm.acquire(req())
     assert lease.vision is False
     lm.release(lease.lease_id)
+
+
+@pytest.mark.parametrize("value,want", [(None, None), ("", None), ("on", True), ("off", False)])
+async def test_lease_carries_the_preset_verify_feature(value, want):
+    """Issue 19: a preset's feature ``VERIFY`` (on/off) rides on every lease; absent or
+    empty: None (the chat's ``LOKI_VERIFY`` decides)."""
+    from loki_shared.messages.engine import Preset
+    from loki_supervisor.plan import tristate
+
+    features = {} if value is None else {"VERIFY": value}
+    verify = tristate(Preset(id="p", features=features).features.get("VERIFY"))
+    assert verify is want
+    target = Target(base_url="http://127.0.0.1:1", model="m", api_key="k", view=ONE, verify=verify)
+    lm = LeaseManager(lambda: target, ttl=30.0)
+    lease = await lm.acquire(req(kind="verify"))
+    assert lease.verify is want and lease.kind == "verify"
+    lm.release(lease.lease_id)

@@ -59,6 +59,7 @@ class FakeSupervisor:
     template: TemplateProbe | None = None  # the template probe's verdicts, sent with leases
     max_tokens: int | None = None  # the preset's cap on one step, sent with leases
     vision: bool = False  # what ``info`` says of the engine's vision
+    verify: bool | None = None  # the preset's VERIFY feature, sent with leases
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -100,6 +101,7 @@ class FakeSupervisor:
             template=self.template,
             vision=self.vision,
             max_tokens=self.max_tokens,
+            verify=self.verify,
         )
 
     def renew(self, req: RenewRequest) -> Lease:

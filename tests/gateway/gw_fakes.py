@@ -111,6 +111,9 @@ class FakePeers:
         self.convs: dict[str, Conv] = {}
         self.reply_pieces: list[str] = ["Hello", ", ", "wörld", " 🌍", "!"]
         self.reasoning_pieces: list[str] = []
+        # display events ``(delta, extra fields)`` a turn plays after its turn start, before
+        # the reply pieces (a tool call, a sub-agent's nested events, a verdict...)
+        self.turn_events: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self.delay_s = 0.01
         self.skip_publish: set[int] = set()  # seqs appended to the log but not published
         # what ``compact`` answers, and how long it takes (a summary completion)
@@ -212,6 +215,9 @@ class FakePeers:
         else:
             await self.emit(cid, {"role": "user", "content": content})
         await self.emit(cid, {"role": "assistant"}, loki={"event": "turn_start"})
+        for delta, extra in self.turn_events:
+            await asyncio.sleep(self.delay_s)
+            await self.emit(cid, delta, **extra)
         text = ""
         for piece in self.reasoning_pieces:
             await asyncio.sleep(self.delay_s)

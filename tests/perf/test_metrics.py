@@ -120,6 +120,20 @@ def test_dashboard_covers_the_required_views():
         assert panel["datasource"]["uid"] == "${datasource}"
 
 
+def test_dashboard_shows_the_side_jobs_with_zero_when_they_never_ran():
+    """Issue 19: the side jobs (``subagent``, ``verify``, ``task``) each have their series in
+    the dashboard, and every query selecting one kind (or cause) by name falls back to 0
+    (``or vector(0)``): a kind that never ran shows 0, not "no data" (the live Prometheus
+    test asks every query for data)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    named = [e for e in exprs if re.search(r'(kind|cause)="', e)]
+    for kind in ("subagent", "verify", "task"):
+        assert any(f'kind="{kind}"' in e for e in named), kind
+        assert any(f'cause="{kind}"' in e for e in named), kind
+    assert named and all(e.rstrip().endswith("or vector(0)") for e in named), named
+
+
 def test_names_cannot_collide_with_grafana_loki_and_labels_are_fixed():
     ring, totals = Ring(), Totals()
     feed(ring, totals)

@@ -20,7 +20,8 @@ from typing import Any
 
 from loki_shared import subjects
 from loki_shared.lease import EngineLease
-from loki_shared.messages.chat import ChatEvent, ImageAttachment
+from loki_shared.messages.base import RequestKind
+from loki_shared.messages.chat import REMINDER_KINDS, ChatEvent, ImageAttachment
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
 from loki_shared.messages.perf import PerfRecord
 
@@ -135,11 +136,12 @@ class Actor:
                 self.lost = True
                 self.stop.set()
 
-    def lease(self) -> EngineLease:
-        """A ``main`` lease for this conversation's next step, to hold with ``async with``
-        (see :class:`~loki_chat.leases.EngineLeases`); waiting for it ends when the turn is
+    def lease(self, kind: RequestKind = "main") -> EngineLease:
+        """A lease of ``kind`` (``main``: the turn's next step; ``verify``: the verifier)
+        for this conversation, to hold with ``async with`` (see
+        :class:`~loki_chat.leases.EngineLeases`); waiting for it ends when the turn is
         stopped."""
-        return self.shared.leases.lease(self.conv.id, stop=self.stop)
+        return self.shared.leases.lease(self.conv.id, kind=kind, stop=self.stop)
 
     def publish_perf(self, record: PerfRecord) -> None:
         self.shared.bus.publish_perf(record)
@@ -177,7 +179,7 @@ class Actor:
             while (
                 self.conv.messages
                 and self.conv.messages[-1].loki
-                and self.conv.messages[-1].loki.injected in ("budget", "act")
+                and self.conv.messages[-1].loki.injected in REMINDER_KINDS
             ):
                 self.conv.messages.pop()
             await self.emit(

@@ -34,8 +34,11 @@ from .leases import EngineLeases
 from .ownership import Ownership
 from .settings import Settings
 from .store import Store
+from .subagent import run_subagent
 from .tokens import Engine, TokenCounts
-from .tools import ToolBox, default_toolbox
+from .tools import ToolBox, ToolSpec, default_toolbox
+from .tools.box import CallContext
+from .tools.subagent import subagent_tool
 
 
 class ChatService:
@@ -87,6 +90,8 @@ class ChatService:
                 else None
             ),
         )
+        if toolbox is None:  # recall, recall_search, then subagent (the order never changes)
+            self.shared.toolbox.add(self.subagent_tool())
         self.ownership = Ownership(self.shared)
         self.handlers = ChatHandlers(self.shared, self.ownership)
         self.send = self.handlers.send
@@ -102,6 +107,15 @@ class ChatService:
         if info.external or info.state != "ready" or not info.base_url:
             return None
         return Engine(info.base_url, info.api_key, info.model)
+
+    def subagent_tool(self) -> ToolSpec:
+        """The ``subagent`` tool bound to this instance (:mod:`loki_chat.subagent`)."""
+        shared = self.shared
+
+        async def run(args: dict[str, Any], call: CallContext) -> str:
+            return await run_subagent(shared, args, call)
+
+        return subagent_tool(run)
 
     @property
     def toolbox(self) -> ToolBox:

@@ -14,6 +14,13 @@ DEFAULT_SYSTEM_PROMPT = (
     "(recall:r<seq>) and `recall_search` finds archived blocks by keywords."
 )
 
+DEFAULT_SUBAGENT_PROMPT = (
+    "You are a sub-agent of Loki, a helpful assistant. You get one task, and the context the "
+    "assistant chose to give you; you do not see its conversation. Work on the task, using "
+    "the tools when they help, then answer with a complete, self-contained result: the "
+    "assistant reads only your final answer."
+)
+
 
 class Settings(LokiSettings):
     """Chat service settings. Beyond :class:`LokiSettings`:
@@ -49,6 +56,13 @@ class Settings(LokiSettings):
       ``stable_prefix`` (off by default; see docs/behaviour.md (chat)).
     - ``LOKI_TOKENIZE_TIMEOUT_S`` — bound of one batch of exact token counts by the local
       engine (``/tokenize``; 0.3 s); past it the estimate is used (logged). 0: estimates only.
+    - ``LOKI_SUBAGENT_STEP_BUDGET`` — completion steps of one sub-agent run (default 6; the
+      ``subagent`` tool, :mod:`loki_chat.subagent`).
+    - ``LOKI_SUBAGENT_SYSTEM_PROMPT`` — the sub-agent's own system message (fixed text).
+    - ``LOKI_VERIFY`` — after a turn's final answer, a verifier checks it against the
+      user's request; a failing verdict adds one corrective step (off by default; a
+      preset's feature ``VERIFY`` wins; :mod:`loki_chat.verify`).
+    - ``LOKI_VERIFY_MAX_TOKENS`` — ``max_tokens`` of the verifier's request (512).
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -72,3 +86,7 @@ class Settings(LokiSettings):
     compact_threshold: float = Field(default=0.75, gt=0.1, le=0.95)
     nudge_in_tool: bool = False
     tokenize_timeout_s: float = Field(default=0.3, ge=0)
+    subagent_step_budget: int = Field(default=6, ge=1)
+    subagent_system_prompt: str = DEFAULT_SUBAGENT_PROMPT
+    verify: bool = False
+    verify_max_tokens: int = Field(default=512, ge=16)

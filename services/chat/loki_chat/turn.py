@@ -2,8 +2,9 @@
 
 States (each a method returning the next one)::
 
-    begin -> check(start) -> build -> complete -> assess --text--------> finish
-                               ^                     |--tool calls--> tools -> check(mid) -+
+    begin -> check(start) -> build -> complete -> assess --text--> [verify] --pass--> finish
+                               ^                     |                 |--fail: build (once)
+                               |                     |--tool calls--> tools -> check(mid) -+
                                |                     |--reasoning only (<= 2 reminders)----+
                                |                     |--500: replay tool_choice none, then no tools
                                |                     |--overflow: echo off, then compaction, replay
@@ -39,6 +40,9 @@ Rules implemented here (tests named in docs/behaviour.md (chat)):
   :class:`~loki_chat.context.ContextPolicy` (at most two compactions per step) and replay.
   "Context size has been exceeded." without a token count while two slots serve is replayed
   as is (once), never compacted.
+- The verifier (``LOKI_VERIFY`` or the preset's ``VERIFY``; :mod:`loki_chat.verify`) checks
+  a main turn's final text answer once; a failing verdict adds one corrective step (a
+  ``verify`` reminder, persisted as sent, then one more completion), never two.
 - A stop or a broken stream keeps the partial text, marked ``loki.stopped`` /
   ``loki.error``; nothing half-assembled (tool calls) is kept.
 - The conversation is persisted after every accepted step (the blob is written whole).
@@ -61,7 +65,9 @@ from typing import Any, Protocol
 
 from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import EngineLease, LeaseError, LeaseStopped
+from loki_shared.messages.base import RequestKind
 from loki_shared.messages.chat import (
+    REMINDER_KINDS,
     ChatEvent,
     ChatMessage,
     ImageAttachment,
@@ -81,14 +87,12 @@ from .images import PendingItem, forget_images, unpack, user_content
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
-from .tools import ToolBox, cut_for_model, label, parse_arguments
+from .tools import ToolBox, ToolOutcome, cut_for_model, label, parse_arguments
+from .tools.box import CallContext
 from .tools.vision import NAME as SEE_IMAGE
+from .verify import corrective_reminder, last_request, run_verify, verify_enabled
 
 log = logging.getLogger("loki.chat.turn")
-
-#: Loki's injected user messages (``loki.injected`` values) that the end-of-turn cleaning
-#: removes when they were left unanswered.
-REMINDER_KINDS = ("budget", "act")
 
 BUDGET_REMINDER = (
     "[Loki] This is the last step of this turn: answer the user now with "
@@ -120,7 +124,7 @@ class TurnHost(Protocol):
 
     async def emit(self, delta: dict[str, Any] | None = None, **fields: Any) -> ChatEvent: ...
     async def persist(self) -> None: ...
-    def lease(self) -> EngineLease: ...
+    def lease(self, kind: RequestKind = "main") -> EngineLease: ...
     def publish_perf(self, record: PerfRecord) -> None: ...
     async def total_slots(self) -> int | None: ...
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
@@ -182,6 +186,11 @@ class TurnRunner:
     withheld_told: bool = False
     nudged: tuple[ChatMessage, Any] | None = None
     max_tokens_sent: int | None = None
+    kind: str = "main"  # the lease and perf kind: ``main``, or ``subagent`` (a side job)
+    preset_verify: bool | None = None  # the last lease's ``verify`` (the preset's VERIFY)
+    verified: bool = False  # the verifier ran in this turn (at most once)
+    budget_extra: int = 0  # steps granted beyond the budget (the corrective step)
+    continued: bool = False  # this turn is a Continue (never verified)
 
     @property
     def conv(self) -> Conversation:
@@ -190,6 +199,12 @@ class TurnRunner:
     @property
     def settings(self) -> Settings:
         return self.host.settings
+
+    @property
+    def step_budget(self) -> int:
+        """Completion steps this turn may take: the budget, plus the verifier's corrective
+        step when the budget was spent."""
+        return self.settings.step_budget + self.budget_extra
 
     async def run(self) -> TurnOutcome:
         """Run the states until the turn ends. Never raises for engine or tool trouble."""
@@ -210,6 +225,7 @@ class TurnRunner:
     async def begin(self) -> State:
         conv = self.conv
         if self.resume:
+            self.continued = True
             await self.host.emit({}, loki={"event": "continue"})
         # images of an earlier turn (one a crash left open) leave the history first
         forget_images(conv.messages)
@@ -236,12 +252,12 @@ class TurnRunner:
         return then
 
     async def build(self) -> State:
-        if self.outcome.steps >= self.settings.step_budget:
+        if self.outcome.steps >= self.step_budget:
             self.outcome.finish_reason = "step_budget"
             return self.finish
         self.outcome.steps += 1
-        last_step = self.outcome.steps == self.settings.step_budget
-        if last_step and self.settings.step_budget > 1 and not self.budget_reminded:
+        last_step = self.outcome.steps == self.step_budget
+        if last_step and self.step_budget > 1 and not self.budget_reminded:
             self.budget_reminded = True
             await self.remind("budget", BUDGET_REMINDER)
         return self.complete
@@ -259,6 +275,7 @@ class TurnRunner:
                 self.external = lease.external
                 self.template = lease.template
                 self.vision = lease.vision
+                self.preset_verify = lease.verify
                 echo_model = lease.model if self.echo_reasoning() and self.plan.echo else None
                 wire = wire_messages(
                     self.settings.system_prompt,
@@ -319,6 +336,7 @@ class TurnRunner:
                     usage.get("prompt_tokens"),
                     usage.get("cached_tokens"),
                     prompt_fingerprint=next(reversed(fingerprints(wire)), None),
+                    job_done=self.kind != "main" and self.last_side_request(),
                 )
         except LeaseStopped:
             self.outcome.stopped = True
@@ -392,15 +410,12 @@ class TurnRunner:
                 self.accept_message(ChatMessage(role="assistant", content=content))
             self.outcome.finish_reason = acc.finish_reason or "stop"
             await self.host.persist()
-            return self.finish
+            return self.verify if self.should_verify() else self.finish
         if resume:  # nothing more to say: the reply was whole
             self.outcome.finish_reason = acc.finish_reason or "stop"
             return self.finish
         # reasoning only, or nothing at all
-        if (
-            self.act_reminders < MAX_ACT_REMINDERS
-            and self.outcome.steps < self.settings.step_budget
-        ):
+        if self.act_reminders < MAX_ACT_REMINDERS and self.outcome.steps < self.step_budget:
             self.act_reminders += 1
             await self.remind("act", ACT_REMINDER)
             return self.build
@@ -438,13 +453,17 @@ class TurnRunner:
             text = stopped_text
             raw_args = self.pending_raw.get(call.id, call.function.arguments)
             if not host.stop.is_set():
-                outcome = await self.wait_or_stop(
-                    host.toolbox.execute(call.function.name, raw_args, self.conv.id)
-                )
+                name = call.function.name
+                context = CallContext(call.id, self.conv.id, host.stop, host.emit)
+                running = host.toolbox.execute(name, raw_args, context)
+                if host.toolbox.handles_stop(name):  # it ends itself: its result is kept
+                    outcome: ToolOutcome | None = await running
+                else:
+                    outcome = await self.wait_or_stop(running)
                 if outcome is not None:
                     text = outcome.text
                     seen += outcome.images
-            if text is stopped_text:
+            if text is stopped_text or host.stop.is_set():
                 self.outcome.stopped = True
             model_text = cut_for_model(text, self.settings.tool_result_max)
             self.conv.messages.append(
@@ -471,6 +490,47 @@ class TurnRunner:
         if self.outcome.stopped:
             return self.finish
         return await self.check("mid", then=self.build)
+
+    async def verify(self) -> State:
+        """The verifier (:mod:`loki_chat.verify`): check the final answer; a failing verdict
+        adds one corrective step (a ``verify`` reminder, then one more completion)."""
+        host = self.host
+        self.verified = True
+        answer = self.conv.messages[-1]
+        request = last_request(self.conv.messages[:-1])
+        if request is None or not isinstance(answer.content, str):
+            return self.finish
+        outcome = await run_verify(
+            settings=self.settings,
+            engine=host.engine,
+            lease=lambda: host.lease("verify"),
+            conversation=self.conv.id,
+            request=request,
+            answer=answer.content,
+            stop=host.stop,
+            publish_perf=host.publish_perf,
+        )
+        verdict = outcome.verdict
+        if outcome.stopped or verdict is None:
+            self.outcome.stopped = True
+            return self.finish
+        meta: dict[str, Any] = {
+            "event": "verify",
+            "verdict": "pass" if verdict.ok else "fail",
+            "reason": verdict.reason,
+        }
+        if verdict.malformed:
+            meta["malformed"] = True
+        await host.emit({}, loki=meta)
+        if verdict.ok:
+            return self.finish
+        if self.outcome.steps >= self.step_budget:
+            self.budget_extra += 1  # the corrective step is one more than the budget
+        if self.outcome.steps + 1 >= self.step_budget:
+            self.budget_reminded = True  # the verify reminder already asks for the answer
+        self.outcome.finish_reason = None
+        await self.remind("verify", corrective_reminder(verdict))
+        return self.build
 
     async def finish(self) -> None:
         conv = self.conv
@@ -541,6 +601,25 @@ class TurnRunner:
         )
 
     # -- helpers --------------------------------------------------------------------------
+    def should_verify(self) -> bool:
+        """The verifier checks this answer: a main turn's final text answer ended by
+        ``stop`` (not a Continue), not yet verified, the verifier on (the preset's VERIFY,
+        else ``LOKI_VERIFY``)."""
+        return (
+            self.kind == "main"
+            and not self.verified
+            and not self.continued
+            and self.outcome.finish_reason == "stop"
+            and verify_enabled(self.settings, self.preset_verify)
+        )
+
+    def last_side_request(self) -> bool:
+        """A side job's request is its last one (``job_done`` on its release): no tool call
+        came back, or the step budget is spent."""
+        acc = self.result.acc if self.result else None
+        calls = bool(acc and (acc.ordered_calls() or "<tool_call>" in acc.content))
+        return not calls or self.outcome.steps >= self.settings.step_budget
+
     def offered_tools(self) -> list[dict[str, Any]] | None:
         """The tool schemas offered to the next step (None: no ``tools`` key): the host's
         tool box, none in the no-tools fallback, none to a model whose chat template drops
@@ -771,7 +850,7 @@ class TurnRunner:
         result = self.result
         assert result is not None
         record = build_record(
-            kind="main",
+            kind=self.kind,
             messages=wire,
             conversation=self.conv.id,
             model=lease.model,

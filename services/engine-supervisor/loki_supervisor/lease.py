@@ -42,6 +42,7 @@ class Target:
     template: TemplateProbe | None = None  # the chat template probe's verdicts
     max_tokens: int | None = None  # the preset's cap on one completion step (tokens)
     vision: bool = False  # the endpoint sees images
+    verify: bool | None = None  # the preset's VERIFY feature (None: not said)
 
 
 @dataclass
@@ -240,6 +241,7 @@ class LeaseManager:
                 template=target.template,
                 max_tokens=target.max_tokens,
                 vision=target.vision,
+                verify=target.verify,
             )
             self.held[lease.lease_id] = Held(
                 lease=lease,

@@ -78,6 +78,14 @@ def truthy(value: str | None, default: bool = False) -> bool:
     return str(value).strip().lower() in {"on", "1", "true", "yes"}
 
 
+def tristate(value: str | None) -> bool | None:
+    """A feature key the chat service applies (``VERIFY``): None when empty or absent (the
+    chat's own setting decides), else :func:`truthy`."""
+    if value is None or not str(value).strip():
+        return None
+    return truthy(value)
+
+
 @dataclass(frozen=True)
 class LocalConfig:
     """A local preset resolved for one launch.

@@ -38,7 +38,7 @@ from .draft import DraftRequest
 from .engine import EngineRunner, LaunchSpec
 from .errors import InvalidRequest, SupervisorError
 from .lease import LeaseManager, Target
-from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, truthy
+from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, tristate, truthy
 from .preflight import check_model_file
 from .presets import ENV_PRESET_ID, PresetStore, public, step_cap, test_connection
 from .routing import SIDE_KINDS, EngineView, cache_ram_advice, erase_decision
@@ -375,6 +375,7 @@ class Supervisor:
             template=self.runner.template,
             max_tokens=step_cap(self.preset, self.n_ctx()),
             vision=self.vision(),
+            verify=tristate(self.preset.features.get("VERIFY")),
         )
 
     def vision(self) -> bool:

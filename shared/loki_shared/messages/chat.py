@@ -24,12 +24,19 @@ class ToolCall(Msg):
     function: ToolCallFunction
 
 
+#: ``loki.injected`` values of the reminders Loki injects in a turn (the canonical list):
+#: ``budget`` (last step), ``act`` (reasoning only), ``verify`` (the verifier's corrective
+#: round). One left unanswered is removed before the conversation is persisted (the turn's
+#: end, a takeover after a crash); compaction never starts a tail on one.
+REMINDER_KINDS = ("budget", "act", "verify")
+
+
 class LokiMeta(Msg):
     """Loki's own marks on a stored message; never sent to the engine.
 
-    - ``injected``: the message was written by Loki, not the user (``"reminder"``,
-      ``"summary"``, ...). This field, never a text prefix, is how an injected message is
-      recognised.
+    - ``injected``: the message was written by Loki, not the user (a reminder of
+      :data:`REMINDER_KINDS`, ``"summary"``, ...). This field, never a text prefix, is how an
+      injected message is recognised.
     - ``stopped`` / ``error``: the assistant message was cut by a stop or an error.
     """
 
@@ -70,7 +77,7 @@ class ChatEvent(Msg):
     - user message: ``delta={"role": "user", "content": text}``, ``loki={"event": "user"}``;
     - reminder Loki injected: ``delta={"role": "user", "content": text}`` when stored (or
       ``{}`` when sent once at the end of the user's message), ``loki={"event": "reminder",
-      "injected": "budget" | "act", "stored": bool}``;
+      "injected": "budget" | "act" | "verify", "stored": bool}``;
     - assistant deltas: ``delta`` with ``content``, ``reasoning_content`` and/or
       ``tool_calls`` (``[{"index", "id"?, "type"?, "function": {"name"?, "arguments"?}}]``,
       fragments as streamed); the first delta of each completion step also carries
@@ -84,7 +91,12 @@ class ChatEvent(Msg):
     - others (``delta={}``): ``loki.event`` = ``"retry"`` (``attempt``, ``delay_s``,
       ``reason``), ``"stopped"`` / ``"error"`` (the step's partial reply was kept and marked;
       ``message``), ``"discarded"`` (an answer replaced by a replay), ``"reset"``, and the
-      compaction markers the compaction policy adds.
+      compaction markers the compaction policy adds;
+    - the verifier's verdict: ``loki={"event": "verify", "verdict": "pass" | "fail",
+      "reason", "malformed"?}`` (a fail is followed by a ``verify`` reminder);
+    - a sub-agent's own events, nested under its tool call: ``delta={}``,
+      ``loki={"event": "subagent", "tool_call_id", "inner": {"delta", ...}}`` (``inner``
+      has the shape of a display event without ``seq``/``ts``).
     """
 
     conversation: str

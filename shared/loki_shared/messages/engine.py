@@ -170,7 +170,9 @@ class Lease(Reply):
     for an external API: the caller then assumes what it always did).
     ``max_tokens``: the preset's cap on one completion step (tokens; None: none).
     ``vision``: the endpoint sees images (the engine's ``/props`` modalities, or the external
-    preset's vision checkbox), read again at every lease."""
+    preset's vision checkbox), read again at every lease.
+    ``verify``: the preset's feature ``VERIFY`` (on/off; None: the preset does not say, the
+    chat's ``LOKI_VERIFY`` decides)."""
 
     lease_id: str = ""
     kind: str = ""
@@ -186,6 +188,7 @@ class Lease(Reply):
     template: TemplateProbe | None = None
     max_tokens: int | None = None
     vision: bool = False
+    verify: bool | None = None
 
 
 class RenewRequest(Msg):
@@ -234,7 +237,8 @@ class Preset(Msg):
     the engine's help lists it; ``None``: the engine's default), ``extra_args``
     (llama-server arguments, shell-quoted), ``features`` (feature keys
     without the ``LOKI_`` prefix: ``SIDE_SLOT``, ``CACHE_RAM``, ``CACHE_ISOLATE``,
-    ``SLOT_PERSIST``, ``SLOT_PERSIST_MAX_MB``, ...). Speculative decoding with a draft model
+    ``SLOT_PERSIST``, ``SLOT_PERSIST_MAX_MB``, ``VERIFY`` (the chat's verifier, on/off,
+    sent with every lease), ...). Speculative decoding with a draft model
     (llama.cpp ``--spec-draft-model`` and friends): ``draft_model`` (GGUF path; empty: none),
     ``draft_max`` / ``draft_min`` (tokens drafted at most / at least per step; None: the
     engine's default), ``draft_ngl`` (the draft's GPU layers, as ``ngl``).

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loki_shared.messages.chat import ChatMessage
+from loki_shared.messages.chat import REMINDER_KINDS, ChatMessage
 from loki_shared.messages.engine import TemplateProbe
 
 from ..meter import estimate_tokens
@@ -28,8 +28,6 @@ BIG_BLOCK_CHARS = 800
 EXCERPT_CHARS = 400
 #: Share of the context kept verbatim at the end (the tail).
 TAIL_SHARE = 0.20
-#: Kinds of ``loki.injected`` that mark a reminder (never a tail start, never a request).
-REMINDER_KINDS = ("budget", "act")
 #: ``loki.injected`` of the summary message compaction installs.
 SUMMARY_KIND = "summary"
 #: Marker appended to a summary cut by ``finish_reason: length`` or by the safety net.

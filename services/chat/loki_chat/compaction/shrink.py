@@ -95,7 +95,7 @@ async def shrink(
         starts = [
             i
             for i, m in enumerate(out)
-            if m.role == "user" and i > 0 and not (m.loki and m.loki.injected in ("budget", "act"))
+            if m.role == "user" and i > 0 and not (m.loki and m.loki.injected in REMINDER_KINDS)
         ]
         if not starts:
             break

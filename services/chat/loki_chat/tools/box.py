@@ -12,11 +12,17 @@ Rules:
 - A tool's own failure (an exception) is a result the model sees, never a failed turn.
 - A tool may return images with its text (:class:`ToolReturn`, ``see_image``): the turn
   loop shows them to the model in a user message after the step's results (this turn only).
-- A ``conversational`` tool is called with the conversation id as a second argument.
+- A ``conversational`` tool is called with the conversation id (the call's
+  :class:`CallContext` ``conversation``; "" outside a turn) as a second argument.
+- A tool that runs inside the turn (``run_call``, the ``subagent`` tool) gets the call's
+  :class:`CallContext` (its id, the conversation, the turn's stop, the turn's event sink) and
+  ends itself on a stop (``handles_stop``): the turn loop waits for its result instead of
+  cancelling it, so the call still gets a result.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,16 +45,40 @@ class ToolReturn:
 ToolFn = Callable[..., Awaitable[str | ToolReturn]]
 
 
+async def _no_emit(*args: Any, **kwargs: Any) -> None:
+    """The event sink of a call made outside a turn: events go nowhere."""
+
+
+@dataclass
+class CallContext:
+    """The turn a call runs in: ``call_id`` (the tool call's id), ``conversation`` (its id),
+    ``stop`` (the turn's stop event) and ``emit`` (the turn host's display-event sink,
+    :meth:`loki_chat.actor.Actor.emit`)."""
+
+    call_id: str
+    conversation: str
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    emit: Callable[..., Awaitable[Any]] = field(default=_no_emit)
+
+
+CallToolFn = Callable[[dict[str, Any], CallContext], Awaitable[str | ToolReturn]]
+
+
 @dataclass
 class ToolSpec:
     """One tool: ``run`` gets the decoded argument object (and the conversation id when
-    ``conversational``) and returns the result text or a :class:`ToolReturn`."""
+    ``conversational``) and returns the result text or a :class:`ToolReturn`;
+    ``run_call``, when set, is used instead inside a turn and also gets the
+    :class:`CallContext`; ``handles_stop``: the tool ends itself when the turn's stop fires
+    (its result is awaited, not cancelled)."""
 
     name: str
     description: str
     run: ToolFn
     parameters: dict[str, Any] | None = None
     conversational: bool = False
+    run_call: CallToolFn | None = None
+    handles_stop: bool = False
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -111,9 +141,25 @@ class ToolBox:
     def schemas(self) -> list[dict[str, Any]]:
         return [spec.schema() for spec in self.specs.values()]
 
-    async def execute(self, name: str, arguments: str, conversation: str = "") -> ToolOutcome:
-        """Run one call by the rules above (``conversation``: the id a conversational tool
-        gets). Never raises for a tool's own failure."""
+    def without(self, *names: str) -> ToolBox:
+        """A box of the same tools, in the same order, less ``names``."""
+        return ToolBox([s for n, s in self.specs.items() if n not in names])
+
+    def only(self, names: tuple[str, ...]) -> ToolBox:
+        """A box of those of ``names`` this box holds, in this box's order."""
+        return ToolBox([s for n, s in self.specs.items() if n in names])
+
+    def handles_stop(self, name: str) -> bool:
+        """Whether the tool ``name`` ends itself on a stop (see :class:`ToolSpec`)."""
+        spec = self.specs.get(name)
+        return spec is not None and spec.handles_stop
+
+    async def execute(
+        self, name: str, arguments: str, call: CallContext | None = None
+    ) -> ToolOutcome:
+        """Run one call by the rules above (``call``: the turn it runs in, given to a
+        ``run_call`` tool; its ``conversation`` is what a conversational tool gets). Never
+        raises for a tool's own failure."""
         spec = self.specs.get(name)
         args, reason = parse_arguments(arguments)
         if args is None:
@@ -135,7 +181,12 @@ class ToolBox:
             )
         images: list[ImageAttachment] = []
         try:
-            got = await (spec.run(args, conversation) if spec.conversational else spec.run(args))
+            if spec.run_call is not None and call is not None:
+                got = await spec.run_call(args, call)
+            elif spec.conversational:
+                got = await spec.run(args, call.conversation if call else "")
+            else:
+                got = await spec.run(args)
             if isinstance(got, ToolReturn):
                 text, images = got.text, got.images
             else:

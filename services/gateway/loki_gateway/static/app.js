@@ -242,6 +242,16 @@
     const mark = (ev.loki && ev.loki.event) || null;
 
     if (mark === "reset") { dropAnswers(); box().textContent = ""; state.turn = null; return; }
+    if (mark === "subagent") { LokiSubagent.draw(box(), ev.loki); return; } // nested under its call
+    if (mark === "verify") {
+      const el = document.createElement("div");
+      el.className = "marker verify " + (ev.loki.verdict === "fail" ? "fail" : "pass");
+      el.textContent = "answer checked: " + (ev.loki.verdict === "fail" ? "fail, correcting" : "pass")
+        + (ev.loki.verdict === "fail" && ev.loki.reason ? " (" + ev.loki.reason + ")" : "");
+      add(el);
+      if (state.turn) { state.turn.last = "tool"; state.turn.answer = null; }
+      return;
+    }
     if (mark === "compaction") {
       const el = document.createElement("div");
       el.className = "marker compaction";
@@ -348,6 +358,7 @@
           call = t.tools[idx] = { id: tc.id, name: "", args: "", el, s, pre };
           add(el);
         }
+        if (tc.id && !call.el.dataset.callId) call.el.dataset.callId = tc.id; // a sub-agent nests here
         const fn = tc.function || {};
         if (fn.name) call.name += fn.name;
         if (fn.arguments) call.args += fn.arguments;
