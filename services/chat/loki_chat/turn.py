@@ -66,6 +66,7 @@ from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import build_record
 
+from .compaction import layout
 from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
@@ -242,9 +243,10 @@ class TurnRunner:
                 self.external = lease.external
                 self.template = lease.template
                 echo_model = lease.model if self.echo_reasoning() and self.plan.echo else None
+                tail_first = layout.for_lease(self.settings.compact_tail_reuse, lease)
                 wire = wire_messages(
                     self.settings.system_prompt,
-                    self.conv.messages,
+                    layout.laid_out(self.conv.messages, tail_first),
                     echo_model=echo_model,
                     suffix=self.plan.suffix,
                 )
