@@ -37,7 +37,8 @@ class Settings(LokiSettings):
     - ``LOKI_COMPACT_TAIL_REUSE``: ``true``/``false`` (default off; read by the chat service
       too): adds ``--cache-reuse`` when the engine's help lists it, so the tail a compaction
       moves right after the system prompt is reused (no effect on an external preset).
-    - ``LOKI_CACHE_REUSE``: ``--cache-reuse``'s chunk in tokens with that key (default 256).
+    - ``LOKI_CACHE_REUSE``: ``--cache-reuse``'s chunk in tokens with ``LOKI_COMPACT_TAIL_REUSE``
+      on (default 256).
     - ``LOKI_ENGINE_URL``: use the llama-server already running there (nothing launched).
     - ``LOKI_ENGINE_HOST`` (default 127.0.0.1), ``LOKI_ENGINE_PORT`` (default: a free port),
       ``LOKI_ENGINE_API_KEY`` (``--api-key`` of the local engine; the key sent to it).
