@@ -32,9 +32,9 @@ def point(i: int) -> str:
     return f"Point {i}: " + " ".join(f"w{i}{k}" for k in range(150))[:740]
 
 
-async def five_points(client, fake_engine) -> str:
+async def five_points(client, fake_engine, then=()) -> str:
     """Five turns; the fifth ends past 75% of the 4096-token window (compaction at its end,
-    the summary answered by :data:`SUMMARY`)."""
+    the summary answered by :data:`SUMMARY`); ``then``: answers queued after it."""
     fake_engine.push(
         reply("Noted 1.", 700),
         reply("Noted 2.", 1400),
@@ -42,6 +42,7 @@ async def five_points(client, fake_engine) -> str:
         reply("Noted 4.", 2800),
         reply("Noted 5.", 3300),
         text_reply(SUMMARY),
+        *then,
     )
     cid, _ = await client.turn(point(1))
     for i in range(2, 6):

@@ -46,6 +46,9 @@ class Settings(LokiSettings):
       the system prompt and the summary after it, joined to the next user message, so
       llama-server (``--cache-reuse``, added by the supervisor with this key) reuses the
       tail's cache (off by default, grey zone; see docs/behaviour.md (compaction)).
+    - ``LOKI_PREWARM`` — after a compaction at turn end, send the next request's prefix to
+      the conversation's slot while the user reads (a low-priority lease any real request
+      pre-empts; never on an external preset; off by default until measured).
     - ``LOKI_COMPACT_THRESHOLD`` — share of the window past which the context is compacted
       (0.75).
     - ``LOKI_NUDGE_IN_TOOL`` — the budget reminder goes at the end of the last tool result
@@ -74,6 +77,7 @@ class Settings(LokiSettings):
     instance_id: str | None = None
     compact_continuation: bool = False
     compact_tail_reuse: bool = False
+    prewarm: bool = False
     compact_threshold: float = Field(default=0.75, gt=0.1, le=0.95)
     nudge_in_tool: bool = False
     tokenize_timeout_s: float = Field(default=0.3, ge=0)

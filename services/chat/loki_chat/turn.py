@@ -71,6 +71,7 @@ from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
 from .errors import StepError, StreamError
+from .prewarm import PrewarmJob
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
@@ -114,6 +115,7 @@ class TurnHost(Protocol):
     def publish_perf(self, record: PerfRecord) -> None: ...
     async def total_slots(self) -> int | None: ...
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
+    def prewarm(self, job: PrewarmJob) -> None: ...
 
 
 @dataclass
@@ -462,8 +464,13 @@ class TurnRunner:
             conv.messages.pop()
         conv.turn_open = False
         if not self.outcome.stopped and self.outcome.error is None:
-            if await self.compact("end"):
-                pass
+            if await self.compact("end") and self.settings.prewarm:
+                # PREWARM: the next request's prefix goes to the slot while the user reads
+                self.host.prewarm(
+                    PrewarmJob(
+                        conv.id, list(conv.messages), self.offered_tools(), self.echo_reasoning()
+                    )
+                )
         if self.outcome.stopped:
             finish = "stopped"
         elif self.outcome.error is not None:
