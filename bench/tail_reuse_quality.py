@@ -16,6 +16,12 @@ diverges after it): (a) ``shifted`` vs ``tail_first`` isolates the KV shift; (b)
 |Δ logprob| of the chosen token over those positions. Usage:
 ``python -m bench.tail_reuse_quality [--n 20]``; the result is printed as JSON and written to
 ``bench/results/tail_reuse_quality.json``.
+
+Status (2026-12-01): one run of 20 conversations on llama-server b11434 completed (the shift
+itself worked: ``cache_n`` 482, ``prompt_n`` 145 per conversation), but every continuation
+came back without ``choices[0].logprobs.content``, so no figure was computed: how this build
+returns per-token log-probabilities (``logprobs``/``top_logprobs`` on ``/v1/chat/completions``,
+or ``n_probs`` on ``/completion``) must be checked before the figures mean anything.
 """
 
 from __future__ import annotations
