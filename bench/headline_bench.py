@@ -9,7 +9,9 @@ configuration:
   (as many chat front-ends do) and, when the window fills, the oldest exchanges dropped;
 - ``loki-default``: the whole Loki stack with default keys;
 - ``loki-side-slot``, ``loki-cache-ram``, ``loki-continuation``: one key on each;
-- ``loki-best``: every key this machine allows.
+- ``loki-best``: every key this machine allows (the seeds' keys);
+- ``loki-reuse`` (full mode only): loki-best + COMPACT_TAIL_REUSE + PREWARM (issue 21; not
+  yet measured).
 
 Every request the engine serves goes through :class:`bench._common.RecordingProxy`, which keeps
 the request body and llama-server's ``timings``. Then:
@@ -584,6 +586,18 @@ def loki_configs(quick: bool) -> list[LokiConfig]:
                 "LOKI_SIDE_SLOT": "on",
                 "LOKI_CACHE_RAM": str(cram),
                 "LOKI_COMPACT_CONTINUATION": "on",
+            },
+            side_slot=True,
+            cache_ram_mib=cram,
+        ),
+        LokiConfig(
+            "loki-reuse",
+            {
+                "LOKI_SIDE_SLOT": "on",
+                "LOKI_CACHE_RAM": str(cram),
+                "LOKI_COMPACT_CONTINUATION": "on",
+                "LOKI_COMPACT_TAIL_REUSE": "true",
+                "LOKI_PREWARM": "true",
             },
             side_slot=True,
             cache_ram_mib=cram,

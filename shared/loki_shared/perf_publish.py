@@ -105,7 +105,8 @@ def build_record(
     """Build the :class:`PerfRecord` of one completion.
 
     Args:
-        kind: ``main``, ``subagent``, ``verify``, ``task``, ``compact``, ``bench``, ``foreign``.
+        kind: ``main``, ``subagent``, ``verify``, ``task``, ``compact``, ``bench``, ``foreign``,
+            ``prewarm``.
         messages: the ``messages`` array exactly as sent (dicts or pydantic models); only their
             fingerprints and roles are kept.
         final: the final chunk (or non-streamed response) as received; its ``timings``,

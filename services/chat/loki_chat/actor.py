@@ -33,6 +33,7 @@ from .errors import FencedWrite
 from .image_shelf import ImageShelf
 from .images import pending_item, unpack
 from .leases import EngineLeases
+from .prewarm import PrewarmJob, run_prewarm
 from .settings import Settings
 from .store import Store
 from .tokens import TokenCounts
@@ -94,6 +95,7 @@ class Actor:
         #: the tools the last step could not offer and why (the model's template drops
         #: them; ``/api/chat/state``), None when they were offered
         self.tools_unavailable: dict[str, Any] | None = None
+        self._prewarm: asyncio.Task[str] | None = None  # PREWARM's request, while it runs
 
     @property
     def busy(self) -> bool:
@@ -159,6 +161,33 @@ class Actor:
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None:
         """Record what the last step could not offer (None: the tools were offered)."""
         self.tools_unavailable = unavailable
+
+    def prewarm(self, job: PrewarmJob) -> None:
+        """Start PREWARM's request for this conversation (:mod:`loki_chat.prewarm`); one at a
+        time: a running one is cancelled first."""
+        previous = self._prewarm
+        if previous is not None and not previous.done():
+            previous.cancel()
+        shared = self.shared
+        self._prewarm = asyncio.create_task(
+            run_prewarm(
+                job,
+                settings=self.settings,
+                leases=shared.leases,
+                engine=shared.engine,
+                publish=shared.bus.publish_perf,
+            ),
+            name=f"prewarm-{self.conv.id}",
+        )
+
+    async def stop_prewarm(self) -> None:
+        """Cancel a running prewarm and wait until its request and lease are gone (a real
+        request of this conversation pre-empts it)."""
+        task, self._prewarm = self._prewarm, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def total_slots(self) -> int | None:
         """The engine's slot count (``loki.engine.info``), None when unknown."""
@@ -234,6 +263,7 @@ class Actor:
 
         async def run() -> None:
             self.stop.clear()
+            await self.stop_prewarm()
             try:
                 await TurnRunner(self, None, resume=True).run()
             except Exception:
@@ -251,6 +281,7 @@ class Actor:
     async def _work(self) -> None:
         while self.conv.pending and not self.lost and not self.shared.closing:
             self.stop.clear()
+            await self.stop_prewarm()
             text = self.conv.pending[0]
             try:
                 await TurnRunner(self, text).run()
@@ -277,6 +308,7 @@ class Actor:
 
     async def halt(self, timeout: float = 10.0) -> None:
         """Stop the running turn and wait for the worker (queued messages stay queued)."""
+        await self.stop_prewarm()
         worker = self.worker
         if worker is not None and not worker.done():
             self.stop.set()

@@ -11,7 +11,10 @@ cancelled holder included); this module only says what to ask for.
 - ``compact``: :meth:`EngineLeases.compact_lease` (``continuation``: the request continues
   the slot's cached prompt, so the supervisor routes it to that slot).
 
-Both raise :class:`~loki_shared.lease.LeaseError` on entry when no lease comes.
+- ``prewarm``: :meth:`EngineLeases.prewarm_lease` (PREWARM: low priority, pre-empted by
+  any real request; short wait and TTL).
+
+All raise :class:`~loki_shared.lease.LeaseError` on entry when no lease comes.
 """
 
 from __future__ import annotations
@@ -65,3 +68,22 @@ class EngineLeases:
                 continuation=continuation,
             ),
         )
+
+    def prewarm_lease(self, cid: str) -> EngineLease:
+        """A ``prewarm`` lease for conversation ``cid`` (PREWARM, :mod:`loki_chat.prewarm`):
+        a short wait (:data:`PREWARM_WAIT_S`: a busy engine is not prewarmed) and a short
+        TTL (:data:`PREWARM_TTL_S`, renewed every third), so a pre-emption by the supervisor
+        is seen at the next renewal."""
+        return lease(
+            self.bus.broker,
+            LeaseRequest(
+                kind="prewarm", conversation=cid, wait_s=PREWARM_WAIT_S, ttl_s=PREWARM_TTL_S
+            ),
+            timeout=PREWARM_WAIT_S + 3.0,
+        )
+
+
+#: Seconds a prewarm waits for its lease (the supervisor's queue); past it, no prewarm.
+PREWARM_WAIT_S = 2.0
+#: TTL of a prewarm lease (s): renewed every 0.5 s, so a pre-emption is seen within 0.5 s.
+PREWARM_TTL_S = 1.5

@@ -49,6 +49,13 @@ class Settings(LokiSettings):
     - ``LOKI_INSTANCE_ID`` — this instance's name (default: random).
     - ``LOKI_COMPACT_CONTINUATION`` — summarise by continuing the turn's cached request
       (off by default; see docs/behaviour.md (compaction)).
+    - ``LOKI_COMPACT_TAIL_REUSE`` — after a compaction the verbatim tail is sent right after
+      the system prompt and the summary after it, joined to the next user message, so
+      llama-server (``--cache-reuse``, added by the supervisor with this key) reuses the
+      tail's cache (off by default, grey zone; see docs/behaviour.md (compaction)).
+    - ``LOKI_PREWARM`` — after a compaction at turn end, send the next request's prefix to
+      the conversation's slot while the user reads (a low-priority lease any real request
+      pre-empts; never on an external preset; off by default until measured).
     - ``LOKI_COMPACT_THRESHOLD`` — share of the window past which the context is compacted
       (0.75).
     - ``LOKI_NUDGE_IN_TOOL`` — the budget reminder goes at the end of the last tool result
@@ -83,6 +90,8 @@ class Settings(LokiSettings):
     engine_timeout_s: float = Field(default=600.0, gt=0)
     instance_id: str | None = None
     compact_continuation: bool = False
+    compact_tail_reuse: bool = False
+    prewarm: bool = False
     compact_threshold: float = Field(default=0.75, gt=0.1, le=0.95)
     nudge_in_tool: bool = False
     tokenize_timeout_s: float = Field(default=0.3, ge=0)

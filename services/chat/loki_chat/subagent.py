@@ -28,6 +28,7 @@ from loki_shared.messages.perf import PerfRecord
 from .context import ContextPolicy, NoCompaction
 from .conversation import Conversation
 from .engine import EngineClient
+from .prewarm import PrewarmJob
 from .settings import Settings
 from .tools import ToolBox
 from .tools.box import CallContext
@@ -89,6 +90,9 @@ class SubagentHost:
 
     async def keep_images(self, images: list[ImageAttachment]) -> None:
         """Nothing: a sub-agent's task is text; it has no attachments of its own."""
+
+    def prewarm(self, job: PrewarmJob) -> None:
+        """Nothing: a sub-agent never compacts, and its run ends with its answer."""
 
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None:
         """Nothing: the main turn tells the user."""

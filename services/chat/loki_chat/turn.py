@@ -79,11 +79,13 @@ from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import build_record
 
+from .compaction import layout
 from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
 from .errors import StepError, StreamError
 from .images import PendingItem, forget_images, unpack, user_content
+from .prewarm import PrewarmJob
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
@@ -129,6 +131,7 @@ class TurnHost(Protocol):
     async def total_slots(self) -> int | None: ...
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
     async def keep_images(self, images: list[ImageAttachment]) -> None: ...
+    def prewarm(self, job: PrewarmJob) -> None: ...
 
 
 @dataclass
@@ -277,9 +280,10 @@ class TurnRunner:
                 self.vision = lease.vision
                 self.preset_verify = lease.verify
                 echo_model = lease.model if self.echo_reasoning() and self.plan.echo else None
+                tail_first = layout.for_lease(self.settings.compact_tail_reuse, lease)
                 wire = wire_messages(
                     self.settings.system_prompt,
-                    self.conv.messages,
+                    layout.laid_out(self.conv.messages, tail_first),
                     echo_model=echo_model,
                     suffix=self.plan.suffix,
                 )
@@ -549,8 +553,13 @@ class TurnRunner:
         # the ephemeral rule: an image is seen in the turn it arrives only
         forget_images(conv.messages)
         if not self.outcome.stopped and self.outcome.error is None:
-            if await self.compact("end"):
-                pass
+            if await self.compact("end") and self.settings.prewarm:
+                # PREWARM: the next request's prefix goes to the slot while the user reads
+                self.host.prewarm(
+                    PrewarmJob(
+                        conv.id, list(conv.messages), self.offered_tools(), self.echo_reasoning()
+                    )
+                )
         if self.outcome.stopped:
             finish = "stopped"
         elif self.outcome.error is not None:

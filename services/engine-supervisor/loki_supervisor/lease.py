@@ -10,6 +10,10 @@ A caller asks a lease before each completion request and releases it after (see
 Waiters are served in arrival order within a queue; a waiter for a busy queue never blocks a
 waiter for another queue. A lease not renewed within its TTL expires (its holder is presumed
 dead) and the next waiter gets the slot.
+
+A ``prewarm`` lease (PREWARM: the next request's prefix sent ahead, low priority) is
+pre-empted by any other request for its queue: it is revoked at once (its holder's next
+renewal is refused, and the holder cancels its request) and the waiter is granted the slot.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ class LeaseManager:
         self._waiting: list[_Waiter] = []
         self.held: dict[str, Held] = {}
         self._paused = 0
+        #: prewarm leases revoked for a real request (ids, oldest first)
+        self.preempted: list[str] = []
         self._reaper: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -222,6 +228,8 @@ class LeaseManager:
             req = waiter.request
             id_slot = route(req.kind, target.view, req.continuation)
             queue, capacity = self._queue_of(id_slot, target)
+            if queue not in blocked and busy.get(queue, 0) >= capacity and req.kind != "prewarm":
+                busy[queue] -= self._preempt(queue)
             if queue in blocked or busy.get(queue, 0) >= capacity:
                 blocked.add(queue)  # FIFO: nobody overtakes an earlier waiter of this queue
                 continue
@@ -252,6 +260,16 @@ class LeaseManager:
             busy[queue] = busy.get(queue, 0) + 1
             self._waiting.remove(waiter)
             waiter.future.set_result(lease)
+
+    def _preempt(self, queue: str) -> int:
+        """Revoke the ``prewarm`` leases held on ``queue`` (a real request wants it); return
+        how many. Their holders learn it at their next renewal (refused: ``not_found``)."""
+        gone = [h for h in self.held.values() if h.queue == queue and h.lease.kind == "prewarm"]
+        for h in gone:
+            self.held.pop(h.lease.lease_id, None)
+            self.preempted.append(h.lease.lease_id)
+            log.info("prewarm lease %s pre-empted on %s", h.lease.lease_id, queue)
+        return len(gone)
 
     @staticmethod
     def _queue_of(id_slot: int | None, target: Target) -> tuple[str, float]:

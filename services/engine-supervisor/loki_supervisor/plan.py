@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cache_reuse import DEFAULT_CACHE_REUSE, cache_reuse_args
 from .draft import DraftRequest, DraftVerdict, draft_bytes, draft_verdict, memory_refusal
 from .facts import MIB, EngineHelp, GgufFacts, GpuFacts, HostMemory
 
@@ -97,6 +98,8 @@ class LocalConfig:
     (speculative decoding, :mod:`loki_supervisor.draft`). ``chat_template_file``:
     CHAT_TEMPLATE_FILE, a Jinja chat template used instead of the GGUF's ("": the GGUF's).
     ``mmproj``: the preset's MMPROJ feature, a vision projector GGUF path (empty: none).
+    ``tail_reuse``: COMPACT_TAIL_REUSE; ``cache_reuse``: CACHE_REUSE, ``--cache-reuse``'s
+    chunk (tokens; :mod:`loki_supervisor.cache_reuse`).
     """
 
     model: Path
@@ -115,6 +118,8 @@ class LocalConfig:
     draft: DraftRequest = field(default_factory=DraftRequest)
     chat_template_file: str = ""
     mmproj: str = ""
+    tail_reuse: bool = False
+    cache_reuse: int = DEFAULT_CACHE_REUSE
 
 
 @dataclass(frozen=True)
@@ -503,7 +508,9 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
     only when the engine's help lists it; else a note says it was left out), ``--slot-save-path``,
     ``--cache-ram``, the draft options, ``--jinja --chat-template-file`` (CHAT_TEMPLATE_FILE,
     :func:`chat_template_args`), ``--mmproj`` (MMPROJ, only when the engine's help lists it),
-    then EXTRA_ARGS (last, so they win where llama.cpp keeps the last value).
+    ``--cache-reuse`` (COMPACT_TAIL_REUSE, only when the help
+    lists it: :func:`~loki_supervisor.cache_reuse.cache_reuse_args`), then EXTRA_ARGS
+    (last, so they win where llama.cpp keeps the last value).
 
     SIDE_SLOT accepted: ``-c 2×CTX -np 2 --no-kv-unified`` (two slots of CTX each). Refused
     or off: ``-c CTX -np PARALLEL`` (1 when unset), the refusal's reason in ``notes``.
@@ -583,6 +590,12 @@ def plan_launch(cfg: LocalConfig, facts: Facts) -> LaunchPlan:
             notes.append("MMPROJ: vision projector given (--mmproj)")
         else:
             notes.append("MMPROJ ignored: this llama-server does not list --mmproj")
+    reuse_args, reuse_note = cache_reuse_args(
+        cfg.tail_reuse, cfg.cache_reuse, facts.help, arg_names(tokens)
+    )
+    args += reuse_args
+    if reuse_note:
+        notes.append(reuse_note)
     args += tokens
     names = arg_names(tokens)
     unified = bool(names & {"-kvu", "--kv-unified"}) or truthy(

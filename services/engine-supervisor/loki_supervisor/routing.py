@@ -46,8 +46,8 @@ class EngineView:
 def route(kind: str, view: EngineView, continuation: bool = False) -> int | None:
     """The ``id_slot`` for a request of ``kind`` (None: do not set ``id_slot``).
 
-    With two slots of CTX (SIDE_SLOT): slot 0 for ``main`` (the turn, its steps,
-    pre-warming) and for a ``compact`` that continues the cached prompt
+    With two slots of CTX (SIDE_SLOT): slot 0 for ``main`` (the turn, its steps) and
+    ``prewarm`` and for a ``compact`` that continues the cached prompt
     (``continuation``); slot 1 for ``verify``, ``subagent``, ``task``, ``bench``, a
     transcript ``compact`` and ``foreign`` (``/v1`` clients are rewritten to slot 1
     whatever they asked). Never an ``id_slot`` with one slot, an external preset or a shared
@@ -55,7 +55,7 @@ def route(kind: str, view: EngineView, continuation: bool = False) -> int | None
     """
     if not view.two_slots:
         return None
-    if kind == "main" or (kind == "compact" and continuation):
+    if kind in ("main", "prewarm") or (kind == "compact" and continuation):
         return 0
     return 1
 

@@ -34,6 +34,7 @@ from loki_shared.sealing import Sealer
 
 from . import facts as facts_mod
 from . import model_files, slot_files
+from .cache_reuse import chunk_tokens
 from .draft import DraftRequest
 from .engine import EngineRunner, LaunchSpec
 from .errors import InvalidRequest, SupervisorError
@@ -68,12 +69,21 @@ def env_preset(settings: Settings) -> Preset:
             "SLOT_PERSIST": settings.slot_persist,
             "SLOT_PERSIST_MAX_MB": settings.slot_persist_max_mb,
             "CHAT_TEMPLATE_FILE": settings.chat_template_file,
+            **tail_reuse_features(settings),
         },
         draft_model=settings.draft_model,
         draft_max=settings.draft_max,
         draft_min=settings.draft_min,
         draft_ngl=settings.draft_ngl,
     )
+
+
+def tail_reuse_features(settings: Settings) -> dict[str, str]:
+    """The ``env`` preset's COMPACT_TAIL_REUSE features: ``COMPACT_TAIL_REUSE: on`` and
+    ``CACHE_REUSE`` (tokens) when the key is on; none when off (the preset as before)."""
+    if not settings.compact_tail_reuse:
+        return {}
+    return {"COMPACT_TAIL_REUSE": "on", "CACHE_REUSE": str(settings.cache_reuse)}
 
 
 def collect_facts(model: Path | None, binary: Path | None, draft: Path | None = None) -> Facts:
@@ -125,6 +135,7 @@ class Supervisor:
         self._side_counter = 0
         self._side_seen: OrderedDict[str, int] = OrderedDict()
         self._advised = False
+        self._reuse_logged = False  # COMPACT_TAIL_REUSE on an external preset, said once
         self._advice_notes: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -233,6 +244,8 @@ class Supervisor:
             cache_ram=preset.features.get("CACHE_RAM", "") or "",
             chat_template_file=preset.features.get("CHAT_TEMPLATE_FILE", "") or "",
             mmproj=(preset.features.get("MMPROJ", "") or "").strip(),
+            tail_reuse=truthy(preset.features.get("COMPACT_TAIL_REUSE")),
+            cache_reuse=chunk_tokens(preset.features.get("CACHE_REUSE")),
             host=self.settings.engine_host,
             port=self._port,
             api_key=self.settings.engine_api_key.get_secret_value()
@@ -279,6 +292,9 @@ class Supervisor:
             self.plan = None
             self.plan_error = None
             if preset.external:
+                if self.settings.compact_tail_reuse and not self._reuse_logged:
+                    self._reuse_logged = True
+                    log.info("COMPACT_TAIL_REUSE has no effect on an external preset")
                 key = await self.store.api_key(preset.id) if preset.api_key_set else None
                 await self.runner.run_external(preset.base_url, key, preset.api_model)
                 return

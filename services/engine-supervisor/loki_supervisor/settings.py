@@ -34,6 +34,11 @@ class Settings(LokiSettings):
       (unset: the engine's default).
     - ``LOKI_CHAT_TEMPLATE_FILE``: a Jinja chat template file used instead of the GGUF's
       (``--jinja --chat-template-file``; for a GGUF without one; empty: the GGUF's).
+    - ``LOKI_COMPACT_TAIL_REUSE``: ``true``/``false`` (default off; read by the chat service
+      too): adds ``--cache-reuse`` when the engine's help lists it, so the tail a compaction
+      moves right after the system prompt is reused (no effect on an external preset).
+    - ``LOKI_CACHE_REUSE``: ``--cache-reuse``'s chunk in tokens with ``LOKI_COMPACT_TAIL_REUSE``
+      on (default 256).
     - ``LOKI_ENGINE_URL``: use the llama-server already running there (nothing launched).
     - ``LOKI_ENGINE_HOST`` (default 127.0.0.1), ``LOKI_ENGINE_PORT`` (default: a free port),
       ``LOKI_ENGINE_API_KEY`` (``--api-key`` of the local engine; the key sent to it).
@@ -62,6 +67,8 @@ class Settings(LokiSettings):
     draft_min: int | None = Field(default=None, ge=0)
     draft_ngl: str | None = None
     chat_template_file: str = ""
+    compact_tail_reuse: bool = False
+    cache_reuse: int = Field(default=256, ge=1)
     engine_url: str = ""
     engine_host: str = "127.0.0.1"
     engine_port: int | None = None

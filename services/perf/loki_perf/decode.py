@@ -48,7 +48,7 @@ def _loads(raw: bytes | str) -> Any:
 
 
 #: Request kinds a record may carry; anything else is read as ``unknown``.
-KINDS = ("main", "subagent", "verify", "task", "compact", "bench", "foreign")
+KINDS = ("main", "subagent", "verify", "task", "compact", "bench", "foreign", "prewarm")
 UNKNOWN_KIND = "unknown"
 
 #: Depth buckets (upper bounds in tokens of context at the end of prefill) used for speeds.
@@ -376,6 +376,7 @@ CAUSES = (
     "summary",
     "bench",
     "foreign",
+    "prewarm",
     UNKNOWN_KIND,
     "none",
     "divergence",

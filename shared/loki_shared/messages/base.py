@@ -7,7 +7,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 #: Request kinds, used for slot routing, perf records and metric labels.
-RequestKind = Literal["main", "subagent", "verify", "task", "compact", "bench", "foreign"]
+RequestKind = Literal[
+    "main", "subagent", "verify", "task", "compact", "bench", "foreign", "prewarm"
+]
 
 
 class Msg(BaseModel):

@@ -38,11 +38,15 @@ class LokiMeta(Msg):
       :data:`REMINDER_KINDS`, ``"summary"``, ...). This field, never a text prefix, is how an
       injected message is recognised.
     - ``stopped`` / ``error``: the assistant message was cut by a stop or an error.
+    - ``sent_after``: on a summary installed with COMPACT_TAIL_REUSE on, how many of the
+      messages that follow it are sent before it (the verbatim tail keeps its place after the
+      system prompt; ``loki_chat.compaction.layout``). None: sent where it is stored.
     """
 
     injected: str | None = None
     stopped: bool = False
     error: str | None = None
+    sent_after: int | None = None
 
 
 class ChatMessage(Msg):

@@ -4,6 +4,7 @@
 - :mod:`.decide` — when to compact, where to cut, which summary path fits (pure);
 - :mod:`.rules` — tail selection, big parts, stripping, summary cleaning, budget (pure);
 - :mod:`.summariser` — the summariser prompt and the transcript / continuation requests;
+- :mod:`.layout` — COMPACT_TAIL_REUSE: the order a compacted view is sent in (tail first);
 - :mod:`.state` — what the policy remembers per conversation (in memory);
 - :mod:`.slot_watch` — whether a slot still holds a conversation's last request;
 - :mod:`.archive` — big blocks archived verbatim through the recall service;

@@ -13,7 +13,8 @@ together (tests named in docs/behaviour.md (compaction)):
   else the transcript path; a failed or unusable summary falls back to the torso stripped of
   its big blocks (:func:`~.rules.strip_torso`, ids kept) — raw reasoning is never installed;
 - after: system, the summary message (holding the torso's last request re-injected when the
-  tail has no user request), then the tail;
+  tail has no user request), then the tail; with ``COMPACT_TAIL_REUSE`` the summary is
+  marked to be sent after the tail (:mod:`.layout`; stored order unchanged);
 - a summary that fails is remembered by its torso's fingerprint (:mod:`.failures`): the
   same summary is never asked again, and the refusal hold-off applies; when the fallback
   leaves the context above the threshold (or strips nothing), or the summary would repeat
@@ -224,10 +225,11 @@ class CompactionPolicy:
         if outcome.text is None:
             return await self._failed(view, n_ctx, st, t0, cut, ids, archived, outcome, fingerprint)
         self._passed(outcome.model)
-        conv.messages[:] = [
-            D.summary_message(cut, outcome.text, ids, self.summaries.cite),
-            *cut.tail,
-        ]
+        summary = D.summary_message(cut, outcome.text, ids, self.summaries.cite)
+        if self.settings.compact_tail_reuse and summary.loki is not None:
+            # COMPACT_TAIL_REUSE: sent after the tail (less its trailing user messages)
+            summary.loki.sent_after = len(D.continued(cut.tail))
+        conv.messages[:] = [summary, *cut.tail]
         conv.meter.invalidate()
         after = conv.meter.used(system, conv.messages)
         st.since_step += 1

@@ -78,6 +78,13 @@ CONTINUATION_DEMAND_NO_TOOLS = (
     "at that message last."
 )
 
+#: Added to the demand when the request was sent tail first (COMPACT_TAIL_REUSE): the story
+#: must stay chronological, the earlier summary first.
+EARLIER_SUMMARY_FIRST = (
+    " The earlier summary (in message #{at}) covers what came before message #1: start the "
+    "memory with what it holds, then go on in order from message #1."
+)
+
 
 def render_transcript(
     torso: list[ChatMessage],

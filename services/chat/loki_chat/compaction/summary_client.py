@@ -13,6 +13,10 @@ says what failed (:class:`SummaryOutcome`) and the policy falls back.
   accepted since (less the trailing user messages) and the demand;
 - transcript path: the summariser prompt and the rendered transcript.
 
+With COMPACT_TAIL_REUSE (:mod:`.layout`) the turn's request was sent tail first: the sent
+view is rebuilt in that order, the demand numbers messages as they were sent and asks for the
+earlier summary first (it covers what came before message #1): the story stays chronological.
+
 An HTTP error mentioning the chat template, or a summary that calls a tool, asks for the
 continuation path to be suspended for the model (``suspend``).
 """
@@ -37,6 +41,7 @@ from ..conversation import Conversation
 from ..leases import EngineLeases
 from ..request import wire_messages
 from ..settings import Settings
+from . import layout
 from . import summariser as S
 from .decide import continued
 from .rules import SummaryError, cites_ids, clean_summary, text_of
@@ -131,28 +136,47 @@ class SummaryClient:
         messages = conv.messages
         if stamp.count > len(messages) or boundary > len(messages):
             return SummaryOutcome(failure="view_changed")
+        # COMPACT_TAIL_REUSE: the turn's request was sent tail first (:mod:`.layout`)
+        tail_first = layout.applies(self.settings.compact_tail_reuse, False, self.template)
         # the boundary is re-aligned on the view that was sent: messages one for one
-        rebuilt = wire_messages(system, messages[: stamp.count])
+        rebuilt = wire_messages(system, layout.laid_out(messages[: stamp.count], tail_first))
         sent_msgs = sent.get("messages") or []
         if len(rebuilt) != len(sent_msgs) or any(
             a.get("role") != s.get("role") or a.get("content") != s.get("content")
             for a, s in zip(rebuilt, sent_msgs)
         ):
             return SummaryOutcome(failure="sent_view_mismatch")
-        after = wire_messages(system, continued(messages[stamp.count :]))[1:]
+        kept = continued(messages[stamp.count :])
+        moved = tail_first and layout.summary_after(messages[0]) is not None
+        if moved:  # the order of the whole view, cut after the messages carried
+            full = wire_messages(
+                system, layout.laid_out(messages[: stamp.count + len(kept)], tail_first)
+            )
+            if full[: len(rebuilt)] != rebuilt:
+                return SummaryOutcome(failure="sent_view_mismatch")
+            after = full[len(rebuilt) :]
+        else:
+            after = wire_messages(system, kept)[1:]
         first = messages[boundary]
         try:
             async with self.leases.compact_lease(conv.id, continuation=True) as held:
                 lease = held.lease
                 self.template = lease.template
                 demand = S.CONTINUATION_DEMAND if self.cite else S.CONTINUATION_DEMAND_NO_TOOLS
+                number = boundary + 1
+                if moved:  # numbered as sent; the earlier summary told first
+                    number = layout.wire_number(messages, True, boundary)
                 demand = demand.format(
-                    boundary=boundary + 1,
+                    boundary=number,
                     role=first.role,
                     start=S.quote_start(text_of(first) or "(tool call)"),
                     kept=len(messages) - boundary,
                     archived=S.archived_line(archived),
                 )
+                if moved:
+                    demand += S.EARLIER_SUMMARY_FIRST.format(
+                        at=layout.wire_number(messages, True, 0)
+                    )
                 if (
                     lease.external
                     or lease.model != stamp.model

@@ -1,0 +1,119 @@
+"""PREWARM (``LOKI_PREWARM``) in the chat service, on the scripted fake engine and a fake
+supervisor: after a compaction at turn end the next request's prefix is sent under a
+``prewarm`` lease (perf record kind ``prewarm``); the conversation's next turn pre-empts it
+(request cancelled, lease released, the turn not delayed); a lease the supervisor revokes
+cancels it too; never on an external preset; off: nothing is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from fakes.fake_engine import text_reply
+
+from loki_shared import subjects
+from loki_shared.messages.perf import PerfRecord
+
+from .test_compaction_tail_reuse import five_points, reply
+
+
+async def until(pred, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def lease_ids(supervisor) -> list[str]:
+    """The fake supervisor's lease ids, in the order they were asked."""
+    return [f"{supervisor.lease_prefix}{i + 1}" for i in range(len(supervisor.requests))]
+
+
+def prewarm_leases(supervisor) -> list:
+    return [r for r in supervisor.requests if r.kind == "prewarm"]
+
+
+@pytest.mark.parametrize("tail_reuse", [False, True])
+async def test_prewarm_sends_the_next_requests_prefix_after_a_compaction(
+    chat_runner, supervisor, client, fake_engine, nc, tail_reuse
+):
+    records: list[PerfRecord] = []
+
+    async def on(msg) -> None:
+        records.append(PerfRecord.model_validate_json(msg.data))
+
+    await nc.subscribe(subjects.PERF_RECORD, cb=on)
+    await nc.flush()
+    await chat_runner.start(system_prompt="S.", prewarm=True, compact_tail_reuse=tail_reuse)
+    warm_reply = text_reply("warm", usage={"prompt_tokens": 300, "completion_tokens": 1})
+    cid = await five_points(client, fake_engine, [warm_reply])  # compacted at the fifth's end
+    await until(lambda: any(r.kind == "prewarm" for r in records))
+    assert len(prewarm_leases(supervisor)) == 1
+    warm = fake_engine.requests[-1].json
+    assert warm["stream"] is True and warm["max_tokens"] == 1
+    fake_engine.push(reply("Sure.", 900))
+    await client.turn("Thanks", cid)
+    nxt = fake_engine.requests[-1].json
+    # the prefix is the next request less its new user message (joined, with the tail first)
+    if tail_reuse:
+        assert warm["messages"][:-1] == nxt["messages"][:-1]
+        assert nxt["messages"][-1]["content"].startswith(warm["messages"][-1]["content"])
+        assert nxt["messages"][-1]["content"].endswith("\n\nThanks")
+    else:
+        assert warm["messages"] == nxt["messages"][:-1]
+    assert {k: v for k, v in warm.items() if k not in ("messages", "max_tokens")} == {
+        k: v for k, v in nxt.items() if k not in ("messages", "max_tokens")
+    }
+    [rec] = [r for r in records if r.kind == "prewarm"]
+    assert rec.conversation == cid
+    assert supervisor.held() == 0  # every lease released, the prewarm's included
+
+
+async def test_the_next_turn_preempts_a_running_prewarm(
+    chat_runner, supervisor, client, fake_engine
+):
+    await chat_runner.start(system_prompt="S.", prewarm=True)
+    # the prewarm's answer is slow: ~6 s if it were left to run
+    cid = await five_points(client, fake_engine, [text_reply("slow", pieces=3, delay_s=2.0)])
+    await until(lambda: len(prewarm_leases(supervisor)) == 1)
+    await until(lambda: fake_engine.requests[-1].json.get("max_tokens") == 1)
+    fake_engine.push(reply("Sure.", 900))
+    t0 = time.monotonic()
+    _, end = await client.turn("Thanks", cid)
+    assert end.finish_reason == "stop" and time.monotonic() - t0 < 3.0
+    assert supervisor.held() == 0  # the prewarm's lease was released, the turn's too
+    # the prewarm's lease went back before the turn asked for its own
+    [warm] = [
+        lid for lid, r in zip(lease_ids(supervisor), supervisor.requests) if r.kind == "prewarm"
+    ]
+    turn_lease = lease_ids(supervisor)[-1]
+    assert supervisor.released.index(warm) < supervisor.released.index(turn_lease)
+    await until(lambda: fake_engine.disconnects >= 1, timeout=5.0)  # its stream was cut
+    assert fake_engine.requests[-1].json["messages"][-1]["content"] == "Thanks"
+
+
+async def test_a_revoked_prewarm_lease_cancels_the_request(
+    chat_runner, supervisor, client, fake_engine
+):
+    supervisor.ttl_s = 0.3  # renewals every 0.1 s
+    await chat_runner.start(system_prompt="S.", prewarm=True)
+    await five_points(client, fake_engine, [text_reply("slow", pieces=3, delay_s=2.0)])
+    await until(lambda: fake_engine.requests[-1].json.get("max_tokens") == 1)
+    [warm] = [i for i, r in supervisor.live.items() if r.kind == "prewarm"]
+    del supervisor.live[warm]  # the supervisor gave the slot to a real request
+    await until(lambda: warm in supervisor.released, timeout=2.0)
+
+
+@pytest.mark.parametrize("on,external", [(False, False), (True, True)])
+async def test_no_prewarm_request_when_off_or_external(
+    chat_runner, supervisor, client, fake_engine, on, external
+):
+    supervisor.external = external
+    await chat_runner.start(system_prompt="S.", prewarm=on)
+    cid = await five_points(client, fake_engine)
+    await asyncio.sleep(0.3)
+    assert len(prewarm_leases(supervisor)) == (1 if on else 0)  # external: asked, unused
+    assert not any(r.json.get("max_tokens") == 1 for r in fake_engine.requests)
+    fake_engine.push(reply("Sure.", 900))
+    await client.turn("Thanks", cid)
