@@ -81,6 +81,8 @@ class FaultWindow:
     lost: int = 0
     missing: int = 0
     duplicated: int = 0
+    gone: int = 0
+    holes: int = 0
     error_samples: list[str] = field(default_factory=list)
 
 
@@ -424,8 +426,12 @@ def check(drivers: list[Driver], base: str, ledger: Ledger, t: float) -> None:
                 dup = len(window) - len(set(window))
                 replay = [s for s in full_replay(base, conv.id or "", upto) if s <= upto]
                 fresh = {s for s in replay if s > conv.checked_upto}
-                # absent for the resuming client, or seen by it but gone from the log
-                missing = len(fresh - set(window)) + len(set(window) - fresh) + _holes(replay)
+                # in the log but never received by the resuming client: missing. Seen live but
+                # not in the log (the step a killed chat instance was streaming) and seqs
+                # never used (the new owner continues after the reserved block): apart.
+                missing = len(fresh - set(window))
+                ledger.count(t, "gone", len(set(window) - fresh))
+                ledger.count(t, "holes", _holes(replay))
                 ledger.count(t, "duplicated", dup)
                 ledger.count(t, "missing", missing)
                 conv.checked_upto = upto
@@ -554,6 +560,8 @@ def summarise(windows: list[FaultWindow]) -> list[dict[str, Any]]:
                 "lost": sum(w.lost for w in ws),
                 "missing": sum(w.missing for w in ws),
                 "duplicated": sum(w.duplicated for w in ws),
+                "gone": sum(w.gone for w in ws),
+                "holes": sum(w.holes for w in ws),
                 "recovered": len(rec),
                 "recovery_median_s": statistics.median(rec) if rec else None,
                 "recovery_max_s": max(rec) if rec else None,
@@ -594,6 +602,8 @@ def run(quick: bool) -> dict[str, Any]:
         "persisted messages lost",
         "SSE events missing",
         "SSE events duplicated",
+        "events seen live, not in the log",
+        "seqs skipped",
         "recovery median (s)",
         "recovery max (s)",
     ]
@@ -608,6 +618,8 @@ def run(quick: bool) -> dict[str, Any]:
             r["lost"],
             r["missing"],
             r["duplicated"],
+            r["gone"],
+            r["holes"],
             r["recovery_median_s"],
             r["recovery_max_s"],
         ]
