@@ -1,9 +1,12 @@
 """Issue 22, the chaos run as a test: one round of every fault against the whole stack under
-load — the real engine (plain turns, llama-server killed too) and the scripted fake engine
-(tool-call turns) — and nothing lost, nothing duplicated.
+load, on the scripted fake engine (tool-call turns), and nothing lost, nothing duplicated,
+every turn ended.
 
-The figures of the longer run are in BENCHMARKS.md (``python -m bench --only chaos``); this
-test asserts the invariants only, never a time."""
+The real engine's round (plain turns, llama-server killed too) and the five rounds of the
+full run are the bench's (``python -m bench --only chaos``, figures in BENCHMARKS.md): this
+test keeps the CI cost to about two minutes and asserts the invariants only, never a time.
+The defects the run found have targeted tests of their own
+(``tests/gateway/test_gateway_sse_nats_restart.py``, ``tests/engine/test_lease.py``)."""
 
 from __future__ import annotations
 
@@ -16,14 +19,12 @@ from bench import chaos_bench as chaos
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.parametrize("engine", ["real", "fake"])
-def test_one_round_of_each_fault_loses_and_duplicates_nothing(engine: str) -> None:
+def test_one_round_of_each_fault_loses_and_duplicates_nothing() -> None:
     windows, _ = chaos.run_stack(
-        engine, rounds=1, deadline=time.monotonic() + 1800, settle_s=2.0, log=print
+        "fake", rounds=1, deadline=time.monotonic() + 600, settle_s=1.0, log=print
     )
     faults = [w.fault for w in windows]
-    expected = chaos.FAULTS if engine == "real" else chaos.FAULTS[:-1]
-    assert faults == expected, faults
+    assert faults == chaos.FAULTS[:-1], faults
     rows = chaos.summarise(windows)
     for row in rows:
         assert row["lost"] == 0, row
