@@ -112,7 +112,7 @@ class Ledger:
             return
         with self.lock:
             setattr(w, what, getattr(w, what) + n)
-            if sample and len(w.error_samples) < 3 and sample not in w.error_samples:
+            if sample and len(w.error_samples) < 6 and sample not in w.error_samples:
                 w.error_samples.append(sample[:160])
 
 
@@ -274,7 +274,9 @@ class Driver(threading.Thread):
         if resp.status_code != 202:
             reason = _error_message(resp)
             what = "errors" if reason else "no_end"
-            self.ledger.count(sent_at, what, sample=f"send {resp.status_code}: {reason}")
+            self.ledger.count(
+                sent_at, what, sample=f"send {resp.status_code}: {reason or resp.text}"
+            )
             time.sleep(0.5)
             return
         if conv.id is None:
@@ -285,7 +287,12 @@ class Driver(threading.Thread):
         end = conv.reader.read_until_end(conv.ends, sent_at + TURN_TIMEOUT_S)
         self.turns += 1
         if end is None:
-            self.ledger.count(sent_at, "no_end")
+            self.ledger.count(
+                sent_at,
+                "no_end",
+                sample=f"no end: {conv.id} after seq {conv.reader.last_seq}, "
+                f"{conv.reader.reconnects} reconnects",
+            )
             return
         conv.ends += 1
         loki = end.get("loki") or {}
@@ -565,7 +572,7 @@ def summarise(windows: list[FaultWindow]) -> list[dict[str, Any]]:
                 "recovered": len(rec),
                 "recovery_median_s": statistics.median(rec) if rec else None,
                 "recovery_max_s": max(rec) if rec else None,
-                "error_samples": sorted({s for w in ws for s in w.error_samples})[:3],
+                "error_samples": sorted({s for w in ws for s in w.error_samples})[:6],
             }
         )
     return rows
@@ -650,7 +657,9 @@ def run(quick: bool) -> dict[str, Any]:
     if errors_rows:
         tables.append(
             _common.table(
-                "What the clear errors said (samples)", ["engine", "fault", "errors"], errors_rows
+                "What the errors and the turns without an end said (samples)",
+                ["engine", "fault", "errors"],
+                errors_rows,
             )
         )
     targets = [

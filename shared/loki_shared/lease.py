@@ -50,6 +50,8 @@ log = logging.getLogger("loki.lease")
 #: Renew every ``ttl_s * RENEW_FRACTION``: the one renewal rule (a lease survives two lost
 #: renewals before its TTL runs out).
 RENEW_FRACTION = 1 / 3
+#: Pause between tries of a lease's first renewal (its claim) while they fail (s).
+CLAIM_RETRY_S = 0.25
 #: NATS timeout of a renew or release request (s).
 CONTROL_TIMEOUT_S = 5.0
 
@@ -259,18 +261,18 @@ class EngineLease:
 
     async def _renew_loop(self, lease_id: str, every: float) -> None:
         payload = _encode(RenewRequest(lease_id=lease_id))
-        first = True
+        pause = 0.0  # the claim goes at once, and is tried again soon while it fails
         while True:
-            if not first:
-                await asyncio.sleep(every)
-            first = False
+            await asyncio.sleep(pause)
             try:
                 reply = Lease.model_validate_json(
                     await self._request(subjects.ENGINE_RENEW, payload, CONTROL_TIMEOUT_S)
                 )
             except Exception as exc:  # noqa: BLE001 - supervisor away: try again next time
                 log.warning("lease %s renewal failed: %s", lease_id, type(exc).__name__)
+                pause = every if self.renewals else min(every, CLAIM_RETRY_S)
                 continue
+            pause = every
             if reply.error is not None:
                 self.lost = True
                 log.warning("lease %s lost: %s", lease_id, reply.error.message)

@@ -30,7 +30,7 @@ def test_one_round_of_each_fault_loses_and_duplicates_nothing() -> None:
         assert row["lost"] == 0, row
         assert row["missing"] == 0, row
         assert row["duplicated"] == 0, row
-        assert row["no_end"] == 0, row
+        assert row["no_end"] == 0, (row["no_end"], row["error_samples"])
         assert row["recovered"] == row["rounds"], row
     assert sum(r["completed"] for r in rows) > 0, rows
 
