@@ -61,6 +61,18 @@ TURNS_PER_CONVERSATION = 6
 MAX_TOKENS = 24
 #: Seconds a turn may take to end once sent (past it: no end, counted).
 TURN_TIMEOUT_S = 90.0
+#: What the first runs found and what fixed it (issue 22), said under the report.
+HISTORY = (
+    "First quick run (2026-12-01, before the fixes): 7 turns with no end and ~90 s to serve "
+    "again after a chat kill. Causes and fixes: (1) a killed chat instance's queued lease "
+    "requests were each granted in turn and kept the slot for a whole 30 s TTL (the turns in "
+    "flight then ran past the 90 s turn timeout, counted under the fault before): grants are "
+    "now claimed at once (`LOKI_LEASE_CLAIM_S`), an unclaimed one drops its holder's other "
+    "waiters, and `LOKI_LEASE_TTL` is 6 s; (2) an end event published while the gateway's NATS "
+    "connection was away never reached a client that stayed connected: open SSE streams now "
+    "replay after a reconnection; (3) a turn whose loop raised (Redis restarted at a persist) "
+    "emitted no end: it now ends with an error end event."
+)
 #: Seconds a fault's recovery is waited for.
 RECOVERY_TIMEOUT_S = 150.0
 
@@ -687,7 +699,8 @@ def run(quick: bool) -> dict[str, Any]:
             "killed with SIGKILL and restarted at once; NATS and Redis restarted (SIGTERM, same "
             "port, same JetStream store and append-only file); llama-server killed with SIGKILL "
             "(the supervisor relaunches it). "
-            + ("Quick mode: one round per fault." if quick else "Five rounds per fault.")
+            + ("Quick mode: one round per fault. " if quick else "Five rounds per fault. ")
+            + HISTORY
         ),
         engine=engine_facts,
     )
