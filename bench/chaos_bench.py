@@ -95,6 +95,7 @@ class FaultWindow:
     duplicated: int = 0
     gone: int = 0
     holes: int = 0
+    unreadable: int = 0  # conversations whose state never answered (their loss is unknown)
     error_samples: list[str] = field(default_factory=list)
 
 
@@ -431,9 +432,11 @@ def check(drivers: list[Driver], base: str, ledger: Ledger, t: float) -> None:
                 with driver.lock:
                     stored = list(conv.stored)
                 if stored:
-                    resp = http.get("/api/chat/state", params={"conversation": conv.id})
-                    now = list(resp.json().get("messages") or []) if resp.status_code == 200 else []
-                    ledger.count(t, "lost", lost_messages(stored, now))
+                    now = read_state(http, conv.id or "")
+                    if now is None:
+                        ledger.count(t, "unreadable")
+                    else:
+                        ledger.count(t, "lost", lost_messages(stored, now))
                 reader = conv.reader
                 if reader is None or reader.last_seq is None:
                     continue
@@ -454,6 +457,24 @@ def check(drivers: list[Driver], base: str, ledger: Ledger, t: float) -> None:
                 ledger.count(t, "duplicated", dup)
                 ledger.count(t, "missing", missing)
                 conv.checked_upto = upto
+
+
+def read_state(http: httpx.Client, conversation: str, timeout: float = 60.0) -> list[Any] | None:
+    """The stored messages of ``conversation`` (``/api/chat/state``), asked again while the
+    stack does not answer 200 (a conversation whose owner was killed is served once its lock
+    expires and another instance takes it over); None when it never did within ``timeout``.
+    A failed read is not a loss: counting it as one would count every message."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            resp = http.get("/api/chat/state", params={"conversation": conversation})
+            if resp.status_code == 200:
+                return list(resp.json().get("messages") or [])
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
 
 
 def _holes(seqs: list[int]) -> int:
@@ -581,6 +602,7 @@ def summarise(windows: list[FaultWindow]) -> list[dict[str, Any]]:
                 "duplicated": sum(w.duplicated for w in ws),
                 "gone": sum(w.gone for w in ws),
                 "holes": sum(w.holes for w in ws),
+                "unreadable": sum(w.unreadable for w in ws),
                 "recovered": len(rec),
                 "recovery_median_s": statistics.median(rec) if rec else None,
                 "recovery_max_s": max(rec) if rec else None,

@@ -28,6 +28,7 @@ def test_one_round_of_each_fault_loses_and_duplicates_nothing() -> None:
     rows = chaos.summarise(windows)
     for row in rows:
         assert row["lost"] == 0, row
+        assert row["unreadable"] == 0, row
         assert row["missing"] == 0, row
         assert row["duplicated"] == 0, row
         assert row["no_end"] == 0, (row["no_end"], row["error_samples"])

@@ -140,7 +140,7 @@ async def test_a_grant_never_claimed_is_given_back_after_the_claim_window():
 
 
 async def test_an_unclaimed_grant_drops_its_holders_other_waiters_and_leases():
-    lm = LeaseManager(lambda: target, ttl=30.0, claim_s=0.3)
+    lm = LeaseManager(lambda: target, ttl=0.5, claim_s=0.3)
     other = await lm.acquire(req(kind="verify", holder="chat-a:1"))
     lm.renew(other.lease_id)  # claimed, then the process died with its waiters queued
     lm.release(other.lease_id)
@@ -148,6 +148,7 @@ async def test_an_unclaimed_grant_drops_its_holders_other_waiters_and_leases():
     lm.renew(dead_held.lease_id)
     dead_waiters = [asyncio.create_task(lm.acquire(req(wait=30, holder="chat-a:1")))]
     await asyncio.sleep(0.02)
+    await asyncio.sleep(0.6)  # its last renewal is a TTL old: the holder died
     lm.release(dead_held.lease_id)  # the first dead waiter is granted; nobody claims it
     await asyncio.sleep(0)
     dead_waiters.append(asyncio.create_task(lm.acquire(req(wait=30, holder="chat-a:1"))))
@@ -160,6 +161,25 @@ async def test_an_unclaimed_grant_drops_its_holders_other_waiters_and_leases():
         with pytest.raises(Unavailable):
             await dead_waiters[1]
         assert lm.waiting == 0
+    finally:
+        await lm.close()
+
+
+async def test_a_late_claim_of_a_holder_that_renewed_lately_drops_nothing_else():
+    """A live holder (renewed within the TTL) whose claim was late loses that grant only."""
+    lm = LeaseManager(lambda: target, ttl=30.0, claim_s=0.3)
+    held = await lm.acquire(req(holder="chat-a:1"))
+    lm.renew(held.lease_id)
+    waiter = asyncio.create_task(lm.acquire(req(wait=30, holder="chat-a:1")))
+    await asyncio.sleep(0.02)
+    lm.release(held.lease_id)  # the waiter is granted; its claim does not come in time
+    await asyncio.sleep(0.02)
+    later = asyncio.create_task(lm.acquire(req(wait=30, holder="chat-a:1")))
+    await asyncio.sleep(0.02)
+    lm.start()
+    try:
+        assert (await asyncio.wait_for(later, 2)).lease_id  # served, not refused
+        assert (await waiter).lease_id
     finally:
         await lm.close()
 

@@ -16,7 +16,9 @@ killed with turns queued for the slot) never receives it. A fresh grant therefor
 ``claim_s`` until its first renewal (the client renews at once on receipt, see
 :mod:`loki_shared.lease`); unclaimed, it expires, and when the request named its ``holder``
 (a process's id), that holder's other waiters and leases go with it: one dead process costs
-one claim window, not one TTL per request it had queued.
+one claim window, not one TTL per request it had queued. A holder that renewed any lease
+within the last TTL is alive (its claim was only late): nothing of it is dropped but the
+unclaimed grant.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class LeaseManager:
         self.ttl = ttl
         self.max_ttl = max_ttl
         self.claim_s = claim_s
+        self._seen: dict[str, float] = {}  # holder -> monotonic time of its last renewal
         self._waiting: list[_Waiter] = []
         self.held: dict[str, Held] = {}
         self._paused = 0
@@ -177,6 +180,8 @@ class LeaseManager:
             raise NotFound(f"lease {lease_id} is not held (released or expired)")
         held.deadline = time.monotonic() + held.lease.ttl_s
         held.claimed = True
+        if held.holder:
+            self._seen[held.holder] = time.monotonic()
         return held.lease
 
     def release(self, lease_id: str, pump: bool = True) -> Held:
@@ -205,7 +210,15 @@ class LeaseManager:
         """Drop every lease past its deadline; return them. Serves waiters after."""
         now = time.monotonic() if now is None else now
         gone = [h for h in self.held.values() if h.deadline <= now]
-        dead = {h.holder for h in gone if h.holder and not h.claimed}
+        dead = {
+            h.holder
+            for h in gone
+            if h.holder
+            and not h.claimed
+            and now - self._seen.get(h.holder, float("-inf")) > self.ttl
+        }
+        for holder in dead:
+            self._seen.pop(holder, None)
         if dead:
             # a grant its holder never received: that process is gone, and so are its
             # other leases and waiters
