@@ -40,6 +40,7 @@ EXPECTED = [
     "side_slot",
     "compaction",
     "ui_render",
+    "chaos",
 ]
 
 #: Time limits (s) when a module does not set ``TIMEOUT_S = {"quick": .., "full": ..}``.

@@ -6,10 +6,11 @@ Protocol (the supervisor's side is ``loki_supervisor.lease``; messages in
 1. ``loki.engine.lease`` with a :class:`LeaseRequest` (NATS timeout longer than its
    ``wait_s``); the reply :class:`Lease` says where to send the request (``base_url``,
    ``api_key``, ``id_slot``) and how long it lives unrenewed (``ttl_s``);
-2. while held: ``loki.engine.renew`` every ``ttl_s / 3`` (:func:`renew_interval`; two
-   renewals may be lost before the lease expires). A renewal answered with an error (the lease
-   expired: the holder was presumed dead and the slot given away) stops the renewals and sets
-   :attr:`EngineLease.lost`;
+2. while held: ``loki.engine.renew`` at once (the claim: the supervisor gives back a grant
+   not renewed within its claim window, as one sent to a waiter that died), then every
+   ``ttl_s / 3`` (:func:`renew_interval`; two renewals may be lost before the lease
+   expires). A renewal answered with an error (the lease expired: the holder was presumed
+   dead and the slot given away) stops the renewals and sets :attr:`EngineLease.lost`;
 3. on leaving the ``async with``, whatever the way out — the body returned, raised, or was
    cancelled (a client gone, a stop) — ``loki.engine.release`` is sent once, with the
    ``prompt_tokens`` / ``cached_tokens`` given to :meth:`EngineLease.report`. A release that
@@ -49,6 +50,8 @@ log = logging.getLogger("loki.lease")
 #: Renew every ``ttl_s * RENEW_FRACTION``: the one renewal rule (a lease survives two lost
 #: renewals before its TTL runs out).
 RENEW_FRACTION = 1 / 3
+#: Pause between tries of a lease's first renewal (its claim) while they fail (s).
+CLAIM_RETRY_S = 0.25
 #: NATS timeout of a renew or release request (s).
 CONTROL_TIMEOUT_S = 5.0
 
@@ -258,15 +261,18 @@ class EngineLease:
 
     async def _renew_loop(self, lease_id: str, every: float) -> None:
         payload = _encode(RenewRequest(lease_id=lease_id))
+        pause = 0.0  # the claim goes at once, and is tried again soon while it fails
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(pause)
             try:
                 reply = Lease.model_validate_json(
                     await self._request(subjects.ENGINE_RENEW, payload, CONTROL_TIMEOUT_S)
                 )
             except Exception as exc:  # noqa: BLE001 - supervisor away: try again next time
                 log.warning("lease %s renewal failed: %s", lease_id, type(exc).__name__)
+                pause = every if self.renewals else min(every, CLAIM_RETRY_S)
                 continue
+            pause = every
             if reply.error is not None:
                 self.lost = True
                 log.warning("lease %s lost: %s", lease_id, reply.error.message)

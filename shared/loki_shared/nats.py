@@ -4,6 +4,7 @@ how a connection is closed when the service stops."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from faststream.exceptions import IncorrectState
@@ -69,11 +70,15 @@ def make_broker(
     return broker
 
 
-def connection_callbacks(log: logging.Logger) -> dict[str, Any]:
+def connection_callbacks(
+    log: logging.Logger, on_reconnected: Callable[[], Awaitable[None]] | None = None
+) -> dict[str, Any]:
     """``error_cb`` and ``reconnected_cb`` for ``nats.connect`` that say what happens in one
     line each: the first error after a working connection at WARNING, the failed reconnect
     attempts after it at DEBUG, and the reconnection at INFO. (nats-py's default logs every
-    failed attempt, twice a second while NATS is away, with its traceback.)"""
+    failed attempt, twice a second while NATS is away, with its traceback.)
+    ``on_reconnected``, when given, is awaited after each reconnection (nats-py has sent the
+    connection's subscriptions again by then); what it raises is logged."""
     state = {"quiet": False}
 
     async def error_cb(exc: Exception) -> None:
@@ -86,6 +91,11 @@ def connection_callbacks(log: logging.Logger) -> dict[str, Any]:
     async def reconnected_cb() -> None:
         state["quiet"] = False
         log.info("NATS: reconnected")
+        if on_reconnected is not None:
+            try:
+                await on_reconnected()
+            except Exception:  # a listener's failure never breaks the client
+                log.warning("NATS: after reconnection", exc_info=True)
 
     return {"error_cb": error_cb, "reconnected_cb": reconnected_cb}
 

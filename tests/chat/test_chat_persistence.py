@@ -235,3 +235,37 @@ async def test_takeover_removes_a_reminder_a_dead_owner_left_unanswered(
     assert sent == ["Earlier", "ok", "Question", "An answer", "next"]
     stored = (await client.state(conv.id)).messages
     assert [m.content for m in stored[1:]] == [*sent, "next answer"]
+
+
+async def test_turn_that_raises_ends_with_an_error_event_and_the_queue_goes_on(
+    chat_runner, supervisor, client, fake_engine
+):
+    """Issue 22 (chaos run, Redis restarted mid-turn): a persist that raises inside the turn
+    loop used to end the turn with no end event at all (a client waited forever). Now the
+    turn ends with an error end, written once Redis answers again, and the next turn runs."""
+    import redis.exceptions
+
+    svc = await chat_runner.start()
+    store = svc.shared.store
+    real_save = store.save
+    calls = {"n": 0, "failing": 0}
+
+    async def flaky_save(conv, lock_value):
+        calls["n"] += 1
+        if calls["n"] >= 4 and calls["failing"] < 2:  # after the turn began: a write, a retry
+            calls["failing"] += 1
+            raise redis.exceptions.ConnectionError("Connection closed by server.")
+        return await real_save(conv, lock_value)
+
+    store.save = flaky_save
+    fake_engine.push(tool_reply([("c0", "ping", "")], content="Checking"), text_reply("Done"))
+    cid, end = await client.turn("first", timeout=30)
+    assert end.finish_reason == "error"
+    assert "turn failed: ConnectionError" in (end.loki or {}).get("error", "")
+    assert calls["failing"] == 2
+    _, end2 = await client.turn("second", cid, timeout=30)  # gets the reply left queued
+    assert end2.finish_reason == "stop"
+    ends = [e for e in (await client.replay(cid)).events if e.finish_reason]
+    assert [e.finish_reason for e in ends] == ["error", "stop"]  # one end per turn, in the log
+    state = await client.state(cid)
+    assert state.messages[-1].content == "Done" and not state.generating

@@ -158,3 +158,16 @@ def test_shrink_aims_at_sixty_percent_corrected_by_the_real_size():
     assert overflow_factor(None, 4000) == 1.0
     assert shrink_target(4000, 1.5) == 1600
     assert still_too_big(1700, 1.5, 4000) and not still_too_big(1600, 1.5, 4000)
+
+
+def test_leaves_no_room_counts_the_reply_cap_not_a_flat_share() -> None:
+    from loki_chat.compaction.decide import leaves_no_room
+
+    # issue 23: a 1,800-token prompt in a 2,048-token window with replies capped at 64 fits
+    assert not leaves_no_room(1800, 2048, 64)
+    assert leaves_no_room(2000, 2048, 64)
+    # no cap, or a cap larger than a tenth of the window: 90% of the window, as before
+    assert leaves_no_room(1844, 2048, None)
+    assert not leaves_no_room(1800, 2048, None)
+    assert leaves_no_room(1844, 2048, 512)
+    assert not leaves_no_room(10_000, 0, 64)

@@ -22,6 +22,9 @@ def manager(view, ttl=30.0):
     return LeaseManager(lambda: state["target"], ttl=ttl), state
 
 
+target = Target(base_url="http://127.0.0.1:1", model="m", api_key="k", view=ONE)
+
+
 def req(kind="main", wait=5.0, **kw):
     return LeaseRequest(kind=kind, conversation="c1", wait_s=wait, **kw)
 
@@ -115,6 +118,68 @@ async def test_renewal_keeps_a_lease_and_release_twice_is_not_found():
             lm.release(lease.lease_id)
         with pytest.raises(NotFound):
             lm.renew(lease.lease_id)
+    finally:
+        await lm.close()
+
+
+async def test_a_grant_never_claimed_is_given_back_after_the_claim_window():
+    """Issue 22: a waiter that died before its grant arrived (a killed chat instance) holds
+    the slot for the claim window, not the TTL; a claimed lease lives its TTL."""
+    lm = LeaseManager(lambda: target, ttl=30.0, claim_s=0.3)
+    lm.start()
+    try:
+        t0 = asyncio.get_running_loop().time()
+        await lm.acquire(req())  # granted, never renewed: nobody received it
+        nxt = await asyncio.wait_for(lm.acquire(req(wait=5)), 3)
+        assert asyncio.get_running_loop().time() - t0 < 2.0
+        lm.renew(nxt.lease_id)  # the claim
+        await asyncio.sleep(0.8)
+        assert nxt.lease_id in lm.held  # past the claim window, within the TTL
+    finally:
+        await lm.close()
+
+
+async def test_an_unclaimed_grant_drops_its_holders_other_waiters_and_leases():
+    lm = LeaseManager(lambda: target, ttl=0.5, claim_s=0.3)
+    other = await lm.acquire(req(kind="verify", holder="chat-a:1"))
+    lm.renew(other.lease_id)  # claimed, then the process died with its waiters queued
+    lm.release(other.lease_id)
+    dead_held = await lm.acquire(req(holder="chat-a:1"))
+    lm.renew(dead_held.lease_id)
+    dead_waiters = [asyncio.create_task(lm.acquire(req(wait=30, holder="chat-a:1")))]
+    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.6)  # its last renewal is a TTL old: the holder died
+    lm.release(dead_held.lease_id)  # the first dead waiter is granted; nobody claims it
+    await asyncio.sleep(0)
+    dead_waiters.append(asyncio.create_task(lm.acquire(req(wait=30, holder="chat-a:1"))))
+    live = asyncio.create_task(lm.acquire(req(wait=30, holder="chat-b:2")))
+    await asyncio.sleep(0.02)
+    lm.start()
+    try:
+        granted = await asyncio.wait_for(live, 2)  # one claim window, not one per dead waiter
+        assert granted.lease_id in lm.held
+        with pytest.raises(Unavailable):
+            await dead_waiters[1]
+        assert lm.waiting == 0
+    finally:
+        await lm.close()
+
+
+async def test_a_late_claim_of_a_holder_that_renewed_lately_drops_nothing_else():
+    """A live holder (renewed within the TTL) whose claim was late loses that grant only."""
+    lm = LeaseManager(lambda: target, ttl=30.0, claim_s=0.3)
+    held = await lm.acquire(req(holder="chat-a:1"))
+    lm.renew(held.lease_id)
+    waiter = asyncio.create_task(lm.acquire(req(wait=30, holder="chat-a:1")))
+    await asyncio.sleep(0.02)
+    lm.release(held.lease_id)  # the waiter is granted; its claim does not come in time
+    await asyncio.sleep(0.02)
+    later = asyncio.create_task(lm.acquire(req(wait=30, holder="chat-a:1")))
+    await asyncio.sleep(0.02)
+    lm.start()
+    try:
+        assert (await asyncio.wait_for(later, 2)).lease_id  # served, not refused
+        assert (await waiter).lease_id
     finally:
         await lm.close()
 

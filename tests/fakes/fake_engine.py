@@ -52,6 +52,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -304,6 +305,9 @@ class FakeEngine:
         url: ``http://127.0.0.1:<port>`` once started.
         requests: completion requests received, in order (:class:`RecordedRequest`).
         default: response played when the script is empty (a fresh copy each time).
+        responder: when set, called with the decoded request body to choose the response
+            played when the script is empty (instead of ``default``): a reply that depends
+            on the conversation, e.g. a tool call first and text once the result is there.
         active_streams: streams being written right now (what ``/slots`` reports).
         disconnects: streams the client closed before the server finished writing.
         n_ctx: reported by ``/props`` and ``/slots``.
@@ -323,6 +327,7 @@ class FakeEngine:
         self.requests: list[RecordedRequest] = []
         self.script: deque[Response] = deque()
         self.default: Response = text_reply("ok")
+        self.responder: Callable[[dict[str, Any]], Response] | None = None
         self.active_streams = 0
         self.disconnects = 0
         self.completed_streams = 0
@@ -565,7 +570,12 @@ class FakeEngine:
             record = RecordedRequest(method, path, headers, body, time.time())
             with self._cond:
                 self.requests.append(record)
-                response = self.script.popleft() if self.script else _copy(self.default)
+                if self.script:
+                    response = self.script.popleft()
+                elif self.responder is not None:
+                    response = self.responder(_json_or_empty(record))
+                else:
+                    response = _copy(self.default)
                 self._cond.notify_all()
             return await self._play(response, record, writer)
         await self._send_json(
@@ -681,3 +691,12 @@ def _copy(response: Response) -> Response:
     import copy
 
     return copy.deepcopy(response)
+
+
+def _json_or_empty(record: RecordedRequest) -> dict[str, Any]:
+    """The request's JSON body, ``{}`` when it is not a JSON object."""
+    try:
+        body = record.json
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

@@ -44,6 +44,8 @@ log = logging.getLogger("loki.chat.service")
 
 #: Display seqs reserved in Redis at a time (one small write per block of events).
 SEQ_BLOCK = 64
+#: Tries of the error end of a turn that raised (one a second).
+FAILED_END_TRIES = 15
 
 
 @dataclass
@@ -92,6 +94,7 @@ class Actor:
         self._emit_lock = asyncio.Lock()
         self._persist_lock = asyncio.Lock()
         self.reserved = 0  # seqs up to this one are reserved in Redis
+        self.turn_ends = 0  # end events emitted (a turn that fails before its own gets one)
         #: the tools the last step could not offer and why (the model's template drops
         #: them; ``/api/chat/state``), None when they were offered
         self.tools_unavailable: dict[str, Any] | None = None
@@ -107,15 +110,17 @@ class Actor:
         reserved in Redis ahead of publication (blocks of :data:`SEQ_BLOCK`)."""
         async with self._emit_lock:
             if self.conv.seq + 1 > self.reserved and not self.lost:
+                block = self.conv.seq + SEQ_BLOCK
                 try:
-                    self.reserved = self.conv.seq + SEQ_BLOCK
-                    await self.shared.store.reserve_seq(
-                        self.conv.id, self.lock_value, self.reserved
-                    )
+                    # raises while Redis is away: nothing is published before the reservation
+                    await self.shared.store.reserve_seq(self.conv.id, self.lock_value, block)
+                    self.reserved = block
                 except FencedWrite:
                     self.lost = True
                     self.stop.set()
             event = self.conv.new_event(delta, **fields)
+            if fields.get("finish_reason"):
+                self.turn_ends += 1
             await self._publish(event)
             return event
 
@@ -264,12 +269,12 @@ class Actor:
         async def run() -> None:
             self.stop.clear()
             await self.stop_prewarm()
+            ends = self.turn_ends
             try:
                 await TurnRunner(self, None, resume=True).run()
-            except Exception:
+            except Exception as exc:
                 log.exception("continue failed in %s", self.conv.id)
-                self.conv.turn_open = False
-                await self.persist()
+                await self._failed(exc, ends)
             await self._work()
 
         self.worker = asyncio.create_task(run(), name=f"continue-{self.conv.id}")
@@ -283,19 +288,42 @@ class Actor:
             self.stop.clear()
             await self.stop_prewarm()
             text = self.conv.pending[0]
+            ends = self.turn_ends
             try:
                 await TurnRunner(self, text).run()
-            except Exception:  # a turn that fails ends itself, never the actor's queue
+            except Exception as exc:  # a turn that fails ends itself, never the actor's queue
                 log.exception("turn failed in %s", self.conv.id)
                 if self.conv.pending and self.conv.pending[0] == text:
                     self.conv.pending.pop(0)
-                self.conv.turn_open = False
-                try:
-                    await self.persist()
-                except Exception:  # Redis away: logged, the next turn persists again
-                    log.exception("could not persist %s", self.conv.id)
-                    await asyncio.sleep(1)
+                await self._failed(exc, ends)
             self.last_access = time.monotonic()
+
+    async def _failed(self, exc: Exception, ends: int) -> None:
+        """End a turn that raised (Redis away at a persist, a bug): its clients get an error
+        end event unless it emitted its own end already (``turn_ends`` past ``ends``), then
+        the conversation is written. Both are tried again, :data:`FAILED_END_TRIES` times a
+        second apart, while they raise (Redis coming back); past that, the next owner's
+        recovery ends the turn (``turn_open`` stays set in the stored blob)."""
+        self.conv.turn_open = False
+        reason = f"turn failed: {type(exc).__name__}: {exc}"[:300]
+        for attempt in range(FAILED_END_TRIES):
+            try:
+                if self.turn_ends == ends and not self.lost:
+                    await self.emit(
+                        {},
+                        finish_reason="error",
+                        loki={"event": "turn_end", "error": reason},
+                    )
+                await self.persist()
+                return
+            except Exception:  # Redis away: try again in a second
+                log.warning(
+                    "could not end the failed turn of %s (try %d)",
+                    self.conv.id,
+                    attempt + 1,
+                    exc_info=attempt == FAILED_END_TRIES - 1,
+                )
+                await asyncio.sleep(1)
 
     async def settle(self, timeout: float = 5.0) -> None:
         """Wait (at most ``timeout`` seconds) for the worker to finish on its own, without

@@ -20,6 +20,7 @@ All raise :class:`~loki_shared.lease.LeaseError` on entry when no lease comes.
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 from loki_shared.lease import EngineLease, lease
 from loki_shared.messages.base import RequestKind
@@ -36,11 +37,16 @@ class EngineLeases:
         bus: the instance's NATS bus (its broker carries the requests).
         settings: ``lease_timeout_s`` bounds a lease request (seconds); the supervisor is
             asked to wait 5 s less (at least 1 s).
+        instance: this instance's id; the leases name this process as their ``holder``
+            (the id and a random part drawn at start, so a restarted instance with the same
+            id is another holder): a grant it never claims lets the supervisor drop the
+            dead process's other waiters at once.
     """
 
-    def __init__(self, bus: ChatBus, settings: Settings) -> None:
+    def __init__(self, bus: ChatBus, settings: Settings, instance: str = "chat") -> None:
         self.bus = bus
         self.settings = settings
+        self.holder = f"{instance}:{uuid.uuid4().hex[:8]}"
 
     def _wait_s(self) -> float:
         return max(1.0, self.settings.lease_timeout_s - 5)
@@ -52,7 +58,7 @@ class EngineLeases:
         ``stop`` set while waiting gives up (``LeaseStopped``)."""
         return lease(
             self.bus.broker,
-            LeaseRequest(kind=kind, conversation=cid, wait_s=self._wait_s()),
+            LeaseRequest(kind=kind, conversation=cid, wait_s=self._wait_s(), holder=self.holder),
             timeout=self.settings.lease_timeout_s,
             stop=stop,
         )
@@ -66,6 +72,7 @@ class EngineLeases:
                 conversation=cid,
                 wait_s=self._wait_s(),
                 continuation=continuation,
+                holder=self.holder,
             ),
         )
 

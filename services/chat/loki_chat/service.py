@@ -79,7 +79,7 @@ class ChatService:
             settings=settings,
             store=store,
             bus=self.bus,
-            leases=EngineLeases(self.bus, settings),
+            leases=EngineLeases(self.bus, settings, self.instance),
             engine=EngineClient(http, settings.retry_delays, settings.engine_timeout_s),
             toolbox=toolbox or default_toolbox(self.bus, settings, shelf),
             shelf=shelf,

@@ -14,6 +14,15 @@ dead) and the next waiter gets the slot.
 A ``prewarm`` lease (PREWARM: the next request's prefix sent ahead, low priority) is
 pre-empted by any other request for its queue: it is revoked at once (its holder's next
 renewal is refused, and the holder cancels its request) and the waiter is granted the slot.
+
+Claims: a grant is a NATS reply, and a waiter whose process died meanwhile (a chat instance
+killed with turns queued for the slot) never receives it. A fresh grant therefore lives only
+``claim_s`` until its first renewal (the client renews at once on receipt, see
+:mod:`loki_shared.lease`); unclaimed, it expires, and when the request named its ``holder``
+(a process's id), that holder's other waiters and leases go with it: one dead process costs
+one claim window, not one TTL per request it had queued. A holder that renewed any lease
+within the last TTL is alive (its claim was only late): nothing of it is dropped but the
+unclaimed grant.
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ class Held:
     deadline: float
     conversation: str | None
     granted_at: float = field(default_factory=time.monotonic)
+    claimed: bool = False  # renewed at least once (the holder received the grant)
+    holder: str | None = None  # LeaseRequest.holder: the asking process
 
 
 @dataclass
@@ -75,14 +86,21 @@ class LeaseManager:
             (waiters then wait until :meth:`pump` is called with a ready engine).
         ttl: default lease lifetime without renewal (s).
         max_ttl: the longest TTL a caller may ask (s).
+        claim_s: lifetime of a fresh grant until its first renewal (s; capped by the TTL).
     """
 
     def __init__(
-        self, target: Callable[[], Target | None], ttl: float = 30.0, max_ttl: float = 600.0
+        self,
+        target: Callable[[], Target | None],
+        ttl: float = 30.0,
+        max_ttl: float = 600.0,
+        claim_s: float = 2.0,
     ) -> None:
         self._target = target
         self.ttl = ttl
         self.max_ttl = max_ttl
+        self.claim_s = claim_s
+        self._seen: dict[str, float] = {}  # holder -> monotonic time of its last renewal
         self._waiting: list[_Waiter] = []
         self.held: dict[str, Held] = {}
         self._paused = 0
@@ -169,6 +187,9 @@ class LeaseManager:
         if held is None:
             raise NotFound(f"lease {lease_id} is not held (released or expired)")
         held.deadline = time.monotonic() + held.lease.ttl_s
+        held.claimed = True
+        if held.holder:
+            self._seen[held.holder] = time.monotonic()
         return held.lease
 
     def release(self, lease_id: str, pump: bool = True) -> Held:
@@ -197,14 +218,34 @@ class LeaseManager:
         """Drop every lease past its deadline; return them. Serves waiters after."""
         now = time.monotonic() if now is None else now
         gone = [h for h in self.held.values() if h.deadline <= now]
+        dead = {
+            h.holder
+            for h in gone
+            if h.holder
+            and not h.claimed
+            and now - self._seen.get(h.holder, float("-inf")) > self.ttl
+        }
+        for holder in dead:
+            self._seen.pop(holder, None)
+        if dead:
+            # a grant its holder never received: that process is gone, and so are its
+            # other leases and waiters
+            gone += [h for h in self.held.values() if h.holder in dead and h.deadline > now]
+            for w in [w for w in self._waiting if w.request.holder in dead]:
+                self._waiting.remove(w)
+                if not w.future.done():
+                    w.future.set_exception(Unavailable("the lease's holder is gone"))
         for h in gone:
             self.held.pop(h.lease.lease_id, None)
             log.warning(
-                "lease %s (%s, %s) expired after %.1f s without release or renewal",
+                "lease %s (%s, %s) expired after %.1f s %s",
                 h.lease.lease_id,
                 h.lease.kind,
                 h.queue,
                 now - h.granted_at,
+                "without release or renewal"
+                if h.claimed or h.holder not in dead
+                else f"(holder {h.holder} gone)",
             )
         if gone:
             self.pump()
@@ -254,8 +295,9 @@ class LeaseManager:
             self.held[lease.lease_id] = Held(
                 lease=lease,
                 queue=queue,
-                deadline=time.monotonic() + ttl,
+                deadline=time.monotonic() + min(ttl, self.claim_s),
                 conversation=req.conversation,
+                holder=req.holder,
             )
             busy[queue] = busy.get(queue, 0) + 1
             self._waiting.remove(waiter)

@@ -123,7 +123,9 @@ class Supervisor:
         self.runner = EngineRunner(
             self._on_state, settings.engine_start_timeout, settings.engine_backoff_max
         )
-        self.leases = LeaseManager(self.target, ttl=settings.lease_ttl)
+        self.leases = LeaseManager(
+            self.target, ttl=settings.lease_ttl, claim_s=settings.lease_claim_s
+        )
         self.persist = SlotPersister(self.leases)
         self.store = PresetStore(redis, sealer, env_preset(settings))
         self.preset: Preset = env_preset(settings)

@@ -45,7 +45,10 @@ class Settings(LokiSettings):
     - ``LOKI_ENGINE_THREADS``: ``-t`` (unset: llama-server's default).
     - ``LOKI_ENGINE_START_TIMEOUT`` (s, default 300): ``/health`` must answer 200 by then.
     - ``LOKI_ENGINE_BACKOFF_MAX`` (s, default 30): longest wait between restarts.
-    - ``LOKI_LEASE_TTL`` (s, default 30): lease lifetime without renewal.
+    - ``LOKI_LEASE_TTL`` (s, default 6): lease lifetime without renewal (renewed every
+      third): how long the slot of a killed holder stays taken.
+    - ``LOKI_LEASE_CLAIM_S`` (s, default 2): a fresh grant's lifetime until its first
+      renewal (a grant to a dead waiter is given back after this).
     """
 
     model: str = Field(default="", description="GGUF path; empty: bundled model.")
@@ -76,4 +79,5 @@ class Settings(LokiSettings):
     engine_threads: int | None = None
     engine_start_timeout: float = 300.0
     engine_backoff_max: float = 30.0
-    lease_ttl: float = 30.0
+    lease_ttl: float = Field(default=6.0, gt=0)
+    lease_claim_s: float = Field(default=2.0, gt=0)

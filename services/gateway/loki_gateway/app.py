@@ -82,6 +82,8 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
             app.state.bus = bus
         app.state.background = set()  # tasks that must outlive a request (perf records)
         app.state.hub = EventHub(app.state.bus.client, settings.sse_client_buffer)
+        if isinstance(app.state.bus, Bus):
+            app.state.bus.on_reconnect(app.state.hub.resync)
         app.state.http = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.upstream_timeout_s, connect=10.0, pool=60.0),
             # llama-server closes idle keep-alive connections after 5 s (cpp-httplib's

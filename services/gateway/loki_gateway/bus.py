@@ -4,6 +4,7 @@ request is checked against the subject table (:data:`loki_shared.subjects.EXCHAN
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats
@@ -30,20 +31,40 @@ class Bus:
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        #: awaited after each reconnection to NATS (see :meth:`on_reconnect`)
+        self.reconnect_listeners: list[Callable[[], Awaitable[None]]] = []
+
+    def on_reconnect(self, listener: Callable[[], Awaitable[None]]) -> None:
+        """Await ``listener`` after each reconnection to NATS (the subscriptions are back on
+        the server by then): what was published while the connection was away is gone for
+        this client, and the listener makes up for it (the SSE hub replays)."""
+        self.reconnect_listeners.append(listener)
+
+    async def _reconnected(self) -> None:
+        for listener in list(self.reconnect_listeners):
+            await listener()
 
     @classmethod
     async def connect(cls, url: str, login: dict[str, Any] | None = None) -> Bus:
         """Connect to ``url``, logged in with ``login`` (``Settings.nats_options()``: the
         gateway's NATS user and reply-inbox prefix; empty: no login)."""
+        listeners: list[Bus] = []
+
+        async def reconnected() -> None:
+            if listeners:
+                await listeners[0]._reconnected()
+
         client = await nats.connect(
             url,
             **(login or {}),
             name="loki-gateway",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
-            **connection_callbacks(logging.getLogger("loki.gateway.nats")),
+            **connection_callbacks(logging.getLogger("loki.gateway.nats"), reconnected),
         )
-        return cls(client)
+        bus = cls(client)
+        listeners.append(bus)
+        return bus
 
     async def request(
         self, subject: str, message: BaseModel, reply_type: type[R], timeout: float = 5.0

@@ -11,7 +11,11 @@ How one client's stream is built (see :func:`conversation_stream`):
    key merged into one event carrying the last seq), a short one is sent as logged;
 3. live events follow; an event whose seq is not above the last one sent is dropped (it came
    with the replay); an event that would leave a hole (seq > last + 1, e.g. NATS dropped one)
-   triggers a replay from the last seq sent first.
+   triggers a replay from the last seq sent first;
+4. after the gateway's NATS connection comes back (NATS restarted, or the link broke), every
+   open stream replays from the last seq it sent (:meth:`EventHub.resync`): events published
+   while the connection was away never arrive live, and a turn's last events (its end) would
+   otherwise wait for a next event that may never come.
 
 Live events are written in batches of at most :data:`BATCH_MAX_EVENTS` events or
 :data:`BATCH_MAX_BYTES` bytes per write. Each client has a bounded buffer
@@ -41,6 +45,7 @@ from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
 from loki_shared import subjects
+from loki_shared.errors import LokiError
 from loki_shared.messages.chat import ChatEvent, ReplayReply, ReplayRequest
 
 from .bus import Bus
@@ -119,11 +124,18 @@ class ClientFeed:
     items: deque[LiveItem] = field(default_factory=deque)
     overflowed: bool = False
     closing: str | None = None  # why the stream must end now (server shutting down)
+    resync: bool = False  # events may have been missed live: replay before going on
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def close(self, reason: str) -> None:
         """End the stream at the next :meth:`take` (the client is told to reconnect)."""
         self.closing = reason
+        self.wakeup.set()
+
+    def mark_resync(self) -> None:
+        """Ask the stream to replay from its last seq at the next :meth:`take` (the live
+        subscription may have missed events)."""
+        self.resync = True
         self.wakeup.set()
 
     def push(self, item: LiveItem) -> None:
@@ -139,8 +151,9 @@ class ClientFeed:
     async def take(self, max_events: int, max_bytes: int) -> list[LiveItem]:
         """Wait until something is buffered, then return up to ``max_events`` items whose
         frames total at most ``max_bytes`` (always at least one item). Returns [] once the
-        feed has overflowed."""
-        while not self.items and not self.overflowed and not self.closing:
+        feed has overflowed or is closing, and possibly [] when :attr:`resync` is set (the
+        caller replays, clears it, and takes again)."""
+        while not self.items and not self.overflowed and not self.closing and not self.resync:
             self.wakeup.clear()
             await self.wakeup.wait()
         if self.overflowed or self.closing:
@@ -169,6 +182,21 @@ class EventHub:
         self._feeds: dict[str, set[ClientFeed]] = {}
         self._subs: dict[str, Subscription] = {}
         self._lock = asyncio.Lock()
+
+    async def resync(self) -> None:
+        """After a reconnection to NATS: make sure the server has the subscriptions again
+        (``flush``), then mark every client's feed to replay from its last seq (see
+        :meth:`ClientFeed.mark_resync`)."""
+        try:
+            await self.client.flush(timeout=5)
+        except Exception:  # noqa: BLE001 - lost again: the next reconnection resyncs
+            log.warning("NATS flush after reconnection failed")
+        async with self._lock:
+            feeds = [feed for group in self._feeds.values() for feed in group]
+        for feed in feeds:
+            feed.mark_resync()
+        if feeds:
+            log.info("NATS reconnected: %d SSE stream(s) replay what they missed", len(feeds))
 
     def clients(self, conversation: str) -> int:
         """Number of SSE clients attached to ``conversation``."""
@@ -296,6 +324,31 @@ async def _replay_from(
         reply = None
 
 
+#: Tries of the replay after a reconnection (the chat service may reconnect a moment later
+#: than the gateway), :data:`RESYNC_PAUSE_S` apart; then the stream ends with ``reconnect``.
+RESYNC_TRIES = 20
+RESYNC_PAUSE_S = 0.5
+
+
+async def _resync(
+    bus: Bus, feed: ClientFeed, state: StreamState, page: int, coalesce_min: int
+) -> AsyncIterator[bytes]:
+    """The replay after a reconnection to NATS, tried again while the chat service does not
+    answer yet (:data:`RESYNC_TRIES`); past that the feed is closed, so the client is told to
+    reconnect and resumes with ``Last-Event-ID``."""
+    for attempt in range(RESYNC_TRIES):
+        try:
+            async for chunk in _replay_from(
+                bus, feed.conversation, state, page, coalesce_min=coalesce_min
+            ):
+                yield chunk
+            return
+        except LokiError as exc:
+            log.info("replay after reconnection (%s, try %d): %s", feed.conversation, attempt, exc)
+            await asyncio.sleep(RESYNC_PAUSE_S)
+    feed.close("the event bus was away")
+
+
 async def conversation_stream(
     bus: Bus,
     hub: EventHub,
@@ -319,6 +372,13 @@ async def conversation_stream(
             yield chunk
         while True:
             items = await feed.take(BATCH_MAX_EVENTS, BATCH_MAX_BYTES)
+            if feed.resync and not (feed.overflowed or feed.closing):
+                # NATS came back: what was published meanwhile is only in the log
+                feed.resync = False
+                async for chunk in _resync(bus, feed, state, page, coalesce_min):
+                    yield chunk
+                if not items:
+                    continue
             if not items:  # overflowed (too far behind) or the server is stopping
                 reason = feed.closing or "too far behind"
                 log.info(

@@ -150,13 +150,16 @@ class LeaseRequest(Msg):
     NATS timeout must be longer). ``ttl_s``: asked lifetime of the lease before renewal
     (``None``: the supervisor's default). ``continuation``: a ``compact`` request that
     continues the conversation's cached prompt (COMPACT_CONTINUATION), routed like ``main``;
-    a plain ``compact`` (summary of a transcript) goes beside it."""
+    a plain ``compact`` (summary of a transcript) goes beside it. ``holder``: an id of the
+    asking process (a chat instance's); a grant it never claims (see
+    ``loki_supervisor.lease``) drops its other waiters and leases with it."""
 
     kind: RequestKind
     conversation: str | None = None
     wait_s: float = 60.0
     ttl_s: float | None = None
     continuation: bool = False
+    holder: str | None = None
 
 
 class Lease(Reply):

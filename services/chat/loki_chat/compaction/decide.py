@@ -245,6 +245,21 @@ def overflow_factor(overflow: OverflowInfo | None, estimate: int) -> float:
     return 1.0
 
 
+def leaves_no_room(used: int, n_ctx: int, reply_cap: int | None) -> bool:
+    """Whether a request of ``used`` tokens leaves no room to answer in a window of ``n_ctx``
+    tokens (then archive-then-drop follows a compaction at any trigger): the room wanted is
+    the smaller of the step's reply cap (``max_tokens``, None: unknown) and
+    ``1 - FULL_SHARE`` of the window — so a small cap lets a long paste in the verbatim tail
+    stay whole (issue 23: a 1,700-token paste in a 2,048-token window with replies capped at
+    64 tokens fits, and is not to be dropped). False for an unknown window (``n_ctx`` 0)."""
+    if n_ctx <= 0:
+        return False
+    room = (1 - FULL_SHARE) * n_ctx
+    if reply_cap is not None and reply_cap > 0:
+        room = min(room, float(reply_cap))
+    return used + room > n_ctx
+
+
 def shrink_target(n_ctx: int, factor: float) -> float:
     """What the last-resort shrink aims at, in estimated tokens: :data:`SHRINK_SHARE` of
     the window, corrected by the real/estimate ``factor``."""

@@ -101,6 +101,8 @@ class CompactionPolicy:
         #: models whose failing summaries were logged (once per model until restart)
         self.failing_logged: set[str] = set()
         self.n_ctx = 0  # the window of the last lease seen (tokens)
+        #: the cap on one step's reply (``LOKI_MAX_TOKENS``, else the last lease's; tokens)
+        self.reply_cap: int | None = deps.settings.max_tokens
         self.slots = SlotWatch(self.states, deps.bus)
         self.archiver = Archiver(deps.bus, deps.settings.recall_timeout_s)
         self.events = CompactionEvents(deps.bus)
@@ -136,6 +138,8 @@ class CompactionPolicy:
         st.generations.append(D.generation_tokens(usage, generated_chars))
         if lease.n_ctx:
             self.n_ctx = lease.n_ctx
+        if self.settings.max_tokens is None:
+            self.reply_cap = lease.max_tokens
         self.summaries.template = lease.template
         self.slots.stamp(st, lease, body, usage, count)
 
@@ -203,7 +207,7 @@ class CompactionPolicy:
                 before,
             )
             await self.events.audit(view, "refused", before, before, [], t0)
-            if reactive or before >= D.FULL_SHARE * n_ctx:
+            if reactive or D.leaves_no_room(before, n_ctx, self.reply_cap):
                 # the request would not fit (or barely): the path that always reduces
                 return await self._shrink(view, n_ctx, st, t0)
             return False
@@ -321,7 +325,7 @@ class CompactionPolicy:
                 factor = D.overflow_factor(view.overflow, before)
                 if D.still_too_big(after, factor, n_ctx):
                     await self._shrink(view, n_ctx, st, time.monotonic())
-        elif n_ctx > 0 and after >= D.FULL_SHARE * n_ctx:
+        elif D.leaves_no_room(after, n_ctx, self.reply_cap):
             await self._shrink(view, n_ctx, st, time.monotonic())
 
     # -- failures of summaries, per model ---------------------------------------------------
