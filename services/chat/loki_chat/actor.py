@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from .errors import FencedWrite
 from .leases import EngineLeases
 from .settings import Settings
 from .store import Store
+from .tasks.store import TaskStore
 from .tokens import TokenCounts
 from .tools import ToolBox
 from .turn import TurnRunner
@@ -60,6 +62,7 @@ class Shared:
     policy: ContextPolicy
     closing: bool = False
     tokens: TokenCounts | None = None  # exact token counts (None: estimates)
+    tasks: TaskStore | None = None  # marks the person's running turns for task runs
 
 
 class Actor:
@@ -133,9 +136,14 @@ class Actor:
                 self.stop.set()
 
     def lease(self) -> EngineLease:
-        """A ``main`` lease for this conversation's next step, to hold with ``async with``
-        (see :class:`~loki_chat.leases.EngineLeases`); waiting for it ends when the turn is
+        """A ``main`` lease for this conversation's next step (``task`` for a scheduled
+        task's run, queued at most ``LOKI_TASK_WAIT_S``), to hold with ``async with`` (see
+        :class:`~loki_chat.leases.EngineLeases`); waiting for it ends when the turn is
         stopped."""
+        if self.conv.kind == "task":
+            return self.shared.leases.lease(
+                self.conv.id, "task", stop=self.stop, wait_s=self.settings.task_wait_s
+            )
         return self.shared.leases.lease(self.conv.id, stop=self.stop)
 
     def publish_perf(self, record: PerfRecord) -> None:
@@ -219,7 +227,8 @@ class Actor:
         async def run() -> None:
             self.stop.clear()
             try:
-                await TurnRunner(self, None, resume=True).run()
+                async with self.person_turn():
+                    await TurnRunner(self, None, resume=True).run()
             except Exception:
                 log.exception("continue failed in %s", self.conv.id)
                 self.conv.turn_open = False
@@ -227,6 +236,23 @@ class Actor:
             await self._work()
 
         self.worker = asyncio.create_task(run(), name=f"continue-{self.conv.id}")
+
+    @contextlib.asynccontextmanager
+    async def person_turn(self) -> AsyncIterator[None]:
+        """Mark a person's turn as running (in Redis, seen by every instance's task runs,
+        which wait for it to end: a task never takes the person's slot mid-turn); a task's
+        own turn is not marked. A Redis failure here never stops the turn."""
+        tasks = self.shared.tasks
+        if tasks is None or self.conv.kind == "task":
+            yield
+            return
+        with contextlib.suppress(Exception):
+            await tasks.mark_active(self.conv.id)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                await tasks.unmark_active(self.conv.id)
 
     def _ensure_worker(self) -> None:
         if not self.busy:
@@ -237,7 +263,8 @@ class Actor:
             self.stop.clear()
             text = self.conv.pending[0]
             try:
-                await TurnRunner(self, text).run()
+                async with self.person_turn():
+                    await TurnRunner(self, text).run()
             except Exception:  # a turn that fails ends itself, never the actor's queue
                 log.exception("turn failed in %s", self.conv.id)
                 if self.conv.pending and self.conv.pending[0] == text:

@@ -49,6 +49,11 @@ class Settings(LokiSettings):
       ``stable_prefix`` (off by default; see docs/behaviour.md (chat)).
     - ``LOKI_TOKENIZE_TIMEOUT_S`` — bound of one batch of exact token counts by the local
       engine (``/tokenize``; 0.3 s); past it the estimate is used (logged). 0: estimates only.
+    - ``LOKI_TASK_TICK_S`` — how often the task scheduler looks for due times (s; 1).
+    - ``LOKI_TASK_GRACE_S`` — a due time missed by more than this (every instance down) is
+      recorded ``skipped``, except the latest missed one, which runs (s; 300).
+    - ``LOKI_TASK_WAIT_S`` — how long a task run waits for the person's turn to end, and for
+      its engine lease, before it is recorded ``skipped`` (s; 120).
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -72,3 +77,6 @@ class Settings(LokiSettings):
     compact_threshold: float = Field(default=0.75, gt=0.1, le=0.95)
     nudge_in_tool: bool = False
     tokenize_timeout_s: float = Field(default=0.3, ge=0)
+    task_tick_s: float = Field(default=1.0, gt=0)
+    task_grace_s: float = Field(default=300.0, ge=0)
+    task_wait_s: float = Field(default=120.0, gt=0)

@@ -718,7 +718,7 @@ class TurnRunner:
         result = self.result
         assert result is not None
         record = build_record(
-            kind="main",
+            kind=self.conv.kind,
             messages=wire,
             conversation=self.conv.id,
             model=lease.model,

@@ -1,0 +1,164 @@
+"""Scheduled tasks in Redis, and the claim of each due time.
+
+Keys (values sealed with :mod:`loki_shared.sealing`; AAD = ``<key>:<field>``):
+
+- ``loki:task:index`` — hash ``task id -> Task`` (sealed JSON);
+- ``loki:task:runs:<id>`` — hash ``due -> TaskRun`` (sealed JSON; ``due`` written with
+  ``repr(float)``). ``HSETNX`` of a due time's field is THE claim: the one instance whose
+  write lands runs it (or records it skipped); every other instance sees the field and
+  leaves it. The sealed bytes written are the claim's fencing token: the claimant updates
+  the run only while the field still holds exactly what it wrote (Lua compare-and-set);
+- ``loki:task:cursor:<id>`` — the latest due time already claimed (plain float; only
+  raised, by a Lua max);
+- ``loki:task:active`` — sorted set ``conversation -> expiry`` of the person's turns running
+  now (any instance), read by a task run before it starts.
+
+At most :data:`RUNS_KEPT` runs are kept per task (the oldest are dropped).
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from loki_shared.messages.tasks import Task, TaskRun
+from loki_shared.sealing import Sealer
+
+PREFIX = "loki:task"
+INDEX = f"{PREFIX}:index"
+ACTIVE = f"{PREFIX}:active"
+#: Runs kept per task.
+RUNS_KEPT = 200
+#: A person's turn marked active is presumed over after this long (s) if never unmarked.
+ACTIVE_MAX_S = 900.0
+
+_UPDATE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+_RAISE = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if cur < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+
+def runs_key(task_id: str) -> str:
+    return f"{PREFIX}:runs:{task_id}"
+
+
+def cursor_key(task_id: str) -> str:
+    return f"{PREFIX}:cursor:{task_id}"
+
+
+def due_field(due: float) -> str:
+    """A due time as a hash field (``repr``: the same float gives the same field)."""
+    return repr(float(due))
+
+
+class TaskStore:
+    """Tasks, their runs and claims.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` (bytes responses).
+        sealer: the service sealer.
+    """
+
+    def __init__(self, client: aioredis.Redis, sealer: Sealer) -> None:
+        self.r = client
+        self.sealer = sealer
+        self._update = client.register_script(_UPDATE)
+        self._raise = client.register_script(_RAISE)
+
+    def _seal(self, key: str, field: str, data: str) -> bytes:
+        return self.sealer.seal(data.encode(), f"{key}:{field}".encode())
+
+    def _open(self, key: str, field: str, blob: bytes) -> str:
+        return self.sealer.open(blob, f"{key}:{field}".encode()).decode()
+
+    # -- tasks ----------------------------------------------------------------------------
+    async def put(self, task: Task) -> None:
+        await self.r.hset(INDEX, task.id, self._seal(INDEX, task.id, task.model_dump_json()))
+
+    async def get(self, task_id: str) -> Task | None:
+        blob = await self.r.hget(INDEX, task_id)
+        if blob is None:
+            return None
+        return Task.model_validate_json(self._open(INDEX, task_id, blob))
+
+    async def all(self) -> list[Task]:
+        """Every readable task, oldest first (one sealed with another key is skipped)."""
+        out = []
+        for tid, blob in (await self.r.hgetall(INDEX)).items():
+            try:
+                out.append(Task.model_validate_json(self._open(INDEX, tid.decode(), blob)))
+            except Exception:  # noqa: BLE001 - a value sealed with another key
+                continue
+        out.sort(key=lambda t: t.created)
+        return out
+
+    async def delete(self, task_id: str) -> bool:
+        removed = await self.r.hdel(INDEX, task_id)
+        await self.r.delete(runs_key(task_id), cursor_key(task_id))
+        return bool(removed)
+
+    async def reset_cursor(self, task_id: str) -> None:
+        """Forget the cursor (the schedule changed: due times count from the new anchor)."""
+        await self.r.delete(cursor_key(task_id))
+
+    # -- claims and runs ------------------------------------------------------------------
+    async def cursor(self, task_id: str) -> float | None:
+        raw = await self.r.get(cursor_key(task_id))
+        return float(raw) if raw is not None else None
+
+    async def advance(self, task_id: str, due: float) -> None:
+        """Raise the cursor to ``due`` (never lowers it)."""
+        await self._raise(keys=[cursor_key(task_id)], args=[due_field(due)])
+
+    async def claim(self, run: TaskRun) -> bytes | None:
+        """Write ``run`` as its due time's record if no instance did: return the sealed bytes
+        written (the fencing token of later updates), or None when the due time was already
+        claimed."""
+        key, field = runs_key(run.task), due_field(run.due)
+        blob = self._seal(key, field, run.model_dump_json())
+        if not await self.r.hsetnx(key, field, blob):
+            return None
+        if await self.r.hlen(key) > RUNS_KEPT:
+            fields = sorted((f.decode() for f in await self.r.hkeys(key)), key=float)
+            await self.r.hdel(key, *fields[: len(fields) - RUNS_KEPT])
+        return blob
+
+    async def update(self, run: TaskRun, token: bytes) -> bytes | None:
+        """Replace a claimed run's record if it still holds ``token``; return the new token
+        (None: the record changed or is gone)."""
+        key, field = runs_key(run.task), due_field(run.due)
+        blob = self._seal(key, field, run.model_dump_json())
+        ok = await self._update(keys=[key], args=[field, token, blob])
+        return blob if ok else None
+
+    async def runs(self, task_id: str) -> list[TaskRun]:
+        """A task's runs, newest first."""
+        key = runs_key(task_id)
+        out = []
+        for field, blob in (await self.r.hgetall(key)).items():
+            try:
+                out.append(TaskRun.model_validate_json(self._open(key, field.decode(), blob)))
+            except Exception:  # noqa: BLE001 - a value sealed with another key
+                continue
+        out.sort(key=lambda r: r.due, reverse=True)
+        return out
+
+    # -- the person's turns -----------------------------------------------------------------
+    async def mark_active(self, cid: str) -> None:
+        await self.r.zadd(ACTIVE, {cid: time.time() + ACTIVE_MAX_S})
+
+    async def unmark_active(self, cid: str) -> None:
+        await self.r.zrem(ACTIVE, cid)
+
+    async def person_busy(self) -> bool:
+        """Whether a person's turn runs now on any instance (expired marks are dropped)."""
+        now = time.time()
+        await self.r.zremrangebyscore(ACTIVE, "-inf", now)
+        return bool(await self.r.zcard(ACTIVE))

@@ -1,0 +1,196 @@
+"""Scheduled tasks on the chat service (real NATS and Redis, the scripted fake engine):
+once per due time across two instances and their restarts, the task note at the head of
+the user message, lease kind ``task``, waiting for / skipping on the person's turn, the
+missed-run policy, and the ``loki.chat.tasks`` validation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from conftest import ChatClient, ChatRunner, FakeSupervisor
+from fakes.fake_engine import FakeEngine, text_reply
+
+from loki_chat.tasks.scheduler import MISSED, task_message
+from loki_shared import subjects
+from loki_shared.messages.tasks import Task, TaskRun, TaskSpec, TasksReply, TasksRequest
+
+FAST = dict(task_tick_s=0.2, task_grace_s=60.0, task_wait_s=5.0)
+
+
+async def tasks_req(client: ChatClient, **fields: Any) -> TasksReply:
+    raw = await client.nc.request(
+        subjects.CHAT_TASKS, TasksRequest(**fields).model_dump_json().encode(), timeout=10
+    )
+    return TasksReply.model_validate_json(raw.data)
+
+
+async def create(client: ChatClient, **spec: Any) -> Task:
+    reply = await tasks_req(client, action="create", spec=TaskSpec(**spec))
+    assert reply.error is None, reply.error
+    return reply.tasks[0]
+
+
+async def settled_runs(client: ChatClient, task: Task, timeout: float = 20.0) -> list[TaskRun]:
+    """The task's runs once none is ``running``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = (await tasks_req(client, action="runs", task=task.id)).runs
+        if all(r.status != "running" for r in runs) or time.monotonic() > deadline:
+            return runs
+        await asyncio.sleep(0.1)
+
+
+def user_messages(engine: FakeEngine) -> list[str]:
+    return [r.json["messages"][1]["content"] for r in engine.requests]
+
+
+async def test_each_due_time_runs_once_across_two_instances_and_restarts(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    a = await chat_runner.start(**FAST)
+    b = await chat_runner.start(**FAST)
+    task = await create(client, name="tick", prompt="Say tick.", interval_s=1)
+    await asyncio.sleep(3.5)
+    await chat_runner.stop(a)  # A restarts while B goes on
+    await asyncio.sleep(2.0)
+    a = await chat_runner.start(**FAST)
+    await asyncio.sleep(2.0)
+    await chat_runner.stop(b)  # then B stops: A alone
+    await asyncio.sleep(2.5)
+    spec = TaskSpec(**task.model_dump()).model_copy(update={"enabled": False})
+    assert (await tasks_req(client, action="update", task=task.id, spec=spec)).error is None
+    runs = await settled_runs(client, task)
+    dues = sorted(r.due for r in runs)
+    # every due time from the first one on, none lost: anchor + 1, + 2, ... without a gap
+    assert len(dues) >= 8
+    assert dues == [task.anchor + k for k in range(1, len(dues) + 1)]
+    assert {r.status for r in runs} == {"ok"}, [(r.due, r.status, r.detail) for r in runs]
+    assert len({r.instance for r in runs}) == 2  # both instances ran some
+    # none twice: one engine request and one conversation per due time
+    await fake_engine.await_idle()
+    sent = Counter(user_messages(fake_engine))
+    for run in runs:
+        assert sent[task_message(task, run.due)] == 1, run
+    assert len(fake_engine.requests) == len(runs)
+    assert len({r.conversation for r in runs}) == len(runs)
+    assert {lease.kind for lease in supervisor.leases} == {"task"}
+
+
+async def test_a_task_waits_for_the_persons_turn_or_is_skipped(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    await chat_runner.start(task_tick_s=0.1, task_grace_s=60.0, task_wait_s=1.0)
+    # a person's turn of about 3 s: the task due meanwhile waits 1 s, then is skipped
+    fake_engine.push(text_reply("slow answer", pieces=6, delay_s=0.5))
+    reply = await client.send("take your time")
+    await fake_engine.await_requests(1)
+    task = await create(client, prompt="Check the mail.", interval_s=1)
+    runs: list[TaskRun] = []
+    while not runs:
+        runs = [r for r in await settled_runs(client, task) if r.status != "running"]
+        await asyncio.sleep(0.05)
+    await tasks_req(client, action="delete", task=task.id)
+    first = min(runs, key=lambda r: r.due)
+    assert first.status == "skipped" and first.conversation is None
+    assert "busy with the person's turn" in first.detail
+    await client.tap.wait_turn_ends(reply.conversation)
+    # the person's turn was never interleaved with a task's request
+    assert len(fake_engine.requests) >= 1
+    assert fake_engine.requests[0].json["messages"][1]["content"] == "take your time"
+
+
+async def test_a_task_due_during_a_persons_turn_runs_after_it(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    await chat_runner.start(task_tick_s=0.1, task_grace_s=60.0, task_wait_s=10.0)
+    fake_engine.push(text_reply("slow answer", pieces=4, delay_s=0.5))
+    reply = await client.send("take your time")
+    await fake_engine.await_requests(1)
+    task = await create(client, prompt="Check the mail.", interval_s=3600)
+    now = time.time()
+    await chat_runner.running[0][0].scheduler.tick_task(task, task.anchor + 3600.5)
+    end = (await client.tap.wait_turn_ends(reply.conversation))[0]
+    runs = await settled_runs(client, task)
+    assert [r.status for r in runs] == ["ok"]
+    assert runs[0].started >= now  # claimed while the person's turn ran, ran after it
+    assert end.ts <= time.time()
+    task_request = fake_engine.requests[1].json["messages"][1]["content"]
+    assert task_request == task_message(task, runs[0].due)
+
+
+async def test_missed_due_times_run_the_latest_once_and_skip_the_rest(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    svc = await chat_runner.start(task_tick_s=60.0, task_grace_s=30.0, task_wait_s=5.0)
+    task = await create(client, prompt="Back up.", interval_s=10)
+    # as if every instance had been down for 105 s: 10 due times, the last 5 s ago
+    await svc.scheduler.tick_task(task, task.anchor + 105)
+    runs = await settled_runs(client, task)
+    assert [r.due for r in runs] == [task.anchor + 10 * k for k in range(10, 0, -1)]
+    # within the grace (30 s): 80, 90, 100 run; older ones are recorded skipped
+    assert [r.status for r in runs[:3]] == ["ok", "ok", "ok"]
+    assert {r.status for r in runs[3:]} == {"skipped"}
+    assert {r.detail for r in runs[3:]} == {MISSED}
+    assert len(fake_engine.requests) == 3
+    # a second look at the same span claims nothing again
+    await svc.scheduler.tick_task(task, task.anchor + 105)
+    assert len(await settled_runs(client, task)) == 10
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        (dict(prompt="x", cron="61 * * * *"), "'cron' is not a valid cron expression"),
+        (dict(prompt="x", cron="every day"), "'cron' is not a valid cron expression"),
+        (dict(prompt="x", interval_s=0), "'interval_s' must be at least 1"),
+        (dict(prompt="x", interval_s=5, tz="Mars/Olympus"), "'tz' is not a known time zone"),
+        (dict(prompt="x"), "exactly one of 'cron'"),
+        (dict(prompt="x", cron="* * * * *", interval_s=5), "exactly one of 'cron'"),
+    ],
+)
+async def test_bad_schedules_are_refused_with_what_to_resend(
+    chat: Any, client: ChatClient, spec: dict[str, Any], says: str
+) -> None:
+    reply = await tasks_req(client, action="create", spec=TaskSpec(**spec))
+    assert reply.error is not None and reply.error.type == "invalid_request"
+    assert says in reply.error.message
+    assert (await tasks_req(client, action="list")).tasks == []
+
+
+async def test_crud(chat: Any, client: ChatClient) -> None:
+    task = await create(
+        client, name="daily", prompt="Plan the day.", cron="0 8 * * 1-5", tz="Europe/Paris"
+    )
+    assert task.enabled and task.cron == "0 8 * * 1-5" and len(task.id) == 32
+    listed = (await tasks_req(client, action="list")).tasks
+    assert [t.id for t in listed] == [task.id]
+    spec = TaskSpec(name="daily", prompt="Plan the week.", cron="0 8 * * 1", enabled=False)
+    updated = (await tasks_req(client, action="update", task=task.id, spec=spec)).tasks[0]
+    assert (updated.prompt, updated.enabled, updated.tz, updated.created) == (
+        "Plan the week.",
+        False,
+        "UTC",
+        task.created,
+    )
+    got = (await tasks_req(client, action="get", task=task.id)).tasks[0]
+    assert got == updated
+    assert (await tasks_req(client, action="delete", task=task.id)).error is None
+    missing = await tasks_req(client, action="get", task=task.id)
+    assert missing.error is not None and missing.error.type == "not_found"
+    assert (await tasks_req(client, action="list")).tasks == []
