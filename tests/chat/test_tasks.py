@@ -6,15 +6,19 @@ missed-run policy, and the ``loki.chat.tasks`` validation."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from typing import Any
 
 import pytest
-from conftest import ChatClient, ChatRunner, FakeSupervisor
-from fakes.fake_engine import FakeEngine, text_reply
+from conftest import SECRET, ChatClient, ChatRunner, FakeSupervisor
+from fakes.fake_engine import FakeEngine, Stream, chunk, text_reply
 
-from loki_chat.tasks.scheduler import MISSED, task_message
+from loki_chat.tasks.scheduler import MISSED, ORPHANED, task_message
 from loki_shared import subjects
 from loki_shared.messages.tasks import Task, TaskRun, TaskSpec, TasksReply, TasksRequest
 
@@ -194,3 +198,108 @@ async def test_crud(chat: Any, client: ChatClient) -> None:
     missing = await tasks_req(client, action="get", task=task.id)
     assert missing.error is not None and missing.error.type == "not_found"
     assert (await tasks_req(client, action="list")).tasks == []
+
+
+async def test_a_task_shares_the_chats_prompt_prefix(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    svc = await chat_runner.start(task_tick_s=60.0, task_grace_s=60.0, task_wait_s=5.0)
+    await client.turn("hi")
+    task = await create(client, prompt="Summarise the news.", interval_s=3600)
+    await svc.scheduler.tick_task(task, task.anchor + 3600.5)
+    runs = await settled_runs(client, task)
+    assert [r.status for r in runs] == ["ok"], [(r.status, r.detail) for r in runs]
+    person, run = (r.json for r in fake_engine.requests[:2])
+    # the same system message and tools: the task's prompt shares the chat's cached prefix
+    assert run["messages"][0] == person["messages"][0]
+    assert run.get("tools") == person.get("tools")
+    assert run["messages"][1]["content"] == task_message(task, runs[0].due)
+    assert supervisor.leases[-1].kind == "task"
+
+
+def _chat_process(nats_url: str, redis_db: str, home: str, **env_over: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
+    env.update(
+        LOKI_NATS_URL=nats_url,
+        LOKI_REDIS_URL=redis_db,
+        LOKI_HOME=home,
+        LOKI_SECRET_KEY=SECRET,
+        LOKI_LOCK_TTL_S="2",
+        PYTHONUNBUFFERED="1",
+        **env_over,
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "loki_chat"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def test_a_run_whose_instance_is_killed_mid_run_is_recorded_and_none_is_lost(
+    nats_url: str,
+    redis_db: str,
+    tmp_path: Any,
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    # every run's answer streams for ~8 s: the instance killed at 2.5 s dies mid-run
+    slow = Stream(frames=[chunk({"content": f"w{i} "}) for i in range(400)], delay_s=0.02)
+    fake_engine.default = slow
+    proc = _chat_process(
+        nats_url,
+        redis_db,
+        str(tmp_path / "doomed"),
+        LOKI_INSTANCE_ID="doomed",
+        LOKI_TASK_TICK_S="0.2",
+        LOKI_TASK_LEASE_S="2",
+        LOKI_TASK_GRACE_S="60",
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # wait for the subprocess to serve
+            try:
+                task = await create(client, prompt="Say tick.", interval_s=1)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        await fake_engine.await_requests(2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    killed_at = time.time()
+    fake_engine.default = text_reply("tick")
+    await asyncio.sleep(1.5)  # nobody runs: these due times are made up after the restart
+    await chat_runner.start(task_tick_s=0.2, task_grace_s=60.0, task_wait_s=5.0, task_lease_s=2)
+    await asyncio.sleep(4.0)
+    spec = TaskSpec(**task.model_dump()).model_copy(update={"enabled": False})
+    assert (await tasks_req(client, action="update", task=task.id, spec=spec)).error is None
+    runs = await settled_runs(client, task)
+    by_due = sorted(runs, key=lambda r: r.due)
+    detail = [(r.due - task.anchor, r.instance, r.status, r.detail) for r in by_due]
+    # none lost: every due time from the first to the last, without a gap
+    assert [r.due for r in by_due] == [task.anchor + k for k in range(1, len(by_due) + 1)]
+    doomed = [r for r in by_due if r.instance == "doomed"]
+    others = [r for r in by_due if r.instance != "doomed"]
+    assert doomed and others, detail
+    # the runs killed mid-run: recorded error by the other instance once their lease ended
+    assert {r.status for r in doomed} == {"error"}, detail
+    assert all(r.detail.startswith(ORPHANED) and r.conversation for r in doomed), detail
+    assert all(r.ended is not None and r.ended >= killed_at for r in doomed)
+    assert {r.status for r in others} == {"ok"}, detail
+    assert min(r.due for r in others) > max(r.due for r in doomed)
+    # none twice: at most one engine request per due time (the killed ones sent theirs)
+    await fake_engine.await_idle()
+    sent = Counter(user_messages(fake_engine))
+    assert all(sent[task_message(task, r.due)] == 1 for r in others), sent
+    assert all(sent[task_message(task, r.due)] <= 1 for r in doomed), sent

@@ -54,6 +54,9 @@ class Settings(LokiSettings):
       recorded ``skipped``, except the latest missed one, which runs (s; 300).
     - ``LOKI_TASK_WAIT_S`` — how long a task run waits for the person's turn to end, and for
       its engine lease, before it is recorded ``skipped`` (s; 120).
+    - ``LOKI_TASK_LEASE_S`` — a running task run's lease in Redis, renewed every third of it
+      while it runs; a run whose lease ends unrenewed (its instance died) is recorded
+      ``error`` by another instance (s; 30).
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -80,3 +83,4 @@ class Settings(LokiSettings):
     task_tick_s: float = Field(default=1.0, gt=0)
     task_grace_s: float = Field(default=300.0, ge=0)
     task_wait_s: float = Field(default=120.0, gt=0)
+    task_lease_s: float = Field(default=30.0, ge=1)

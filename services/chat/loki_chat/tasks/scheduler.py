@@ -9,6 +9,11 @@ is never lost while at least one instance runs (the cursor is raised only after 
 Missed due times (every instance down): a due time later than ``LOKI_TASK_GRACE_S`` is
 recorded ``skipped`` ("missed"), except the latest one of the span, which runs once.
 
+A run whose instance died mid-run: the claimant renews the run's lease in Redis every third
+of ``LOKI_TASK_LEASE_S`` while it runs; once a lease has ended unrenewed, the next tick of any
+instance records that run ``error`` (:data:`ORPHANED`) by compare-and-set on the record, so
+the dead claimant's late write, if it ever comes, is fenced off. Its conversation is kept.
+
 A run: it waits (up to ``LOKI_TASK_WAIT_S``) until no person's turn runs on any instance
 (:meth:`.store.TaskStore.person_busy`), else it is recorded ``skipped`` with that reason;
 then it is a conversation of its own (kind ``task``: its steps ask leases of kind ``task``,
@@ -41,6 +46,8 @@ log = logging.getLogger("loki.chat.tasks")
 
 #: The record of a due time no instance was running for (older than the grace).
 MISSED = "missed: no chat instance was running at its due time (only the latest missed run runs)"
+#: The record of a run whose chat instance stopped mid-run (its lease ended unrenewed).
+ORPHANED = "the chat instance running it stopped mid-run (its lease was not renewed)"
 
 
 def task_note(task: Task, due: float) -> str:
@@ -103,10 +110,29 @@ class Scheduler:
             await asyncio.sleep(self.settings.task_tick_s)
 
     async def tick(self, now: float) -> None:
-        """Claim (and start or skip) every due time of every enabled task up to ``now``."""
+        """Record the orphaned runs, then claim (and start or skip) every due time of every
+        enabled task up to ``now``."""
+        await self.recover(now)
         for task in await self.store.all():
             if task.enabled:
                 await self.tick_task(task, now)
+
+    async def recover(self, now: float) -> int:
+        """Record ``error`` (:data:`ORPHANED`) every run whose lease ended before ``now``;
+        return how many were recorded."""
+        n = 0
+        for task_id, due in await self.store.expired(now):
+            rec = await self.store.record(task_id, due)
+            if rec is None or rec[0].status != "running":
+                await self.store.unlist(task_id, due)
+                continue
+            run, token = rec
+            detail = f"{ORPHANED}; instance {run.instance}"
+            ended = run.model_copy(update={"status": "error", "detail": detail, "ended": now})
+            if await self.store.update(ended, token) is not None:
+                log.warning("task %s run at %s: %s", task_id, due, detail)
+                n += 1
+        return n
 
     async def tick_task(self, task: Task, now: float) -> None:
         cursor = await self.store.cursor(task.id)
@@ -135,7 +161,7 @@ class Scheduler:
                 instance=self.instance,
                 started=now,
             )
-            token = await self.store.claim(run)
+            token = await self.store.claim(run, lease_s=self.settings.task_lease_s)
             if token is not None:
                 job = asyncio.create_task(self.run(task, run, token), name=f"task-{task.id}")
                 self.runs.add(job)
@@ -143,17 +169,31 @@ class Scheduler:
         await self.store.advance(task.id, latest)
 
     async def run(self, task: Task, run: TaskRun, token: bytes) -> None:
-        """Run one claimed due time and record how it ended."""
+        """Run one claimed due time (renewing its lease meanwhile) and record how it ended."""
+        renewer = asyncio.create_task(self._renew(run, token), name=f"task-lease-{task.id}")
         try:
             run = await self._run(task, run)
         except Exception as exc:  # the run's record says why; the scheduler goes on
             log.exception("task %s run at %s failed", task.id, run.due)
             run = run.model_copy(update={"status": "error", "detail": str(exc) or repr(exc)})
+        finally:
+            renewer.cancel()
         run = run.model_copy(update={"ended": time.time()})
         try:
-            await self.store.update(run, token)
-        except Exception:  # noqa: BLE001 - Redis away: the record stays "running"
+            if await self.store.update(run, token) is None:
+                log.warning("task %s run at %s: taken over, outcome not recorded", task.id, run.due)
+        except Exception:  # noqa: BLE001 - Redis away: the lease ends, another records it
             log.warning("task %s run at %s: status not recorded", task.id, run.due)
+
+    async def _renew(self, run: TaskRun, token: bytes) -> None:
+        lease_s = self.settings.task_lease_s
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            try:
+                if not await self.store.renew(run, token, lease_s):
+                    return  # taken over: nothing more to renew
+            except Exception:  # noqa: BLE001 - Redis away: try again at the next beat
+                log.warning("task %s run at %s: lease not renewed", run.task, run.due)
 
     async def _run(self, task: Task, run: TaskRun) -> TaskRun:
         wait_until = time.monotonic() + self.settings.task_wait_s
