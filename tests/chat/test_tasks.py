@@ -303,3 +303,51 @@ async def test_a_run_whose_instance_is_killed_mid_run_is_recorded_and_none_is_lo
     sent = Counter(user_messages(fake_engine))
     assert all(sent[task_message(task, r.due)] == 1 for r in others), sent
     assert all(sent[task_message(task, r.due)] <= 1 for r in doomed), sent
+
+
+async def test_task_runs_are_kind_task_in_the_perf_summary(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+    nats_url: str,
+    tmp_path: Any,
+) -> None:
+    from loki_perf.service import PerfService
+    from loki_perf.settings import Settings as PerfSettings
+    from loki_shared.perf_publish import ensure_perf_stream
+    from tests.perf.perf_helpers import reset_stream, wait_summary
+
+    await reset_stream(client.nc)  # this test's records only
+    await ensure_perf_stream(client.nc.jetstream())
+    perf = PerfService(PerfSettings(nats_url=nats_url, home=tmp_path / "perf", perf_metrics_port=0))
+    await perf.start()
+    try:
+        svc = await chat_runner.start(task_tick_s=60.0, task_grace_s=60.0, task_wait_s=5.0)
+        cid, _ = await client.turn("hi")
+        task = await create(client, prompt="Summarise the news.", interval_s=3600)
+        await svc.scheduler.tick_task(task, task.anchor + 3600.5)
+        (run,) = await settled_runs(client, task)
+        assert run.status == "ok", run
+        await client.turn("and now?", cid)  # the person's turn after the task
+        summary = await wait_summary(client.nc, 3)
+        by_kind = summary["detail"]["by_kind"]
+        assert by_kind["task"]["completions"] == 1 and by_kind["main"]["completions"] == 2
+        # the fake engine reports no cached token: the main turn after the task lost its
+        # prefix, and the perf ring names the task as what ran in between
+        assert summary["detail"]["losses_by_cause"]["task"]["count"] == 1
+    finally:
+        await perf.stop()
+
+
+def test_the_dashboard_shows_the_kind_task_before_any_task_ran() -> None:
+    import json
+    from pathlib import Path
+
+    board = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/loki-prompt-cache.json"
+    (panel,) = [p for p in json.loads(board.read_text())["panels"] if "kind task" in p["title"]]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any('lokiassist_completions_total{kind="task"' in e for e in exprs)
+    assert any('lokiassist_cache_losses_total{cause="task"' in e for e in exprs)
+    # a kind with no completion yet has no series: each query still answers 0
+    assert all(e.endswith(" or vector(0)") for e in exprs), exprs

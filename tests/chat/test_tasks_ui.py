@@ -22,13 +22,12 @@ PHONE = {"width": 390, "height": 844}
 LAPTOP = {"width": 1280, "height": 800}
 
 
-@pytest.fixture
-async def gw(nats_url: str, redis_db: str, tmp_path: Path) -> Any:
-    gateway = await asyncio.to_thread(
-        launch_gateway, nats_url, tmp_path / "gw", None, None, redis_db
-    )
+@pytest.fixture(scope="module")
+def gw(nats_url: str, redis_url: str, tmp_path_factory: Any) -> Any:
+    """One gateway for the module (it keeps no task state: every route asks the chat)."""
+    gateway = launch_gateway(nats_url, tmp_path_factory.mktemp("gw"), None, None, redis_url)
     yield gateway
-    await asyncio.to_thread(gateway.proc.stop)
+    gateway.proc.stop()
 
 
 @pytest.fixture
