@@ -100,8 +100,10 @@ async def test_a_task_waits_for_the_persons_turn_or_is_skipped(
     await fake_engine.await_requests(1)
     task = await create(client, prompt="Check the mail.", interval_s=1)
     runs: list[TaskRun] = []
+    deadline = time.monotonic() + 20
     while not runs:
-        runs = [r for r in await settled_runs(client, task) if r.status != "running"]
+        assert time.monotonic() < deadline, "no run of the task ended in 20 s"
+        runs = [r for r in await settled_runs(client, task, 5.0) if r.status != "running"]
         await asyncio.sleep(0.05)
     await tasks_req(client, action="delete", task=task.id)
     first = min(runs, key=lambda r: r.due)
