@@ -84,6 +84,7 @@ class Scheduler:
         self._loop: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Start ticking (every ``task_tick_s``; call from a running event loop)."""
         self._loop = asyncio.create_task(self._tick_forever(), name="task-scheduler")
 
     async def stop_ticking(self) -> None:
@@ -135,6 +136,9 @@ class Scheduler:
         return n
 
     async def tick_task(self, task: Task, now: float) -> None:
+        """Claim every due time of ``task`` between its cursor and ``now`` (epoch s): start a
+        run for each claim that lands (the missed ones past the grace are recorded
+        ``skipped``), then raise the cursor to the latest."""
         cursor = await self.store.cursor(task.id)
         dues = due_times(task, cursor if cursor is not None else task.anchor, now)
         if not dues:

@@ -63,10 +63,12 @@ return 1
 
 
 def runs_key(task_id: str) -> str:
+    """The hash of a task's runs (field: the due time)."""
     return f"{PREFIX}:runs:{task_id}"
 
 
 def cursor_key(task_id: str) -> str:
+    """The latest due time of a task already claimed."""
     return f"{PREFIX}:cursor:{task_id}"
 
 
@@ -104,9 +106,11 @@ class TaskStore:
 
     # -- tasks ----------------------------------------------------------------------------
     async def put(self, task: Task) -> None:
+        """Write (create or replace) a task."""
         await self.r.hset(INDEX, task.id, self._seal(INDEX, task.id, task.model_dump_json()))
 
     async def get(self, task_id: str) -> Task | None:
+        """A task, or None when there is none by that id."""
         blob = await self.r.hget(INDEX, task_id)
         if blob is None:
             return None
@@ -134,6 +138,7 @@ class TaskStore:
 
     # -- claims and runs ------------------------------------------------------------------
     async def cursor(self, task_id: str) -> float | None:
+        """The latest due time claimed (epoch s), or None (none yet)."""
         raw = await self.r.get(cursor_key(task_id))
         return float(raw) if raw is not None else None
 
@@ -223,9 +228,12 @@ class TaskStore:
 
     # -- the person's turns -----------------------------------------------------------------
     async def mark_active(self, cid: str) -> None:
+        """Mark a person's turn of conversation ``cid`` as running (expires after
+        :data:`ACTIVE_MAX_S`)."""
         await self.r.zadd(ACTIVE, {cid: time.time() + ACTIVE_MAX_S})
 
     async def unmark_active(self, cid: str) -> None:
+        """The person's turn of ``cid`` ended."""
         await self.r.zrem(ACTIVE, cid)
 
     async def person_busy(self) -> bool:
