@@ -127,6 +127,7 @@ _CHAT_REQUESTS = (
     subjects.CHAT_STATE,
     subjects.CHAT_REPLAY,
     subjects.CHAT_CONVERSATIONS,
+    subjects.CHAT_TASKS,
 )
 _ENGINE_REQUESTS = (
     subjects.ENGINE_INFO,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from .messages import chat, engine, events, memory, perf, projects, recall
+from .messages import chat, engine, events, memory, perf, projects, recall, tasks
 
 PREFIX = "loki"
 
@@ -26,6 +26,7 @@ CHAT_CONTROL = "loki.chat.control"  # ControlRequest -> ControlReply (stop, rese
 CHAT_STATE = "loki.chat.state"  # StateRequest -> StateReply
 CHAT_REPLAY = "loki.chat.replay"  # ReplayRequest -> ReplayReply
 CHAT_CONVERSATIONS = "loki.chat.conversations"  # ConversationsRequest -> ConversationsReply
+CHAT_TASKS = "loki.chat.tasks"  # TasksRequest -> TasksReply (scheduled tasks)
 CHAT_EVENTS_PREFIX = "loki.chat.events"  # + ".<conversation>": ChatEvent, live display events
 CHAT_EVENTS_ALL = "loki.chat.events.*"
 CHAT_INSTANCE_PREFIX = "loki.chat.instance"  # + ".<instance>": ForwardRequest -> reply (owner)
@@ -162,6 +163,7 @@ EXCHANGES: dict[str, Exchange] = _table(
     Exchange(CHAT_STATE, chat.StateRequest, chat.StateReply),
     Exchange(CHAT_REPLAY, chat.ReplayRequest, chat.ReplayReply),
     Exchange(CHAT_CONVERSATIONS, chat.ConversationsRequest, chat.ConversationsReply),
+    Exchange(CHAT_TASKS, tasks.TasksRequest, tasks.TasksReply),
     Exchange(RECALL_ARCHIVE, recall.ArchiveRequest, recall.ArchiveReply),
     Exchange(RECALL_TOOL, recall.ToolRequest, recall.ToolReply),
     Exchange(RECALL_BLOCK, recall.BlockRequest, recall.BlockReply),

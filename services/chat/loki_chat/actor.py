@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from .leases import EngineLeases
 from .prewarm import PrewarmJob, run_prewarm
 from .settings import Settings
 from .store import Store
+from .tasks.store import TaskStore
 from .tokens import TokenCounts
 from .tools import ToolBox
 from .turn import TurnRunner
@@ -67,6 +69,7 @@ class Shared:
     closing: bool = False
     shelf: ImageShelf | None = None  # the conversations' images (see_image)
     tokens: TokenCounts | None = None  # exact token counts (None: estimates)
+    tasks: TaskStore | None = None  # marks the person's running turns for task runs
 
 
 class Actor:
@@ -144,10 +147,15 @@ class Actor:
                 self.stop.set()
 
     def lease(self, kind: RequestKind = "main") -> EngineLease:
-        """A lease of ``kind`` (``main``: the turn's next step; ``verify``: the verifier)
+        """A lease of ``kind`` (``main``: the turn's next step, ``task`` instead for a
+        scheduled task's run, queued at most ``LOKI_TASK_WAIT_S``; ``verify``: the verifier)
         for this conversation, to hold with ``async with`` (see
         :class:`~loki_chat.leases.EngineLeases`); waiting for it ends when the turn is
         stopped."""
+        if kind == "main" and self.conv.kind == "task":
+            return self.shared.leases.lease(
+                self.conv.id, "task", stop=self.stop, wait_s=self.settings.task_wait_s
+            )
         return self.shared.leases.lease(self.conv.id, kind=kind, stop=self.stop)
 
     def publish_perf(self, record: PerfRecord) -> None:
@@ -271,13 +279,31 @@ class Actor:
             await self.stop_prewarm()
             ends = self.turn_ends
             try:
-                await TurnRunner(self, None, resume=True).run()
+                async with self.person_turn():
+                    await TurnRunner(self, None, resume=True).run()
             except Exception as exc:
                 log.exception("continue failed in %s", self.conv.id)
                 await self._failed(exc, ends)
             await self._work()
 
         self.worker = asyncio.create_task(run(), name=f"continue-{self.conv.id}")
+
+    @contextlib.asynccontextmanager
+    async def person_turn(self) -> AsyncIterator[None]:
+        """Mark a person's turn as running (in Redis, seen by every instance's task runs,
+        which wait for it to end: a task never takes the person's slot mid-turn); a task's
+        own turn is not marked. A Redis failure here never stops the turn."""
+        tasks = self.shared.tasks
+        if tasks is None or self.conv.kind == "task":
+            yield
+            return
+        with contextlib.suppress(Exception):
+            await tasks.mark_active(self.conv.id)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                await tasks.unmark_active(self.conv.id)
 
     def _ensure_worker(self) -> None:
         if not self.busy:
@@ -290,7 +316,8 @@ class Actor:
             text = self.conv.pending[0]
             ends = self.turn_ends
             try:
-                await TurnRunner(self, text).run()
+                async with self.person_turn():
+                    await TurnRunner(self, text).run()
             except Exception as exc:  # a turn that fails ends itself, never the actor's queue
                 log.exception("turn failed in %s", self.conv.id)
                 if self.conv.pending and self.conv.pending[0] == text:

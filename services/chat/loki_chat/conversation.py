@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from loki_shared.messages.chat import ChatEvent, ChatMessage
 
@@ -30,6 +30,9 @@ class Conversation:
         pending: user messages waiting behind the running turn (FIFO), persisted so a
             crash does not lose them (text, or text and images: :mod:`loki_chat.images`).
         turn_open: a turn has started and not ended (set in the blob while it runs).
+        kind: ``main`` (a person's conversation) or ``task`` (a scheduled task's run: its
+            steps ask leases of kind ``task``, its perf records say ``task``); kept in the
+            blob only when not ``main``.
     """
 
     id: str
@@ -42,6 +45,7 @@ class Conversation:
     pending: list[PendingItem] = field(default_factory=list)
     turn_open: bool = False
     meter: ContextMeter = field(default_factory=ContextMeter)
+    kind: Literal["main", "task"] = "main"
 
     def new_event(
         self,
@@ -86,7 +90,7 @@ class Conversation:
         return events, False
 
     def to_blob(self) -> dict[str, Any]:
-        return {
+        blob: dict[str, Any] = {
             "v": BLOB_VERSION,
             "id": self.id,
             "title": self.title,
@@ -99,6 +103,9 @@ class Conversation:
             "turn_open": self.turn_open,
             "meter": self.meter.to_dict(),
         }
+        if self.kind != "main":
+            blob["kind"] = self.kind
+        return blob
 
     @classmethod
     def from_blob(cls, data: dict[str, Any]) -> Conversation:
@@ -113,6 +120,7 @@ class Conversation:
             pending=list(data.get("pending", [])),
             turn_open=bool(data.get("turn_open", False)),
             meter=ContextMeter.from_dict(data.get("meter")),
+            kind="task" if data.get("kind") == "task" else "main",
         )
 
     def info(self) -> dict[str, Any]:

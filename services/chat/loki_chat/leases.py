@@ -52,14 +52,24 @@ class EngineLeases:
         return max(1.0, self.settings.lease_timeout_s - 5)
 
     def lease(
-        self, cid: str, kind: RequestKind = "main", stop: asyncio.Event | None = None
+        self,
+        cid: str,
+        kind: RequestKind = "main",
+        stop: asyncio.Event | None = None,
+        wait_s: float | None = None,
     ) -> EngineLease:
         """A lease of ``kind`` for conversation ``cid``, to hold with ``async with``;
-        ``stop`` set while waiting gives up (``LeaseStopped``)."""
+        ``stop`` set while waiting gives up (``LeaseStopped``). ``wait_s``: how long the
+        supervisor may queue it (s; default ``lease_timeout_s - 5``; the NATS request then
+        waits 5 s more)."""
+        if wait_s is None:
+            wait_s, timeout = self._wait_s(), self.settings.lease_timeout_s
+        else:
+            timeout = wait_s + 5
         return lease(
             self.bus.broker,
-            LeaseRequest(kind=kind, conversation=cid, wait_s=self._wait_s(), holder=self.holder),
-            timeout=self.settings.lease_timeout_s,
+            LeaseRequest(kind=kind, conversation=cid, wait_s=wait_s, holder=self.holder),
+            timeout=timeout,
             stop=stop,
         )
 

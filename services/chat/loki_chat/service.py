@@ -5,6 +5,7 @@
 - :mod:`.ownership` — which conversations this instance owns; forwarding to the owner;
   the lock keeper;
 - :mod:`.actor` — one owned conversation: its queue, worker, events and persistence;
+- :mod:`.tasks` — scheduled tasks (their API and the scheduler every instance runs);
 - :mod:`.leases` — the engine leases; :mod:`.turn` — the turn loop;
   :mod:`.compaction` — the default context policy; :mod:`.tools` — the tools offered.
 
@@ -22,6 +23,7 @@ import httpx
 
 from loki_shared import subjects
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
+from loki_shared.messages.tasks import TasksReply, TasksRequest
 
 from .actor import Actor, Shared
 from .bus import ChatBus
@@ -35,6 +37,9 @@ from .ownership import Ownership
 from .settings import Settings
 from .store import Store
 from .subagent import run_subagent
+from .tasks.api import TasksApi
+from .tasks.scheduler import Scheduler
+from .tasks.store import TaskStore
 from .tokens import Engine, TokenCounts
 from .tools import ToolBox, ToolSpec, default_toolbox
 from .tools.box import CallContext
@@ -92,8 +97,12 @@ class ChatService:
         )
         if toolbox is None:  # recall, recall_search, then subagent (the order never changes)
             self.shared.toolbox.add(self.subagent_tool())
+        self.tasks = TaskStore(store.r, store.sealer)
+        self.shared.tasks = self.tasks
         self.ownership = Ownership(self.shared)
         self.handlers = ChatHandlers(self.shared, self.ownership)
+        self.tasks_api = TasksApi(self.tasks)
+        self.scheduler = Scheduler(settings, self.tasks, self.ownership, self.instance)
         self.send = self.handlers.send
         self.control = self.handlers.control
         self.state = self.handlers.state
@@ -139,6 +148,10 @@ class ChatService:
         """Declare the subscribers on the broker (before it starts)."""
         self.handlers.register(self.broker)
 
+        @self.broker.subscriber(subjects.CHAT_TASKS, queue=subjects.QUEUE_CHAT, max_workers=8)
+        async def on_tasks(msg: TasksRequest) -> TasksReply:
+            return await self.tasks_api.handle(msg)
+
     async def start(self) -> None:
         """After ``broker.start()``: make sure the server has our subscriptions (so a
         request sent right after gets an answer), then start the lock keeper."""
@@ -147,12 +160,16 @@ class ChatService:
             with contextlib.suppress(Exception):
                 await connection.flush(timeout=5)
         self.ownership.start()
+        self.scheduler.start()
 
     async def close(self) -> None:
-        """Stop every turn (partial replies kept and persisted), release the locks, wait
-        briefly for the perf records still being published."""
+        """Claim no more task due times and give the started task runs up to 3 s, stop every
+        turn (partial replies kept and persisted), release the locks, wait briefly for the
+        perf records still being published."""
+        await self.scheduler.close(timeout=3.0)  # no new claim; started runs may finish
         self.shared.closing = True
         await self.ownership.close()
+        await self.scheduler.close(timeout=1.0)  # the runs stopped now record how they ended
         await self.bus.drain(timeout=3)
 
 

@@ -70,6 +70,14 @@ class Settings(LokiSettings):
       user's request; a failing verdict adds one corrective step (off by default; a
       preset's feature ``VERIFY`` wins; :mod:`loki_chat.verify`).
     - ``LOKI_VERIFY_MAX_TOKENS`` — ``max_tokens`` of the verifier's request (512).
+    - ``LOKI_TASK_TICK_S`` — how often the task scheduler looks for due times (s; 1).
+    - ``LOKI_TASK_GRACE_S`` — a due time missed by more than this (every instance down) is
+      recorded ``skipped``, except the latest missed one, which runs (s; 300).
+    - ``LOKI_TASK_WAIT_S`` — how long a task run waits for the person's turn to end, and for
+      its engine lease, before it is recorded ``skipped`` (s; 120).
+    - ``LOKI_TASK_LEASE_S`` — a running task run's lease in Redis, renewed every third of it
+      while it runs; a run whose lease ends unrenewed (its instance died) is recorded
+      ``error`` by another instance (s; 30).
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -99,3 +107,7 @@ class Settings(LokiSettings):
     subagent_system_prompt: str = DEFAULT_SUBAGENT_PROMPT
     verify: bool = False
     verify_max_tokens: int = Field(default=512, ge=16)
+    task_tick_s: float = Field(default=1.0, gt=0)
+    task_grace_s: float = Field(default=300.0, ge=0)
+    task_wait_s: float = Field(default=120.0, gt=0)
+    task_lease_s: float = Field(default=30.0, ge=1)

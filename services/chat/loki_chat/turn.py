@@ -859,7 +859,8 @@ class TurnRunner:
         result = self.result
         assert result is not None
         record = build_record(
-            kind=self.kind,
+            # a scheduled task's run is a main turn of a ``task`` conversation
+            kind=self.conv.kind if self.kind == "main" else self.kind,
             messages=wire,
             conversation=self.conv.id,
             model=lease.model,

@@ -30,7 +30,7 @@ from . import errors
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
 from .bus import Bus
 from .memory_state import MemoryState
-from .routes import attachments, chat, engine, memory, perf, recall, v1
+from .routes import attachments, chat, engine, memory, perf, recall, tasks, v1
 from .settings import Settings
 from .sse import EventHub
 
@@ -46,6 +46,7 @@ ROUTERS: dict[str, APIRouter] = {
     "memory": memory.router,
     "engine": engine.router,
     "perf": perf.router,
+    "tasks": tasks.router,
     "v1": v1.router,
 }
 

@@ -702,7 +702,8 @@
     setInterval(refreshEngine, 10000);
   }
 
-  window.LokiApi = { api: api, apiJSON: apiJSON, refreshEngine: refreshEngine };
+  window.LokiApi = { api: api, apiJSON: apiJSON, refreshEngine: refreshEngine,
+                     openConversation: (id) => { openConversation(id); loadConversations(); } };
   window.lokiDebug = state;
   state.renderStats = LokiLive.stats;
   init();

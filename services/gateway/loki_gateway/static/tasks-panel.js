@@ -1,0 +1,216 @@
+// Scheduled tasks: the tasks dialog (list, create, edit, switch on/off, delete) against
+// /api/tasks, and a task's runs (/api/tasks/{id}/runs: due time, status, detail), each run's
+// conversation opened in the main view like any other. A schedule is a cron expression or an
+// interval in seconds, in a time zone (the browser's by default); the server's validation
+// message is shown in the dialog, which stays open. Uses window.LokiApi from app.js.
+"use strict";
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const form = () => $("task-form");
+  const field = (name) => form().elements[name];
+  let tasks = [];
+  let editing = null; // the task being edited, or {} for a new one
+  let showingRuns = null; // the task whose runs are shown
+
+  function localZone() {
+    try { return Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC"; } catch (e) { return "UTC"; }
+  }
+
+  function status(text, isError) {
+    const s = $("tasks-status");
+    s.textContent = text || "";
+    s.className = isError ? "hint error" : "hint";
+  }
+
+  function showError(text) {
+    $("task-error").textContent = text || "";
+    $("task-error").hidden = !text;
+    if (text) $("task-error").scrollIntoView({ block: "nearest" });
+  }
+
+  function button(text, onclick, cls) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = text;
+    if (cls) b.className = cls;
+    b.onclick = onclick;
+    return b;
+  }
+
+  function schedule(t) {
+    return (t.cron ? "cron " + t.cron : "every " + t.interval_s + " s") + " · " + t.tz;
+  }
+
+  function spec(t, over) {
+    const s = { name: t.name, prompt: t.prompt, cron: t.cron, interval_s: t.interval_s,
+                tz: t.tz, project: t.project, enabled: t.enabled };
+    return Object.assign(s, over || {});
+  }
+
+  // ---- the list --------------------------------------------------------------------------
+  async function loadList() {
+    try { tasks = (await LokiApi.apiJSON("/api/tasks")).tasks || []; }
+    catch (e) { status("tasks: " + e.message, true); return; }
+    const ul = $("tasks-list");
+    ul.textContent = "";
+    if (!tasks.length) {
+      const li = document.createElement("li");
+      li.className = "hint";
+      li.textContent = "No task yet.";
+      ul.appendChild(li);
+    }
+    for (const t of tasks) {
+      const li = document.createElement("li");
+      li.dataset.id = t.id;
+      const name = document.createElement("span");
+      name.className = "task-name";
+      name.textContent = (t.name || t.prompt.slice(0, 40)) + " · " + schedule(t) +
+        (t.enabled ? "" : " · off");
+      const toggle = document.createElement("label");
+      toggle.className = "check";
+      const box = document.createElement("input");
+      box.type = "checkbox";
+      box.checked = t.enabled;
+      box.setAttribute("aria-label", "On");
+      box.onchange = () => setEnabled(t, box.checked);
+      toggle.append(box, " On");
+      li.append(name, toggle, button("Edit", () => edit(t)), button("Runs", () => showRuns(t)),
+                button("Delete", () => remove(t), "danger"));
+      ul.appendChild(li);
+    }
+  }
+
+  async function setEnabled(t, on) {
+    try {
+      await LokiApi.apiJSON("/api/tasks/" + t.id, { method: "PUT", json: spec(t, { enabled: on }) });
+      status((t.name || "Task") + (on ? " on" : " off"));
+    } catch (e) { status(e.message, true); }
+    await loadList();
+  }
+
+  async function remove(t) {
+    if (!confirm("Delete the task " + (t.name || t.prompt.slice(0, 40)) + "?")) return;
+    try {
+      await LokiApi.apiJSON("/api/tasks/" + t.id, { method: "DELETE" });
+      status("Deleted " + (t.name || "the task"));
+      if (editing && editing.id === t.id) closeForm();
+      if (showingRuns && showingRuns.id === t.id) closeRuns();
+    } catch (e) { status(e.message, true); }
+    await loadList();
+  }
+
+  // ---- the form --------------------------------------------------------------------------
+  function setKind(kind) {
+    field("kind").value = kind;
+    field("cron").closest("label").hidden = kind !== "cron";
+    field("interval_s").closest("label").hidden = kind !== "interval";
+  }
+
+  function edit(t) {
+    editing = t ? Object.assign({}, t) : {};
+    closeRuns();
+    const values = {
+      name: editing.name || "", prompt: editing.prompt || "", cron: editing.cron || "",
+      interval_s: editing.interval_s != null ? editing.interval_s : 3600,
+      tz: editing.tz || localZone(), project: editing.project || "",
+    };
+    for (const [k, v] of Object.entries(values)) field(k).value = v;
+    field("enabled").checked = t ? !!t.enabled : true;
+    setKind(editing.cron ? "cron" : "interval");
+    $("task-form-title").textContent = t ? "Edit " + (t.name || "task") : "New task";
+    showError("");
+    form().hidden = false;
+    field("prompt").focus();
+  }
+
+  function closeForm() { editing = null; form().hidden = true; showError(""); }
+
+  async function save(ev) {
+    ev.preventDefault();
+    if (!editing) return;
+    const kind = field("kind").value;
+    const body = {
+      name: field("name").value.trim(),
+      prompt: field("prompt").value,
+      cron: kind === "cron" ? field("cron").value.trim() : null,
+      interval_s: kind === "interval" ? Number(field("interval_s").value) : null,
+      tz: field("tz").value.trim() || "UTC",
+      project: field("project").value.trim() || null,
+      enabled: field("enabled").checked,
+    };
+    const path = editing.id ? "/api/tasks/" + editing.id : "/api/tasks";
+    try {
+      await LokiApi.apiJSON(path, { method: editing.id ? "PUT" : "POST", json: body });
+    } catch (e) { showError(e.message); return; }
+    status("Saved " + (body.name || "the task"));
+    closeForm();
+    await loadList();
+  }
+
+  // ---- the runs --------------------------------------------------------------------------
+  function closeRuns() { showingRuns = null; $("task-runs").hidden = true; }
+
+  async function showRuns(t) {
+    closeForm();
+    showingRuns = t;
+    $("task-runs-title").textContent = "Runs of " + (t.name || t.prompt.slice(0, 40));
+    $("task-runs").hidden = false;
+    let runs = [];
+    try { runs = (await LokiApi.apiJSON("/api/tasks/" + t.id + "/runs")).runs || []; }
+    catch (e) { status(e.message, true); return; }
+    const ul = $("task-runs-list");
+    ul.textContent = "";
+    if (!runs.length) {
+      const li = document.createElement("li");
+      li.className = "hint";
+      li.textContent = "No run yet.";
+      ul.appendChild(li);
+    }
+    for (const r of runs) {
+      const li = document.createElement("li");
+      li.dataset.status = r.status;
+      const when = document.createElement("span");
+      when.className = "run-when";
+      when.textContent = new Date(r.due * 1000).toLocaleString();
+      const st = document.createElement("span");
+      st.className = "pill run-" + r.status;
+      st.textContent = r.status;
+      li.append(when, st);
+      if (r.conversation) {
+        li.appendChild(button("Open", () => {
+          $("tasks-dialog").close();
+          LokiApi.openConversation(r.conversation);
+        }));
+      }
+      if (r.detail) {
+        const d = document.createElement("p");
+        d.className = "hint run-detail";
+        d.textContent = r.detail;
+        li.appendChild(d);
+      }
+      ul.appendChild(li);
+    }
+  }
+
+  async function open() {
+    closeForm();
+    closeRuns();
+    status("");
+    $("tasks-dialog").showModal();
+    await loadList();
+  }
+
+  function init() {
+    $("tasks-btn").onclick = open;
+    $("tasks-close").onclick = () => $("tasks-dialog").close();
+    $("task-new").onclick = () => edit(null);
+    $("task-cancel").onclick = closeForm;
+    $("task-runs-close").onclick = closeRuns;
+    $("task-runs-refresh").onclick = () => { if (showingRuns) showRuns(showingRuns); };
+    field("kind").onchange = (ev) => setKind(ev.target.value);
+    form().onsubmit = save;
+  }
+
+  init();
+})();
