@@ -41,6 +41,7 @@ from .actor import Actor, Shared
 from .context import ContextView
 from .conversation import Conversation
 from .ownership import Ownership
+from .project.snapshot import without_updates
 from .store import new_conversation_id
 
 log = logging.getLogger("loki.chat.service")
@@ -172,6 +173,7 @@ class ChatHandlers:
                 actor.conv.log.clear()
                 actor.conv.meter.invalidate()
                 actor.conv.turn_open = False
+                actor.project.reset(actor.conv)
                 await actor.emit({}, loki={"event": "reset"})
                 await actor.persist()
                 return ControlReply(ok=True, detail="reset")
@@ -192,6 +194,7 @@ class ChatHandlers:
             )
             changed = await self.shared.policy.maybe_compact(view)
             if changed:
+                await actor.project.after_compaction(conv)
                 await actor.persist()
             return ControlReply(
                 ok=bool(changed), detail="compacted" if changed else "nothing compacted"
@@ -326,7 +329,9 @@ class ChatHandlers:
                     "title": conv.title,
                     "created": conv.created,
                     "system": self.settings.system_prompt,
-                    "messages": [m.model_dump(exclude_none=True) for m in conv.messages],
+                    "messages": [
+                        m.model_dump(exclude_none=True) for m in without_updates(conv.messages)
+                    ],
                     "log": [e.model_dump(exclude_none=True) for e in conv.log],
                 },
             )
