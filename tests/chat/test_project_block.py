@@ -51,7 +51,7 @@ def test_on_rendering_dates_the_index_and_tracker_headers_without_the_answer_hin
     assert "Memory index (as of 2026-12-01 10:00 UTC):" in text
     assert "Tracker values (as of 2026-12-01 10:00 UTC):" in text
     assert "answer straight" not in text
-    assert text.endswith("Project instructions (AGENTS.md):\nBe brief.\n\n</project>")
+    assert text.endswith("Project instructions (AGENTS.md):\nBe brief.\n</project>")
 
 
 def test_pages_are_keyed_by_file_with_plus_tilde_minus():

@@ -31,6 +31,7 @@ from .engine import EngineClient
 from .handlers import ChatHandlers
 from .leases import EngineLeases
 from .ownership import Ownership
+from .project.head import ProjectHead
 from .settings import Settings
 from .store import Store
 from .tokens import Engine, TokenCounts
@@ -82,6 +83,12 @@ class ChatService:
                 TokenCounts(http, settings.tokenize_timeout_s, self._locate_engine)
                 if settings.tokenize_timeout_s > 0
                 else None
+            ),
+            project=ProjectHead(
+                fetch=None,
+                enabled=settings.proj_snapshot,
+                max_updates=settings.proj_snapshot_max_updates,
+                boot=uuid.uuid4().hex,  # a new start token per process: a restart retakes
             ),
         )
         self.ownership = Ownership(self.shared)

@@ -152,5 +152,4 @@ def render(view: BlockView, as_of: str | None = None) -> str:
         parts.append(f"{trackers_header(as_of)}\n{lines}")
     if view.instructions.strip():
         parts.append(f"{INSTRUCTIONS_HEADER}\n{view.instructions.strip()}")
-    parts.append("</project>")
-    return "\n\n".join(parts)
+    return "\n\n".join(parts) + "\n</project>"
