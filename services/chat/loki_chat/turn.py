@@ -75,6 +75,7 @@ from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
 from .tools import ToolBox, cut_for_model, parse_arguments
+from .tools.memory import CURRENT_PROJECT
 
 log = logging.getLogger("loki.chat.turn")
 
@@ -200,6 +201,7 @@ class TurnRunner:
     # -- states ---------------------------------------------------------------------------
     async def begin(self) -> State:
         conv = self.conv
+        CURRENT_PROJECT.set(conv.project)  # the memory tools act on this project
         if self.resume:
             await self.host.emit({}, loki={"event": "continue"})
         if self.user_text is not None:
