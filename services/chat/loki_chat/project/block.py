@@ -37,16 +37,21 @@ class PageLine:
 
 @dataclass(frozen=True)
 class TrackerLine:
-    """The latest value of one tracker, keyed by its slug. ``date``: ``YYYY-MM-DD``."""
+    """The latest value of one tracker, keyed by its slug. ``date``: ``YYYY-MM-DD``;
+    ``text``: the line as the memory service rendered it (then the other fields are not
+    used)."""
 
     slug: str
-    name: str
-    value: str
+    name: str = ""
+    value: str = ""
     unit: str = ""
     date: str = ""
+    text: str = ""
 
     def line(self) -> str:
         """``- weight: 81.2 kg (2026-11-30)`` — the tracker's one full line."""
+        if self.text:
+            return self.text
         unit = f" {self.unit}" if self.unit else ""
         when = f" ({self.date})" if self.date else ""
         label = (
