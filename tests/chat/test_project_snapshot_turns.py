@@ -300,3 +300,46 @@ async def test_update_blocks_are_left_out_of_the_title_and_the_export(
     assert reply.conversation.title == "Hello"
     exported = reply.export["messages"]
     assert [m["content"] for m in exported if m["role"] == "user"] == ["Hello", "And now?"]
+
+
+async def test_a_new_conversation_belongs_to_the_active_project(
+    chat_runner, supervisor, client, fake_engine
+):
+    source = Source(health(project="health"))
+    svc = await start(chat_runner, source, snapshot=False)
+    seen: list[str] = []
+
+    async def fetch(project: str) -> BlockView:
+        seen.append(project)
+        return await source.fetch(project)
+
+    async def active() -> str:
+        return "health"
+
+    svc.shared.project.fetch = fetch
+    svc.shared.project.active = active
+    fake_engine.push(text_reply("Hi."))
+    cid, _ = await client.turn("Hello")
+    assert seen == ["health"]
+    listed = await client._req(
+        subjects.CHAT_CONVERSATIONS, ConversationsRequest(action="list"), ConversationsReply
+    )
+    assert [(c.id, c.project) for c in listed.conversations] == [(cid, "health")]
+
+
+async def test_without_a_memory_service_a_new_conversation_is_in_the_default_project(
+    chat_runner, supervisor, client, fake_engine
+):
+    svc = await start(chat_runner, Source(None), snapshot=False)
+
+    async def active() -> str:
+        raise TimeoutError("no memory service")
+
+    svc.shared.project.active = active
+    fake_engine.push(text_reply("Hi."))
+    cid, end = await client.turn("Hello")
+    assert end.finish_reason == "stop"
+    state = await client._req(
+        subjects.CHAT_CONVERSATIONS, ConversationsRequest(action="list"), ConversationsReply
+    )
+    assert [(c.id, c.project) for c in state.conversations] == [(cid, "default")]

@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loki_shared.messages.chat import ChatEvent, ChatMessage
+from loki_shared.messages.recall import DEFAULT_PROJECT
 
 from .meter import ContextMeter
 from .project.snapshot import ProjSnap
-
-#: The project of every conversation created before projects, or without one named.
-DEFAULT_PROJECT = "default"
 
 BLOB_VERSION = 1
 
@@ -136,4 +134,5 @@ class Conversation:
             "title": self.title,
             "created": self.created,
             "updated": self.updated,
+            "project": self.project,
         }

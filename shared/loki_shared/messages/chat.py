@@ -190,10 +190,14 @@ class ReplayReply(Reply):
 
 
 class ConversationInfo(Msg):
+    """A conversation in the list: ``project`` is the project it belongs to (the one active
+    when it was created; ``default`` for every conversation made before projects)."""
+
     id: str
     title: str = ""
     created: float = 0.0
     updated: float = 0.0
+    project: str = "default"
 
 
 class ConversationsRequest(Msg):

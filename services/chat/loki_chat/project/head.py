@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loki_shared.messages.chat import ChatMessage, LokiMeta
+from loki_shared.messages.recall import DEFAULT_PROJECT
 
 from .block import BlockView, render
 from .snapshot import (
@@ -64,6 +65,8 @@ class ProjectHead:
     max_updates: int = 8
     boot: str = ""
     clock: Callable[[], str] = utc_stamp
+    #: the active project's id (a new conversation belongs to it); None: the default one
+    active: Callable[[], Awaitable[str]] | None = None
     _live: dict[str, BlockView | None] = field(default_factory=dict)
 
     async def _fetch(self, project: str) -> BlockView | None:
@@ -74,6 +77,17 @@ class ProjectHead:
         except Exception as exc:  # noqa: BLE001 - unreachable: the turn goes on without it
             log.warning("project block of %s unavailable: %r", project, exc)
             return None
+
+    async def project_for_new(self) -> str:
+        """The project of a conversation created now: the active one (the default project
+        when there is no memory service or it does not answer)."""
+        if self.active is None:
+            return DEFAULT_PROJECT
+        try:
+            return await self.active()
+        except Exception as exc:  # noqa: BLE001 - no memory service: the default project
+            log.warning("active project unavailable: %r", exc)
+            return DEFAULT_PROJECT
 
     def system_prompt(self, base: str) -> str:
         """The system message: ``base``, plus the fixed snapshot line with the key on."""
