@@ -197,3 +197,27 @@ def test_the_snapshot_is_persisted_with_the_conversation_and_omitted_when_unset(
 
 def test_without_updates_keeps_everything_else():
     assert [m.content for m in without_updates(history())] == ["hello", "hi", "what now?", "this"]
+
+
+async def test_a_continue_turn_stores_no_update_the_next_user_message_brings_it():
+    from loki_chat.project.head import ProjectHead
+
+    live = {"v": view()}
+
+    async def fetch(project: str) -> BlockView:
+        return live["v"]
+
+    head = ProjectHead(fetch=fetch, enabled=True, boot="b", clock=lambda: "D")
+    conv = Conversation(id="c1")
+    conv.messages = [ChatMessage(role="user", content="hello")]
+    await head.begin_turn(conv)
+    assert head.head(conv, "S.", None, "m") is not None
+    conv.messages.append(ChatMessage(role="assistant", content="cut rep"))
+    live["v"] = view(description="Changed.")
+    assert await head.begin_turn(conv) is False  # Continue: the assistant message stays last
+    assert [m.role for m in conv.messages] == ["user", "assistant"]
+    conv.messages.append(ChatMessage(role="user", content="next"))
+    assert await head.begin_turn(conv) is True
+    assert [m.role for m in conv.messages] == ["user", "assistant", "user", "user"]
+    assert conv.messages[2].loki.injected == UPDATE_KIND
+    assert "Changed." in conv.messages[2].content

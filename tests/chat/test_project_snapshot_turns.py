@@ -343,3 +343,48 @@ async def test_without_a_memory_service_a_new_conversation_is_in_the_default_pro
         subjects.CHAT_CONVERSATIONS, ConversationsRequest(action="list"), ConversationsReply
     )
     assert [(c.id, c.project) for c in state.conversations] == [(cid, "default")]
+
+
+async def test_key_on_a_tools_change_retakes(chat_runner, supervisor, client, fake_engine):
+    from loki_chat.tools import ToolBox, ToolSpec
+
+    svc, source, cid = await retake_setup(chat_runner, client, fake_engine)
+    await chat_runner.stop(svc)
+    svc2 = await start(chat_runner, source, snapshot=True)
+    svc2.shared.project.boot = svc.shared.project.boot  # same start token: only the tools
+
+    async def pong(_args) -> str:
+        return "pong"
+
+    svc2.toolbox = ToolBox([ToolSpec(name="ping", description="Answers pong.", run=pong)])
+    fake_engine.push(text_reply("Ok."))
+    await client.turn("Third", cid)
+    assert_retaken(fake_engine.requests[-1].json["messages"])
+
+
+async def test_key_on_the_no_tools_fallback_keeps_the_copy(
+    chat_runner, supervisor, client, fake_engine
+):
+    """A step's fallback (no tools after two refusals) is not a change of the tools."""
+    from fakes.fake_engine import HTTPError
+
+    from loki_chat.tools import ToolBox, ToolSpec
+
+    source = Source(health())
+    svc = await start(chat_runner, source, snapshot=True)
+
+    async def pong(_args) -> str:
+        return "pong"
+
+    svc.toolbox = ToolBox([ToolSpec(name="ping", description="Answers pong.", run=pong)])
+    fake_engine.push(text_reply("Hi."), text_reply("Fine."))
+    cid, _ = await client.turn("Hello")
+    source.view = health(description="Getting fit by spring.")
+    await client.turn("And now?", cid)
+    fake_engine.push(HTTPError(500), HTTPError(500), text_reply("Ok."))
+    _, end = await client.turn("Third", cid)
+    assert end.finish_reason == "stop"
+    last = fake_engine.requests[-1].json
+    assert "tools" not in last  # the fallback ran
+    assert "<context_update" in last["messages"][3]["content"]  # the copy and update kept
+    assert "Project description:\nGetting fit.\n" in last["messages"][1]["content"]

@@ -258,7 +258,11 @@ class TurnRunner:
                 tools = self.offered_tools()
                 project = self.host.project
                 system = project.system_prompt(self.settings.system_prompt)
-                head = project.head(self.conv, system, tools, f"{lease.base_url}|{lease.model}")
+                # the configured tools (not this step's fallback) are part of the prompt's identity
+                configured = self.host.toolbox.schemas()
+                head = project.head(
+                    self.conv, system, configured, f"{lease.base_url}|{lease.model}"
+                )
                 wire = wire_messages(
                     system,
                     self.conv.messages,

@@ -117,9 +117,10 @@ class ProjectHead:
         if updates + 1 > self.max_updates:
             self.retake(conv, live, snap.prompt, snap.model)
             return True
-        at = len(conv.messages)
-        if conv.messages and conv.messages[-1].role == "user" and not conv.messages[-1].loki:
-            at -= 1  # at the head of this turn's user message
+        last = conv.messages[-1] if conv.messages else None
+        if last is None or last.role != "user" or last.loki:
+            return False  # a Continue: no user message to lead; the next turn brings it
+        at = len(conv.messages) - 1  # at the head of this turn's user message
         update = ChatMessage(role="user", content=block, loki=LokiMeta(injected=UPDATE_KIND))
         conv.messages.insert(at, update)
         snap.announced = live
