@@ -388,3 +388,30 @@ async def test_key_on_the_no_tools_fallback_keeps_the_copy(
     assert "tools" not in last  # the fallback ran
     assert "<context_update" in last["messages"][3]["content"]  # the copy and update kept
     assert "Project description:\nGetting fit.\n" in last["messages"][1]["content"]
+
+
+async def test_the_conversation_list_filters_by_project_and_create_takes_one(
+    chat_runner, supervisor, client, fake_engine
+):
+    await start(chat_runner, Source(None), snapshot=False)
+    made = await client._req(
+        subjects.CHAT_CONVERSATIONS,
+        ConversationsRequest(action="create", title="Runs", project="health"),
+        ConversationsReply,
+    )
+    fake_engine.push(text_reply("Hi."))
+    other, _ = await client.turn("Hello")
+
+    async def listed(project: str | None) -> list[tuple[str, str]]:
+        reply = await client._req(
+            subjects.CHAT_CONVERSATIONS,
+            ConversationsRequest(action="list", project=project),
+            ConversationsReply,
+        )
+        return sorted((c.id, c.project) for c in reply.conversations)
+
+    cid = made.conversation.id
+    assert made.conversation.project == "health"
+    assert await listed("health") == [(cid, "health")]
+    assert await listed("default") == [(other, "default")]
+    assert await listed(None) == sorted([(cid, "health"), (other, "default")])

@@ -294,17 +294,21 @@ class ChatHandlers:
     async def conversations(
         self, req: ConversationsRequest, forwarded: bool = False
     ) -> ConversationsReply:
-        """``list`` (newest first), ``create``, ``rename``, ``delete`` (the stored blob is
-        removed), ``export`` (messages and log)."""
+        """``list`` (newest first; one project's with ``project``), ``create`` (in
+        ``project``, else the active one), ``rename``, ``delete`` (the stored blob is
+        removed), ``export`` (messages and log, without PROJ_SNAPSHOT's update blocks)."""
         if req.action == "list":
-            infos = await self.store.list_infos()
-            return ConversationsReply(conversations=[ConversationInfo(**i) for i in infos])
+            infos = [ConversationInfo(**i) for i in await self.store.list_infos()]
+            if req.project is not None:
+                infos = [i for i in infos if i.project == req.project]
+            return ConversationsReply(conversations=infos)
         if req.action == "create":
             cid = new_conversation_id()
 
             async def created(actor: Actor) -> ConversationsReply:
-                if req.title:
-                    actor.conv.title = req.title
+                if req.title or req.project:
+                    actor.conv.title = req.title or actor.conv.title
+                    actor.conv.project = req.project or actor.conv.project
                     await actor.persist()
                 return ConversationsReply(conversation=ConversationInfo(**actor.conv.info()))
 

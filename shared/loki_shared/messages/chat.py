@@ -201,11 +201,14 @@ class ConversationInfo(Msg):
 
 
 class ConversationsRequest(Msg):
-    """``loki.chat.conversations``: list, create, rename, delete or export."""
+    """``loki.chat.conversations``: list, create, rename, delete or export. ``project``:
+    ``list`` only that project's conversations; ``create`` the conversation in it (None:
+    every project / the active project)."""
 
     action: Literal["list", "create", "rename", "delete", "export"]
     conversation: str | None = None
     title: str | None = None
+    project: str | None = None
 
 
 class ConversationsReply(Reply):
