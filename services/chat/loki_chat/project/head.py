@@ -102,6 +102,7 @@ class ProjectHead:
             if conv.proj_snap is not None or any(is_update(m) for m in conv.messages):
                 strip_updates(conv.messages)  # key removed: cleaning
                 conv.proj_snap = None
+                conv.meter.invalidate()
                 return True
             return False
         snap: ProjSnap | None = conv.proj_snap
@@ -157,8 +158,10 @@ class ProjectHead:
         return snap.text or None
 
     def retake(self, conv: Any, live: BlockView, prompt: str = "", model: str = "") -> None:
-        """A fresh dated copy from ``live``; every update block leaves the history."""
+        """A fresh dated copy from ``live``; every update block leaves the history (the
+        context meter's measure no longer matches it: estimates until the next step)."""
         strip_updates(conv.messages)
+        conv.meter.invalidate()
         as_of = self.clock()
         conv.proj_snap = ProjSnap(
             as_of=as_of,
