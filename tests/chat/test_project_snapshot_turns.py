@@ -19,10 +19,14 @@ from loki_shared.messages.chat import ConversationsReply, ConversationsRequest
 
 
 class CompactAtStart(NoCompaction):
-    """Compacts at every turn start once there is history (keeps the last message)."""
+    """Compacts on ``triggers`` (default: turn start) once there is history (keeps the last
+    message)."""
+
+    def __init__(self, triggers: tuple[str, ...] = ("start",)) -> None:
+        self.triggers = triggers
 
     async def maybe_compact(self, view) -> bool:
-        if view.trigger == "start" and len(view.conversation.messages) > 1:
+        if view.trigger in self.triggers and len(view.conversation.messages) > 1:
             del view.conversation.messages[:-1]
             view.conversation.meter.invalidate()
             return True
@@ -415,3 +419,46 @@ async def test_the_conversation_list_filters_by_project_and_create_takes_one(
     assert await listed("health") == [(cid, "health")]
     assert await listed("default") == [(other, "default")]
     assert await listed(None) == sorted([(cid, "health"), (other, "default")])
+
+
+async def test_key_on_a_manual_compaction_retakes(chat_runner, supervisor, client, fake_engine):
+    source = Source(health())
+    svc = await chat_runner.start(
+        tools=False, system_prompt="S.", proj_snapshot=True, policy=CompactAtStart(("manual",))
+    )
+    svc.shared.project.fetch = source.fetch
+    fake_engine.push(text_reply("Hi."), text_reply("Fine."), text_reply("Ok."))
+    cid, _ = await client.turn("Hello")
+    source.view = health(description="Getting fit by spring.")
+    await client.turn("And now?", cid)
+    assert ("user", UPDATE_KIND) in stored(await client.state(cid))
+    reply = await client.control(cid, "compact")
+    assert reply.ok
+    assert UPDATE_KIND not in [i for _, i in stored(await client.state(cid))]
+    await client.turn("Third", cid)
+    last = fake_engine.requests[-1].json["messages"]
+    assert [m["role"] for m in last] == ["system", "assistant", "user"]  # compacted
+    assert last[2]["content"].startswith('<project name="Health">')
+    assert "Project description:\nGetting fit by spring." in last[2]["content"]
+    assert "<context_update" not in last[2]["content"]
+
+
+async def test_key_on_an_end_of_turn_compaction_retakes(
+    chat_runner, supervisor, client, fake_engine
+):
+    source = Source(health())
+    svc = await chat_runner.start(
+        tools=False, system_prompt="S.", proj_snapshot=True, policy=CompactAtStart(("end",))
+    )
+    svc.shared.project.fetch = source.fetch
+    fake_engine.push(text_reply("Hi."), text_reply("Fine."))
+    cid, _ = await client.turn("Hello")
+    source.view = health(description="Getting fit by spring.")
+    await client.turn("And now?", cid)  # the update is stored, then the end compaction retakes
+    assert UPDATE_KIND not in [i for _, i in stored(await client.state(cid))]
+    fake_engine.push(text_reply("Ok."))
+    await client.turn("Third", cid)
+    last = fake_engine.requests[-1].json["messages"]
+    assert [m["role"] for m in last] == ["system", "assistant", "user"]  # compacted at the end
+    assert "Project description:\nGetting fit by spring." in last[2]["content"]
+    assert "<context_update" not in last[2]["content"]
