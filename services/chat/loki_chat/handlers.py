@@ -35,7 +35,7 @@ from loki_shared.messages.chat import (
     StateReply,
     StateRequest,
 )
-from loki_shared.messages.recall import PurgeReply, PurgeRequest
+from loki_shared.messages.recall import DEFAULT_PROJECT, PurgeReply, PurgeRequest
 
 from .actor import Actor, Shared
 from .context import ContextView
@@ -300,7 +300,7 @@ class ChatHandlers:
         if req.action == "list":
             infos = [ConversationInfo(**i) for i in await self.store.list_infos()]
             if req.project is not None:
-                infos = [i for i in infos if i.project == req.project]
+                infos = [i for i in infos if (i.project or DEFAULT_PROJECT) == req.project]
             return ConversationsReply(conversations=infos)
         if req.action == "create":
             cid = new_conversation_id()

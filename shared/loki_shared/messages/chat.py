@@ -190,24 +190,25 @@ class ReplayReply(Reply):
 
 
 class ConversationInfo(Msg):
-    """A conversation in the list: ``project`` is the project it belongs to (the one active
-    when it was created; ``default`` for every conversation made before projects)."""
+    """A conversation in a list; ``project`` is the project it belongs to (the one active
+    when it was created; None: the default project)."""
 
     id: str
     title: str = ""
     created: float = 0.0
     updated: float = 0.0
-    project: str = "default"
+    project: str | None = None
 
 
 class ConversationsRequest(Msg):
-    """``loki.chat.conversations``: list, create, rename, delete or export. ``project``:
-    ``list`` only that project's conversations; ``create`` the conversation in it (None:
-    every project / the active project)."""
+    """``loki.chat.conversations``: list, create, rename, delete or export."""
 
     action: Literal["list", "create", "rename", "delete", "export"]
     conversation: str | None = None
     title: str | None = None
+    #: ``create``: the project the new conversation belongs to (the gateway sends the active
+    #: one; None: the default project). ``list``: only that project's conversations (None:
+    #: all). The others ignore it.
     project: str | None = None
 
 
