@@ -20,9 +20,10 @@ How request/reply is allowed (NATS server authorization, ``permissions`` block):
 
 Rules the table enforces (issue 22): only the gateway publishes ``loki.memory.key`` and answers
 ``loki.memory.status``; only chat publishes ``loki.chat.events.>``; only recall answers
-``loki.recall.>``; only the supervisor answers ``loki.engine.>``; perf records are published by
-chat, the gateway and the bench (and by ``backup``, which writes a backup's records back into an
-empty stack on restore); each service answers only its own health subjects.
+``loki.recall.>``; only the memory service answers ``loki.projects.*`` requests and
+publishes ``loki.projects.changed``; only the supervisor answers ``loki.engine.>``; perf records
+are published by chat, the gateway and the bench (and by ``backup``, which writes a backup's
+records back into an empty stack on restore); each service answers only its own health subjects.
 """
 
 from __future__ import annotations
@@ -134,6 +135,24 @@ _ENGINE_REQUESTS = (
     subjects.ENGINE_RELEASE,
     subjects.ENGINE_PRESETS,
 )
+#: Every request subject the memory service answers (not ``loki.projects.changed``, its event).
+_PROJECTS_REQUESTS = tuple(
+    row.subject
+    for row in subjects.EXCHANGES.values()
+    if row.subject.startswith(subjects.PROJECTS_PREFIX + ".") and row.reply is not None
+)
+#: What the chat service asks the memory service for (the block and the model's tools).
+_PROJECTS_CHAT = (
+    subjects.PROJECTS_ACTIVE,
+    subjects.PROJECTS_BLOCK,
+    subjects.PROJECTS_PAGE_READ,
+    subjects.PROJECTS_PAGE_WRITE,
+    subjects.PROJECTS_PAGE_LIST,
+    subjects.PROJECTS_PAGE_SEARCH,
+    subjects.PROJECTS_TRACKER_LOG,
+    subjects.PROJECTS_TRACKER_READ,
+    subjects.PROJECTS_TRACKER_LIST,
+)
 _RECALL_ALL = f"{subjects.PREFIX}.recall.>"
 _ENGINE_ALL = f"{subjects.PREFIX}.engine.>"
 _CHAT_EVENTS = f"{subjects.CHAT_EVENTS_PREFIX}.>"
@@ -150,13 +169,15 @@ USERS: tuple[Grant, ...] = (
             *_ENGINE_REQUESTS,
             subjects.RECALL_BLOCK,
             subjects.RECALL_BLOCKS,
+            subjects.RECALL_PURGE,
+            *_PROJECTS_REQUESTS,
             subjects.PERF_SUMMARY,
             subjects.PERF_LOSSES,
             subjects.MEMORY_KEY,
             subjects.PERF_RECORD,
             *js_stream(subjects.STREAM_PERF),
         ),
-        subscribe=(_CHAT_EVENTS, subjects.MEMORY_STATUS),
+        subscribe=(_CHAT_EVENTS, subjects.MEMORY_STATUS, subjects.PROJECTS_CHANGED),
         responds=True,
     ),
     Grant(
@@ -169,6 +190,7 @@ USERS: tuple[Grant, ...] = (
             subjects.RECALL_ARCHIVE,
             subjects.RECALL_TOOL,
             subjects.RECALL_PURGE,
+            *_PROJECTS_CHAT,
             subjects.PERF_RECORD,
             subjects.EVENTS_COMPACTION,
             *js_stream(subjects.STREAM_PERF),
@@ -176,7 +198,12 @@ USERS: tuple[Grant, ...] = (
             *js_stream(subjects.STREAM_EVENTS),
             *_health("chat"),
         ),
-        subscribe=(*_CHAT_REQUESTS, _CHAT_INSTANCES, *_health("chat")),
+        subscribe=(
+            *_CHAT_REQUESTS,
+            _CHAT_INSTANCES,
+            subjects.PROJECTS_CHANGED,
+            *_health("chat"),
+        ),
         responds=True,
     ),
     Grant(
@@ -190,6 +217,18 @@ USERS: tuple[Grant, ...] = (
             *_health("recall"),
         ),
         subscribe=(_RECALL_ALL, subjects.MEMORY_KEY, *_health("recall")),
+        responds=True,
+    ),
+    Grant(
+        user="memory",
+        who="the memory service (projects, memory pages, trackers)",
+        publish=(
+            subjects.PROJECTS_CHANGED,
+            subjects.PROJECTS_ACTIVE,  # its own routability probe
+            subjects.MEMORY_STATUS,
+            *_health("memory"),
+        ),
+        subscribe=(*_PROJECTS_REQUESTS, subjects.MEMORY_KEY, *_health("memory")),
         responds=True,
     ),
     Grant(
@@ -248,8 +287,8 @@ USERS: tuple[Grant, ...] = (
     ),
 )
 
-#: The services' users (the five long-running processes).
-SERVICES: tuple[str, ...] = ("gateway", "chat", "recall", "engine-supervisor", "perf")
+#: The services' users (the six long-running processes).
+SERVICES: tuple[str, ...] = ("gateway", "chat", "recall", "memory", "engine-supervisor", "perf")
 
 
 def grant(user: str) -> Grant:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from .messages import chat, engine, events, memory, perf, recall
+from .messages import chat, engine, events, memory, perf, projects, recall
 
 PREFIX = "loki"
 
@@ -66,6 +66,30 @@ RECALL_PURGE = "loki.recall.purge"  # PurgeRequest -> PurgeReply
 # --- memory key (the gateway hands the user's memory key to the services) ------------------
 MEMORY_KEY = "loki.memory.key"  # MemoryKeyEvent, broadcast (set or cleared)
 MEMORY_STATUS = "loki.memory.status"  # MemoryStatusRequest -> MemoryStatusReply (gateway answers)
+
+# --- memory service: projects, memory pages, trackers (queue group QUEUE_PROJECTS) ----------
+# (``loki.memory.*`` above is the memory KEY, served by the gateway; these are the contents.)
+QUEUE_PROJECTS = "memory"
+PROJECTS_PREFIX = "loki.projects"
+PROJECTS_LIST = "loki.projects.list"  # ProjectsListRequest -> ProjectsReply
+PROJECTS_CREATE = "loki.projects.create"  # ProjectCreateRequest -> ProjectReply
+PROJECTS_UPDATE = "loki.projects.update"  # ProjectUpdateRequest -> ProjectReply
+PROJECTS_DELETE = "loki.projects.delete"  # ProjectDeleteRequest -> ProjectDeleteReply
+PROJECTS_ACTIVE = "loki.projects.active"  # ActiveProjectRequest -> ProjectReply
+PROJECTS_ACTIVATE = "loki.projects.activate"  # ActivateProjectRequest -> ProjectReply
+PROJECTS_BLOCK = "loki.projects.block"  # ProjectBlockRequest -> ProjectBlockReply
+PROJECTS_PAGE_READ = "loki.projects.page.read"  # PageReadRequest -> PageReply
+PROJECTS_PAGE_WRITE = "loki.projects.page.write"  # PageWriteRequest -> PageReply
+PROJECTS_PAGE_DELETE = "loki.projects.page.delete"  # PageDeleteRequest -> PageDeleteReply
+PROJECTS_PAGE_LIST = "loki.projects.page.list"  # PageListRequest -> PagesReply
+PROJECTS_PAGE_SEARCH = "loki.projects.page.search"  # PageSearchRequest -> SearchReply
+PROJECTS_TRACKER_LOG = "loki.projects.tracker.log"  # TrackerLogRequest -> TrackerLogReply
+PROJECTS_TRACKER_READ = "loki.projects.tracker.read"  # TrackerReadRequest -> TrackerReadReply
+PROJECTS_TRACKER_LIST = "loki.projects.tracker.list"  # TrackerListRequest -> TrackersReply
+PROJECTS_TRACKER_DELETE = "loki.projects.tracker.delete"  # TrackerDeleteRequest -> ...Reply
+PROJECTS_EXPORT = "loki.projects.export"  # ExportRequest -> ExportReply
+PROJECTS_IMPORT = "loki.projects.import"  # ImportRequest -> ProjectReply
+PROJECTS_CHANGED = "loki.projects.changed"  # ProjectChangedEvent, after every change
 
 # --- engine supervisor (queue group QUEUE_ENGINE) ------------------------------------------
 QUEUE_ENGINE = "engine"
@@ -145,6 +169,25 @@ EXCHANGES: dict[str, Exchange] = _table(
     Exchange(RECALL_PURGE, recall.PurgeRequest, recall.PurgeReply),
     Exchange(MEMORY_KEY, memory.MemoryKeyEvent, None),
     Exchange(MEMORY_STATUS, memory.MemoryStatusRequest, memory.MemoryStatusReply),
+    Exchange(PROJECTS_LIST, projects.ProjectsListRequest, projects.ProjectsReply),
+    Exchange(PROJECTS_CREATE, projects.ProjectCreateRequest, projects.ProjectReply),
+    Exchange(PROJECTS_UPDATE, projects.ProjectUpdateRequest, projects.ProjectReply),
+    Exchange(PROJECTS_DELETE, projects.ProjectDeleteRequest, projects.ProjectDeleteReply),
+    Exchange(PROJECTS_ACTIVE, projects.ActiveProjectRequest, projects.ProjectReply),
+    Exchange(PROJECTS_ACTIVATE, projects.ActivateProjectRequest, projects.ProjectReply),
+    Exchange(PROJECTS_BLOCK, projects.ProjectBlockRequest, projects.ProjectBlockReply),
+    Exchange(PROJECTS_PAGE_READ, projects.PageReadRequest, projects.PageReply),
+    Exchange(PROJECTS_PAGE_WRITE, projects.PageWriteRequest, projects.PageReply),
+    Exchange(PROJECTS_PAGE_DELETE, projects.PageDeleteRequest, projects.PageDeleteReply),
+    Exchange(PROJECTS_PAGE_LIST, projects.PageListRequest, projects.PagesReply),
+    Exchange(PROJECTS_PAGE_SEARCH, projects.PageSearchRequest, projects.SearchReply),
+    Exchange(PROJECTS_TRACKER_LOG, projects.TrackerLogRequest, projects.TrackerLogReply),
+    Exchange(PROJECTS_TRACKER_READ, projects.TrackerReadRequest, projects.TrackerReadReply),
+    Exchange(PROJECTS_TRACKER_LIST, projects.TrackerListRequest, projects.TrackersReply),
+    Exchange(PROJECTS_TRACKER_DELETE, projects.TrackerDeleteRequest, projects.TrackerDeleteReply),
+    Exchange(PROJECTS_EXPORT, projects.ExportRequest, projects.ExportReply),
+    Exchange(PROJECTS_IMPORT, projects.ImportRequest, projects.ProjectReply),
+    Exchange(PROJECTS_CHANGED, projects.ProjectChangedEvent, None),
     Exchange(ENGINE_INFO, engine.EngineInfoRequest, engine.EngineInfo),
     Exchange(ENGINE_LEASE, engine.LeaseRequest, engine.Lease),
     Exchange(ENGINE_RELEASE, engine.ReleaseRequest, engine.ReleaseReply),

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from loki_shared import subjects
@@ -30,6 +30,7 @@ from .conversation import Conversation
 from .engine import EngineClient
 from .errors import FencedWrite
 from .leases import EngineLeases
+from .project.head import ProjectHead
 from .settings import Settings
 from .store import Store
 from .tokens import TokenCounts
@@ -60,6 +61,8 @@ class Shared:
     policy: ContextPolicy
     closing: bool = False
     tokens: TokenCounts | None = None  # exact token counts (None: estimates)
+    #: the project block and PROJ_SNAPSHOT (no memory service: no block)
+    project: ProjectHead = field(default_factory=lambda: ProjectHead(fetch=None))
 
 
 class Actor:
@@ -80,6 +83,7 @@ class Actor:
         self.toolbox = shared.toolbox
         self.engine = shared.engine
         self.policy = shared.policy
+        self.project = shared.project
         self.stop = asyncio.Event()
         self.worker: asyncio.Task[None] | None = None
         self.lost = False

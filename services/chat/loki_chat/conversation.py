@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loki_shared.messages.chat import ChatEvent, ChatMessage
+from loki_shared.messages.recall import DEFAULT_PROJECT
 
 from .meter import ContextMeter
+from .project.snapshot import ProjSnap
 
 BLOB_VERSION = 1
 
@@ -29,6 +31,9 @@ class Conversation:
         pending: user messages waiting behind the running turn (FIFO), persisted so a
             crash does not lose them.
         turn_open: a turn has started and not ended (set in the blob while it runs).
+        project: the project the conversation belongs to (the one active at creation).
+        proj_snap: PROJ_SNAPSHOT's dated copy of the project block (None: none taken).
+            Both are written to the blob only when set (omitempty).
     """
 
     id: str
@@ -41,6 +46,8 @@ class Conversation:
     pending: list[str] = field(default_factory=list)
     turn_open: bool = False
     meter: ContextMeter = field(default_factory=ContextMeter)
+    project: str = DEFAULT_PROJECT
+    proj_snap: ProjSnap | None = None
 
     def new_event(
         self,
@@ -85,7 +92,7 @@ class Conversation:
         return events, False
 
     def to_blob(self) -> dict[str, Any]:
-        return {
+        blob = {
             "v": BLOB_VERSION,
             "id": self.id,
             "title": self.title,
@@ -98,6 +105,11 @@ class Conversation:
             "turn_open": self.turn_open,
             "meter": self.meter.to_dict(),
         }
+        if self.project != DEFAULT_PROJECT:
+            blob["project"] = self.project
+        if self.proj_snap is not None:
+            blob["proj_snap"] = self.proj_snap.to_dict()
+        return blob
 
     @classmethod
     def from_blob(cls, data: dict[str, Any]) -> Conversation:
@@ -112,6 +124,8 @@ class Conversation:
             pending=list(data.get("pending", [])),
             turn_open=bool(data.get("turn_open", False)),
             meter=ContextMeter.from_dict(data.get("meter")),
+            project=data.get("project") or DEFAULT_PROJECT,
+            proj_snap=ProjSnap.from_dict(data["proj_snap"]) if data.get("proj_snap") else None,
         )
 
     def info(self) -> dict[str, Any]:
@@ -120,4 +134,5 @@ class Conversation:
             "title": self.title,
             "created": self.created,
             "updated": self.updated,
+            "project": self.project,
         }

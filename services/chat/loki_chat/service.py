@@ -22,6 +22,7 @@ import httpx
 
 from loki_shared import subjects
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
+from loki_shared.projects_client import ProjectsClient
 
 from .actor import Actor, Shared
 from .bus import ChatBus
@@ -31,6 +32,8 @@ from .engine import EngineClient
 from .handlers import ChatHandlers
 from .leases import EngineLeases
 from .ownership import Ownership
+from .project.head import ProjectHead
+from .project.memory_link import active_project_id, block_fetch
 from .settings import Settings
 from .store import Store
 from .tokens import Engine, TokenCounts
@@ -70,18 +73,28 @@ class ChatService:
         self.instance = store.instance
         self.http = http
         self.request = self.bus.request
+        #: the memory service (project block, memory tools)
+        self.projects = ProjectsClient.from_broker(broker, settings.memory_timeout_s)
         self.shared = Shared(
             settings=settings,
             store=store,
             bus=self.bus,
             leases=EngineLeases(self.bus, settings),
             engine=EngineClient(http, settings.retry_delays, settings.engine_timeout_s),
-            toolbox=toolbox or default_toolbox(self.bus, settings),
+            toolbox=toolbox or default_toolbox(self.bus, settings, self.projects),
             policy=policy or CompactionPolicy(CompactionDeps(settings, self.bus, http)),
             tokens=(
                 TokenCounts(http, settings.tokenize_timeout_s, self._locate_engine)
                 if settings.tokenize_timeout_s > 0
                 else None
+            ),
+            project=ProjectHead(
+                fetch=block_fetch(self.projects),
+                active=active_project_id(self.projects),
+                active_wait_s=settings.memory_active_wait_s,
+                enabled=settings.proj_snapshot,
+                max_updates=settings.proj_snapshot_max_updates,
+                boot=uuid.uuid4().hex,  # a new start token per process: a restart retakes
             ),
         )
         self.ownership = Ownership(self.shared)

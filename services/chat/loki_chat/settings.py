@@ -49,6 +49,15 @@ class Settings(LokiSettings):
       ``stable_prefix`` (off by default; see docs/behaviour.md (chat)).
     - ``LOKI_TOKENIZE_TIMEOUT_S`` — bound of one batch of exact token counts by the local
       engine (``/tokenize``; 0.3 s); past it the estimate is used (logged). 0: estimates only.
+    - ``LOKI_PROJ_SNAPSHOT`` — each conversation keeps a dated copy of its project block,
+      sent byte for byte, and changes arrive in ``<context_update from="loki">`` blocks
+      (off by default: the block is rebuilt each turn; see docs/behaviour.md (projects)).
+    - ``LOKI_PROJ_SNAPSHOT_MAX_UPDATES`` — update blocks accumulated past which the snapshot
+      is retaken (8).
+    - ``LOKI_MEMORY_TIMEOUT_S`` — bound of a request to the memory service (block, tools; s).
+    - ``LOKI_MEMORY_ACTIVE_WAIT_S`` — bound of a new conversation's wait for the active
+      project (0.5 s; past it, the default project), and of a block fetch while the memory
+      service does not answer.
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -72,3 +81,7 @@ class Settings(LokiSettings):
     compact_threshold: float = Field(default=0.75, gt=0.1, le=0.95)
     nudge_in_tool: bool = False
     tokenize_timeout_s: float = Field(default=0.3, ge=0)
+    proj_snapshot: bool = False
+    proj_snapshot_max_updates: int = Field(default=8, ge=1)
+    memory_timeout_s: float = Field(default=5.0, gt=0)
+    memory_active_wait_s: float = Field(default=0.5, gt=0)

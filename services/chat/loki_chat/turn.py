@@ -70,10 +70,12 @@ from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
 from .errors import StepError, StreamError
+from .project.head import ProjectHead
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
 from .tools import ToolBox, cut_for_model, parse_arguments
+from .tools.memory import CURRENT_PROJECT
 
 log = logging.getLogger("loki.chat.turn")
 
@@ -113,6 +115,9 @@ class TurnHost(Protocol):
     def publish_perf(self, record: PerfRecord) -> None: ...
     async def total_slots(self) -> int | None: ...
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
+
+    @property
+    def project(self) -> ProjectHead: ...
 
 
 @dataclass
@@ -196,6 +201,7 @@ class TurnRunner:
     # -- states ---------------------------------------------------------------------------
     async def begin(self) -> State:
         conv = self.conv
+        CURRENT_PROJECT.set(conv.project)  # the memory tools act on this project
         if self.resume:
             await self.host.emit({}, loki={"event": "continue"})
         if self.user_text is not None:
@@ -211,7 +217,14 @@ class TurnRunner:
             )
         conv.turn_open = True
         await self.host.persist()
-        return await self.check("start", then=self.build)
+        return await self.check("start", then=self.project_update)
+
+    async def project_update(self) -> State:
+        """The project's block for this turn; with PROJ_SNAPSHOT, the update block stored
+        after the turn-start compaction (see :mod:`.project.head`)."""
+        if await self.host.project.begin_turn(self.conv):
+            await self.host.persist()
+        return await self.build()
 
     async def check(self, trigger: Trigger, then: State) -> State:
         if await self.compact(trigger):
@@ -242,13 +255,21 @@ class TurnRunner:
                 self.external = lease.external
                 self.template = lease.template
                 echo_model = lease.model if self.echo_reasoning() and self.plan.echo else None
+                tools = self.offered_tools()
+                project = self.host.project
+                system = project.system_prompt(self.settings.system_prompt)
+                # the configured tools (not this step's fallback) are part of the prompt's identity
+                configured = self.host.toolbox.schemas()
+                head = project.head(
+                    self.conv, system, configured, f"{lease.base_url}|{lease.model}"
+                )
                 wire = wire_messages(
-                    self.settings.system_prompt,
+                    system,
                     self.conv.messages,
                     echo_model=echo_model,
                     suffix=self.plan.suffix,
+                    head=head,
                 )
-                tools = self.offered_tools()
                 await self.tell_withheld()
                 payload = build_payload(
                     self.settings,
@@ -481,6 +502,7 @@ class TurnRunner:
         if self.prefix_unstable():
             meta["prefix_unstable"] = True  # the UI's prefill badge says why the cache is lost
         meta["ctx_used"] = conv.meter.used(self.settings.system_prompt, conv.messages)
+        self.host.project.end_turn(conv)
         await self.host.emit(
             {},
             finish_reason=finish,
@@ -686,10 +708,13 @@ class TurnRunner:
             emit=lambda delta, meta: self.host.emit(delta, loki=meta),
         )
         try:
-            return bool(await self.host.policy.maybe_compact(view))
+            compacted = bool(await self.host.policy.maybe_compact(view))
         except Exception:  # a failed compaction never fails the turn: it goes on uncompacted
             log.exception("compaction (%s) failed", trigger)
             return False
+        if compacted:  # the prompt changed anyway: PROJ_SNAPSHOT retakes its copy
+            await self.host.project.after_compaction(self.conv)
+        return compacted
 
     def ctx_used(self) -> int:
         """``ctx_used`` plus estimates of the user messages queued behind this turn."""

@@ -4,6 +4,7 @@
 - :mod:`.chat` — conversations, turns, display events (``loki.chat.*``);
 - :mod:`.recall` — the archive and its tools (``loki.recall.*``);
 - :mod:`.memory` — the user's memory key (``loki.memory.*``);
+- :mod:`.projects` — projects, memory pages, trackers (``loki.projects.*``);
 - :mod:`.engine` — engine info, state, leases, presets (``loki.engine.*``);
 - :mod:`.perf` — completion records and summaries (``loki.perf.*``);
 - :mod:`.events` — audit events (``loki.events.*``).

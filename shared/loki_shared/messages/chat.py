@@ -197,10 +197,14 @@ class ReplayReply(Reply):
 
 
 class ConversationInfo(Msg):
+    """A conversation in a list; ``project`` is the project it belongs to (the one active
+    when it was created; None: the default project)."""
+
     id: str
     title: str = ""
     created: float = 0.0
     updated: float = 0.0
+    project: str | None = None
 
 
 class ConversationsRequest(Msg):
@@ -209,6 +213,10 @@ class ConversationsRequest(Msg):
     action: Literal["list", "create", "rename", "delete", "export"]
     conversation: str | None = None
     title: str | None = None
+    #: ``create``: the project the new conversation belongs to (the gateway sends the active
+    #: one; None: the default project). ``list``: only that project's conversations (None:
+    #: all). The others ignore it.
+    project: str | None = None
 
 
 class ConversationsReply(Reply):

@@ -2,6 +2,7 @@
 
 - :mod:`.box` — :class:`ToolBox` and the rules applied to every call (arguments, results);
 - :mod:`.recall` — ``recall`` and ``recall_search`` (the recall service);
+- :mod:`.memory` — the project memory tools (the memory service);
 - :func:`default_toolbox` — the tools a chat instance offers, in their fixed order.
 
 A new family of tools (memory_read / memory_write / tracker_log, subagent, see_image) is one
@@ -12,6 +13,8 @@ template a probe found unable to call them) is decided in one place: the turn lo
 """
 
 from __future__ import annotations
+
+from loki_shared.projects_client import ProjectsClient
 
 from ..bus import ChatBus
 from ..settings import Settings
@@ -24,13 +27,24 @@ from .box import (
     cut_for_model,
     parse_arguments,
 )
+from .memory import memory_tools
 from .recall import UNREACHABLE, recall_tools
 
 
-def default_toolbox(bus: ChatBus, settings: Settings) -> ToolBox:
+def default_toolbox(
+    bus: ChatBus, settings: Settings, projects: ProjectsClient | None = None
+) -> ToolBox:
     """The tools a chat instance offers, in this order (the order is part of the request
-    prefix, so it never changes between requests): ``recall``, ``recall_search``."""
-    return ToolBox(recall_tools(bus.request, settings.recall_timeout_s))
+    prefix, so it never changes between requests): ``recall``, ``recall_search``, then,
+    with a memory service client (``projects``), ``memory_read``, ``memory_write``,
+    ``memory_search``, ``tracker_log``, ``tracker_read``."""
+    box = ToolBox(recall_tools(bus.request, settings.recall_timeout_s))
+    if projects is not None:
+        from ..project.memory_link import memory_call
+
+        for spec in memory_tools(memory_call(projects)):
+            box.add(spec)
+    return box
 
 
 __all__ = [
@@ -42,6 +56,7 @@ __all__ = [
     "ToolSpec",
     "cut_for_model",
     "default_toolbox",
+    "memory_tools",
     "parse_arguments",
     "recall_tools",
 ]
