@@ -17,7 +17,7 @@ lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict -p loki_shared
-	$(VENV)/bin/mypy -p loki_chat -p loki_gateway -p loki_recall -p loki_supervisor -p loki_perf -p loki_cli
+	$(VENV)/bin/mypy -p loki_chat -p loki_gateway -p loki_recall -p loki_memory -p loki_supervisor -p loki_perf -p loki_cli
 
 bench: install-test
 	$(VENV)/bin/python -m bench

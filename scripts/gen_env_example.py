@@ -38,6 +38,7 @@ SERVICES: list[tuple[str, str]] = [
     ("gateway", "loki_gateway"),
     ("chat", "loki_chat"),
     ("recall", "loki_recall"),
+    ("memory", "loki_memory"),
     ("engine-supervisor", "loki_supervisor"),
     ("perf", "loki_perf"),
 ]

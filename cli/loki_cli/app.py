@@ -1,10 +1,11 @@
 """``loki``: run the embedded stack.
 
 ``loki up`` checks that the web port is free, starts NATS, Redis, the engine supervisor (which
-launches llama-server with ``LOKI_MODEL``, by default the bundled SmolLM2), recall, perf, chat
-and the gateway on loopback, and prints "Loki is up" with the URL only once the gateway it
-started answers there and the engine is ready. What cannot start is said in one line, with
-exit status 1. Ctrl-C stops everything in order (NATS last); a second Ctrl-C stops at once.
+launches llama-server with ``LOKI_MODEL``, by default the bundled SmolLM2), recall, memory,
+perf, chat and the gateway on loopback, and prints "Loki is up" with the URL only once the
+gateway it started answers there and the engine is ready. What cannot start is said in one
+line, with exit status 1. Ctrl-C stops everything in order (NATS last); a second Ctrl-C stops
+at once.
 """
 
 from __future__ import annotations

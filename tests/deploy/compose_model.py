@@ -26,6 +26,7 @@ LOKI_SERVICES: dict[str, tuple[str, str]] = {
     "engine-supervisor": ("engine-supervisor", "loki_supervisor"),
     "engine-supervisor-cpu": ("engine-supervisor", "loki_supervisor"),
     "recall": ("recall", "loki_recall"),
+    "memory": ("memory", "loki_memory"),
     "perf": ("perf", "loki_perf"),
     "chat": ("chat", "loki_chat"),
     "gateway": ("gateway", "loki_gateway"),

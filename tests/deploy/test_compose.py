@@ -68,7 +68,7 @@ def test_no_profile_renders_the_stack_without_engine() -> None:
     out = render([BASE], [])
     assert out.returncode == 0, out.stderr
     assert not any(n.startswith("engine-supervisor") for n in out.services)
-    assert {"nats", "redis", "chat", "recall", "perf", "gateway"} <= set(out.services)
+    assert {"nats", "redis", "chat", "recall", "memory", "perf", "gateway"} <= set(out.services)
 
 
 def test_grafana_password_is_required() -> None:
@@ -134,9 +134,9 @@ def test_depends_on_waits_for_health(rendered: tuple[str, str, dict]) -> None:
                 assert cond["condition"] == "service_healthy", (name, dep, cond)
                 assert services[dep].get("healthcheck"), dep
     # The start order of issue 2: infrastructure first, the gateway after chat.
-    for name in ("recall", "perf", "chat", "gateway"):
+    for name in ("recall", "memory", "perf", "chat", "gateway"):
         assert {"nats", "redis"} <= set(services[name]["depends_on"]), name
-    assert "chat" in services["gateway"]["depends_on"]
+    assert {"chat", "memory"} <= set(services["gateway"]["depends_on"])
 
 
 def test_restart_policies(rendered: tuple[str, str, dict]) -> None:

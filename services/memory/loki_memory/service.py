@@ -1,0 +1,176 @@
+"""The memory service: NATS handlers (FastStream) over a :class:`~loki_memory.store.Store`.
+
+Subjects served (queue group ``memory``): every ``loki.projects.*`` request subject (see
+:class:`~loki_memory.handlers.Handlers`). Published: ``loki.projects.changed`` after every
+change. Subscribed by every instance: ``loki.memory.key`` (the gateway hands over or withdraws
+the memory key); at start, and every ``LOKI_MEMORY_POLL_S``, it asks ``loki.memory.status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
+from pydantic import BaseModel, ValidationError
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from loki_shared import lifecycle, subjects
+from loki_shared.errors import InvalidRequest, Unavailable
+from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply, MemoryStatusRequest
+from loki_shared.messages.projects import ActiveProjectRequest, ProjectChangedEvent
+from loki_shared.nats import make_broker, stop_broker
+from loki_shared.sealing import load_service_key
+
+from .handlers import Handlers
+from .keyholder import KeyHolder
+from .settings import Settings
+from .store import Store
+
+log = logging.getLogger("loki.memory")
+
+
+def decode(model: type[BaseModel], body: bytes) -> Any:
+    """``body`` as ``model``.
+
+    Raises:
+        InvalidRequest: not valid JSON for ``model`` (the message names the first field).
+    """
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidRequest(
+            f"invalid {model.__name__}: {where}: {first['msg']} — resend it corrected"
+        ) from exc
+
+
+class MemoryService:
+    """One memory service instance. Use ``await start()`` then ``await stop()``;
+    :attr:`store` is the state it serves."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        secret = settings.secret_key.get_secret_value() if settings.secret_key else None
+        self.redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        self.store = Store(self.redis, load_service_key(settings.home, secret))
+        self.keys = KeyHolder(self.store.vault)
+        self.broker: NatsBroker = make_broker(
+            settings.nats_url, "memory", health_check=self._health, login=settings.nats_options()
+        )
+        self.handlers = Handlers(self.store, self._announce)
+        self._poller: asyncio.Task[None] | None = None
+        self._register()
+
+    # --- wiring ------------------------------------------------------------------------------
+    def _register(self) -> None:
+        for subject, (model, handler) in self.handlers.table().items():
+            self._serve(subject, model, handler)
+
+        @self.broker.subscriber(subjects.MEMORY_KEY)
+        async def on_memory_key(msg: NatsMessage) -> None:
+            try:
+                event = MemoryKeyEvent.model_validate_json(msg.body)
+            except ValidationError:
+                log.warning("unreadable loki.memory.key event ignored")
+                return
+            await self.keys.apply(event.state, event.key_b64)
+
+    def _serve(
+        self,
+        subject: str,
+        model: type[BaseModel],
+        handler: Callable[[Any], Awaitable[BaseModel]],
+    ) -> None:
+        """Answer ``subject``: the raw body is decoded here (a malformed request gets an
+        ``invalid_request`` reply, not silence); what the handler raises is answered by the
+        broker's exception middleware."""
+
+        async def answer(msg: NatsMessage) -> Any:  # Any: FastStream casts to the annotation
+            return await handler(decode(model, msg.body))
+
+        answer.__name__ = f"on_{subject.replace('.', '_')}"
+        self.broker.subscriber(
+            subject, queue=subjects.QUEUE_PROJECTS, max_workers=self.settings.memory_workers
+        )(answer)
+
+    async def _announce(self, event: ProjectChangedEvent) -> None:
+        try:
+            await self.broker.publish(event, subjects.PROJECTS_CHANGED)
+        except Exception as exc:  # noqa: BLE001 - an event is best effort
+            log.warning("change event not published: %s", exc)
+
+    async def _health(self) -> dict[str, str]:
+        try:
+            await self.redis.ping()
+        except RedisError as exc:
+            return {"redis": type(exc).__name__}
+        return {}
+
+    # --- memory key --------------------------------------------------------------------------
+    async def _ask_memory(self) -> None:
+        try:
+            msg = await self.broker.request(
+                MemoryStatusRequest(), subjects.MEMORY_STATUS, timeout=2.0
+            )
+            reply = MemoryStatusReply.model_validate_json(msg.body)
+        except Exception as exc:  # noqa: BLE001 - gateway absent: keep the current state
+            log.debug("memory status unknown: %s", type(exc).__name__)
+            return
+        if reply.error is None:
+            await self.keys.apply(reply.state, reply.key_b64)
+
+    async def _poll_memory(self) -> None:
+        while True:
+            await self._ask_memory()
+            await asyncio.sleep(self.settings.memory_poll_s)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Make sure the default project exists, then serve. Waits (retrying every second)
+        while Redis does not answer."""
+        while True:
+            try:
+                await self.store.projects.ensure_default()
+                break
+            except Unavailable as exc:
+                log.warning("Redis not reachable (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+        await self.broker.start()
+        await self._until_routable()
+        self._poller = asyncio.create_task(self._poll_memory())
+        log.info("memory service serving")
+
+    async def _until_routable(self, tries: int = 100) -> None:
+        """Return once the server routes ``loki.projects.active`` to a memory subscriber, so
+        a caller right after ``start`` is never answered "no responders"."""
+        nc = self.broker.connection
+        await nc.flush()
+        probe = ActiveProjectRequest().model_dump_json().encode()
+        for attempt in range(tries):
+            try:
+                await nc.request(subjects.PROJECTS_ACTIVE, probe, timeout=1.0)
+            except Exception as exc:  # noqa: BLE001 - not routable yet
+                log.debug("subscriptions not routable yet (%s)", type(exc).__name__)
+                await asyncio.sleep(0.05)
+                continue
+            if attempt:
+                log.info("subscriptions routable after %d probes", attempt + 1)
+            return
+        log.warning("subscriptions still not routable after %d probes", tries)
+
+    async def stop(self, steps: lifecycle.Steps | None = None) -> None:
+        """Stop serving, each step bounded by ``steps`` (default: a budget of
+        ``LOKI_STOP_TIMEOUT_S``): the NATS subscribers (requests running get the time left),
+        then Redis."""
+        steps = steps or lifecycle.Steps(self.settings.stop_timeout_s, log)
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+        await stop_broker(self.broker, steps, steps.left() * 0.5)
+        await steps.run("close Redis", self.redis.aclose, 1.0)
