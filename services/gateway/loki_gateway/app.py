@@ -30,7 +30,7 @@ from . import errors
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
 from .bus import Bus
 from .memory_state import MemoryState
-from .routes import chat, engine, memory, perf, recall, v1
+from .routes import chat, engine, memory, perf, project_memory, projects, recall, v1
 from .settings import Settings
 from .sse import EventHub
 
@@ -43,6 +43,8 @@ ROUTERS: dict[str, APIRouter] = {
     "chat": chat.router,
     "recall": recall.router,
     "memory": memory.router,
+    "projects": projects.router,
+    "project_memory": project_memory.router,
     "engine": engine.router,
     "perf": perf.router,
     "v1": v1.router,
