@@ -44,7 +44,7 @@ def api(tmp_path_factory, engine: FakeEngine) -> Iterator[httpx.Client]:
     )
     stack.start()
     try:
-        stack.wait_engine_ready(timeout=60)
+        stack.wait_engine_ready(timeout=180)
         with httpx.Client(
             base_url=f"http://127.0.0.1:{port}",
             headers={"Authorization": f"Bearer {KEY}"},
@@ -218,3 +218,119 @@ def test_page_and_tracker_names_are_checked_at_the_door(api: httpx.Client) -> No
     assert error_of(api.get("/api/projects/bad%20id/pages"), 400)
     long = "x" * 121
     assert error_of(api.get(f"/api/projects/default/pages/{long}"), 400)
+
+
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 800}
+#: the phone's drawer has finished sliding in
+DRAWER_OPEN = "document.getElementById('sidebar').getBoundingClientRect().left >= 0"
+
+
+def _inside(page, selector: str, viewport: dict) -> dict:
+    assert page.is_visible(selector), f"{selector} not visible"
+    box = page.locator(selector).bounding_box()
+    assert box is not None
+    assert box["x"] >= 0 and box["x"] + box["width"] <= viewport["width"] + 0.5, (selector, box)
+    return box
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280x800", "390x844"])
+def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
+    api: httpx.Client, engine: FakeEngine, browser, viewport: dict
+) -> None:
+    # `api` first: the stack starts (asyncio.run inside) before Playwright's loop exists
+    from .conftest import ARTIFACTS
+
+    name = f"UI {viewport['width']}"
+    slug = f"ui-{viewport['width']}"
+    errors: list[str] = []
+    page = browser.new_page(viewport=viewport, device_scale_factor=1)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("dialog", lambda d: d.accept(name) if d.type == "prompt" else d.accept())
+    page.add_init_script(f"localStorage.setItem('lokiKey', {KEY!r})")
+    phone = viewport["width"] < 760
+    try:
+        page.goto(str(api.base_url) + "/")
+        if phone:
+            page.click("#menu-btn")
+            page.wait_for_function(DRAWER_OPEN)
+        page.wait_for_selector("#project-row", state="visible")
+        _inside(page, "#project-picker", viewport)
+        page.select_option("#project-picker", "__new__")  # prompt answered with `name`
+        page.wait_for_function(f"document.getElementById('project-picker').value === {slug!r}")
+        assert api.get("/api/projects/active").json()["project"]["id"] == slug
+        page.wait_for_function("document.querySelectorAll('#conversations li').length === 0")
+        if phone:  # switching opened a new chat: the drawer closed; open it again
+            page.wait_for_function("!document.body.classList.contains('drawer-open')")
+            page.wait_for_function(DRAWER_OPEN.replace(">= 0", "< 0"))
+            page.click("#menu-btn")
+            page.wait_for_function(DRAWER_OPEN)
+        page.click("#project-btn")
+        page.wait_for_selector("#project-dialog[open]")
+        page.click("#page-new")
+        page.fill("#page-form [name=page]", "Garden plan")
+        page.fill("#page-form [name=description]", "beds and seeds")
+        page.fill("#page-form [name=content]", "# Garden plan\n\n- **tomatoes** in bed 2")
+        page.click("#page-preview-btn")
+        assert page.inner_html("#page-preview").count("<strong>tomatoes</strong>") == 1
+        page.click("#page-save")
+        page.wait_for_selector("#page-list li[data-file='garden-plan.md']")
+        page.wait_for_function(
+            "document.getElementById('page-index').textContent.includes('garden-plan.md')"
+        )
+        assert page.text_content("#page-index").strip() == (
+            "- [Garden plan](garden-plan.md) — beds and seeds"
+        )
+        page.click("#project-dialog .tabs [data-tab=trackers]")
+        for date, value in (("2026-11-28", "7000"), ("2026-11-29", "8000"), ("2026-11-30", "9500")):
+            page.fill("#tracker-form [name=tracker]", "steps")
+            page.fill("#tracker-form [name=value]", value)
+            page.fill("#tracker-form [name=unit]", "steps" if date == "2026-11-28" else "")
+            page.fill("#tracker-form [name=date]", date)
+            page.click("#tracker-form button[type=submit]")
+            page.wait_for_function(
+                "document.querySelector('#tracker-list li[data-slug=steps] .desc')"
+                f"?.textContent.includes('{date}')"
+            )
+        page.wait_for_selector("#tracker-chart canvas")
+        assert page.get_attribute("#tracker-chart", "data-points") == "3"
+        chart = _inside(page, "#tracker-chart canvas", viewport)
+        assert chart["width"] >= 200
+        dialog = _inside(page, "#project-dialog", viewport)
+        assert dialog["y"] >= 0 and dialog["y"] + dialog["height"] <= viewport["height"] + 0.5
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= viewport["width"]
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(
+            path=str(ARTIFACTS / f"projects-{viewport['width']}x{viewport['height']}.png")
+        )
+        page.select_option("#tracker-level", "overview")
+        page.wait_for_function("document.getElementById('tracker-chart').dataset.points === '1'")
+        page.click("#project-close")
+
+        # what the UI wrote is in the project, and in the next conversation's first request
+        trackers = api.get(f"/api/projects/{slug}/trackers").json()["trackers"]
+        assert [(t["slug"], t["unit"], t["count"]) for t in trackers] == [("steps", "steps", 3)]
+        if phone:
+            page.keyboard.press("Escape")
+        engine.push(text_reply("Noted."))
+        before = len(engine.requests)
+        if phone and page.is_visible("#scrim"):
+            page.click("#scrim")
+        page.fill("#input", "What is in bed 2?")
+        page.press("#input", "Enter")
+        page.wait_for_selector(".msg.assistant")
+        deadline = time.monotonic() + 20
+        while len(engine.requests) <= before:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        first_user = engine.requests[before].json["messages"][1]["content"]
+        assert "- [Garden plan](garden-plan.md) — beds and seeds" in first_user
+        assert "steps: 9500 steps (2026-11-30)" in first_user
+        page.wait_for_function("document.querySelectorAll('#conversations li').length === 1")
+        convs = api.get("/api/conversations", params={"project": slug}).json()["conversations"]
+        assert len(convs) == 1
+        assert errors == []
+    finally:
+        page.close()
+        api.put("/api/projects/active", json={"project": "default"})

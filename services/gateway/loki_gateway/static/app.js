@@ -81,7 +81,10 @@
   // ---- conversations -------------------------------------------------------------------
   async function loadConversations() {
     let list = [];
-    try { list = (await apiJSON("/api/conversations")).conversations || []; } catch (e) { return; }
+    // with projects (projects.js), only the active project's conversations
+    const project = window.LokiProjects ? LokiProjects.active() : null;
+    const path = project ? "/api/conversations?project=" + encodeURIComponent(project) : "/api/conversations";
+    try { list = (await apiJSON(path)).conversations || []; } catch (e) { return; }
     const ul = $("conversations");
     ul.textContent = "";
     state.titles = {};
@@ -675,7 +678,10 @@
     setInterval(refreshEngine, 10000);
   }
 
-  window.LokiApi = { api: api, apiJSON: apiJSON, refreshEngine: refreshEngine };
+  window.LokiApi = {
+    api: api, apiJSON: apiJSON, refreshEngine: refreshEngine,
+    loadConversations: loadConversations, openConversation: openConversation,
+  };
   window.lokiDebug = state;
   state.renderStats = LokiLive.stats;
   init();
