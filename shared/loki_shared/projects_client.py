@@ -9,6 +9,8 @@ returns the reply's payload, or raises:
   ``Unavailable``...);
 - :class:`loki_shared.errors.Unavailable` when no memory service answers within ``timeout``
   (no responders, timeout, a broken connection);
+- :class:`loki_shared.errors.InvalidRequest` when the request itself is over the bus's message
+  limit (NATS ``max_payload``, 1 MiB by default: a big import or page);
 - :class:`loki_shared.errors.LokiError` (``internal``) for a reply that is not the subject's
   reply type.
 
@@ -25,7 +27,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from . import subjects
-from .errors import LokiError, Unavailable, from_info
+from .errors import InvalidRequest, LokiError, Unavailable, from_info
 from .messages import projects as m
 from .messages.base import Reply
 
@@ -84,6 +86,11 @@ class ProjectsClient:
         except Exception as exc:  # nats-py / FastStream: no responders, closed connection
             if type(exc).__name__ in {"NoRespondersError", "TimeoutError", "ConnectionClosedError"}:
                 raise Unavailable(f"the memory service did not answer {subject}") from exc
+            if type(exc).__name__ == "MaxPayloadError":
+                raise InvalidRequest(
+                    f"the request on {subject} is over the bus's message limit (NATS "
+                    "max_payload): send less"
+                ) from exc
             raise
         try:
             reply = reply_type.model_validate_json(body)

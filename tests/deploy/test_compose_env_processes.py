@@ -34,7 +34,7 @@ import pytest
 from httpx_sse import connect_sse
 
 from loki_cli.stack import Stack, StackConfig
-from loki_shared import servers
+from loki_shared import permissions, servers
 from loki_shared.settings import LokiSettings
 
 from .compose_model import (
@@ -126,10 +126,7 @@ def own_secrets(
     """Per service, ``LOKI_SECRETS_DIR`` naming the subfolder compose mounts at ``mounted_at``
     for it (the folder of its NATS user); and that change, for the record."""
     assert mounted_at == "/run/secrets/loki", mounted_at
-    per = {
-        user: {"LOKI_SECRETS_DIR": str(folder / user)}
-        for user in ("engine-supervisor", "recall", "perf", "chat", "gateway")
-    }
+    per = {user: {"LOKI_SECRETS_DIR": str(folder / user)} for user in permissions.SERVICES}
     return per, {"LOKI_SECRETS_DIR": (mounted_at, str(folder / "<service>"))}
 
 

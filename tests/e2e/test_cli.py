@@ -47,7 +47,8 @@ def test_loki_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         page = httpx.get(f"http://127.0.0.1:{port}/", timeout=10)
         assert page.status_code == 200 and "<html" in page.text.lower()
         children = children_of(proc.pid)  # each in a session of its own
-        assert len(children) >= 8, children  # NATS, Redis, 5 services, llama-server
+        assert len(children) >= 9, children  # NATS, Redis, 6 services, llama-server
+        assert any("loki_memory" in cmdline(pid) for pid in children), children
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0, "".join(lines[-40:])
         # Nothing is left listening: the gateway port is closed and no child survives.

@@ -116,6 +116,7 @@ def test_a_service_exiting_while_starting_is_said_not_restarted(
     assert line.split("Loki cannot start: ")[1].split(" ")[0] in {
         "engine-supervisor",
         "recall",
+        "memory",
         "perf",
         "chat",
         "gateway",

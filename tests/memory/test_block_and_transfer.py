@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import zipfile
 
 import pytest
@@ -136,3 +137,23 @@ async def test_import_refuses_what_is_not_an_export(client: ProjectsClient) -> N
     assert [p.id for p in (await client.list_projects()).projects] == ["default"]
     with pytest.raises(errors.NotFound):
         await client.export_project("nope")
+
+
+async def test_an_export_too_big_for_the_bus_is_refused_not_lost(client: ProjectsClient) -> None:
+    """A zip over NATS max_payload (1 MiB here) would be a reply never delivered: the caller
+    gets ``conflict`` saying so at once, not a timeout."""
+    await client.create_project("Big")
+    for i in range(6):  # incompressible text: about 1.6 MB of base64 in all
+        await client.write_page("big", f"p{i}", base64.b64encode(os.urandom(150_000)).decode())
+    with pytest.raises(errors.Conflict, match="max_payload"):
+        await client.export_project("big", timeout=10)
+    await client.delete_page("big", "p0")
+    await client.delete_page("big", "p1")
+    await client.delete_page("big", "p2")
+    assert (await client.export_project("big")).zip_b64
+
+
+async def test_a_request_too_big_for_the_bus_is_an_invalid_request(client: ProjectsClient) -> None:
+    with pytest.raises(errors.InvalidRequest, match="max_payload"):
+        await client.import_project(base64.b64encode(os.urandom(900_000)).decode())
+    assert [p.id for p in (await client.list_projects()).projects] == ["default"]

@@ -135,3 +135,18 @@ async def test_malformed_requests_get_an_invalid_request_reply(
         reply = json.loads((await nc.request(subject, body, timeout=5)).data)
         assert reply["error"]["type"] == "invalid_request", (subject, reply)
         assert "resend" in reply["error"]["message"]
+
+
+async def test_a_write_racing_the_projects_deletion_leaves_nothing(
+    memory: MemoryService, client: ProjectsClient, redis: Redis
+) -> None:
+    """The store writes a page or a tracker only while its project exists (one script), so a
+    write that passed the handler's check just before a delete cannot recreate its keys."""
+    await client.create_project("Gone")
+    await client.delete_project("gone", confirm="gone")
+    store = memory.store
+    with pytest.raises(errors.NotFound, match="gone"):
+        await store.pages.write("gone", "late", "written after the delete", None)
+    with pytest.raises(errors.NotFound, match="gone"):
+        await store.trackers.log("gone", "late", 1.0, None, "2026-01-01", "")
+    assert await redis.keys("loki:projects:*gone*") == []

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loki_shared import subjects
+from loki_shared.errors import Conflict
 from loki_shared.messages import projects as m
 from loki_shared.messages.base import Msg, Reply
 
@@ -31,11 +32,16 @@ class Handlers:
     Args:
         store: the state.
         announce: where change events go.
+        max_reply: the largest reply the bus carries (bytes; NATS ``max_payload``), asked at
+            each export.
     """
 
-    def __init__(self, store: Store, announce: Announce) -> None:
+    def __init__(
+        self, store: Store, announce: Announce, max_reply: Callable[[], int] = lambda: 1 << 20
+    ) -> None:
         self.store = store
         self.announce = announce
+        self.max_reply = max_reply
 
     async def _changed(self, project_id: str, kind: m.ChangeKind, key: str | None = None) -> None:
         ts = time.time()
@@ -69,10 +75,12 @@ class Handlers:
 
     # --- projects ----------------------------------------------------------------------------
     async def list_projects(self, req: m.ProjectsListRequest) -> m.ProjectsReply:
+        """``loki.projects.list``."""
         projects = await self.store.projects.all()
         return m.ProjectsReply(projects=projects, active=await self.store.projects.active())
 
     async def create(self, req: m.ProjectCreateRequest) -> m.ProjectReply:
+        """``loki.projects.create``."""
         project = await self.store.projects.create(
             req.name, req.description, req.instructions, req.id
         )
@@ -80,6 +88,7 @@ class Handlers:
         return m.ProjectReply(project=await self.store.projects.get(project.id))
 
     async def update(self, req: m.ProjectUpdateRequest) -> m.ProjectReply:
+        """``loki.projects.update``."""
         project = await self.store.projects.update(
             req.project_id, req.name, req.description, req.instructions
         )
@@ -95,27 +104,34 @@ class Handlers:
         return m.ProjectReply(project=await self.store.projects.get(project.id))
 
     async def delete(self, req: m.ProjectDeleteRequest) -> m.ProjectDeleteReply:
+        """``loki.projects.delete``."""
         pages, trackers = await self.store.projects.delete(req.project_id, req.confirm)
+        self.store.trackers.cache.drop(req.project_id)
         await self._changed(req.project_id, "deleted")
         return m.ProjectDeleteReply(project_id=req.project_id, pages=pages, trackers=trackers)
 
     async def active(self, req: m.ActiveProjectRequest) -> m.ProjectReply:
+        """``loki.projects.active``."""
         pid = await self.store.projects.active()
         return m.ProjectReply(project=await self.store.projects.get(pid))
 
     async def activate(self, req: m.ActivateProjectRequest) -> m.ProjectReply:
+        """``loki.projects.activate``."""
         return m.ProjectReply(project=await self.store.projects.activate(req.project_id))
 
     async def block(self, req: m.ProjectBlockRequest) -> m.ProjectBlockReply:
+        """``loki.projects.block``."""
         pid = req.project_id or await self.store.projects.active()
         return m.ProjectBlockReply(block=await block.build(self.store, pid))
 
     # --- pages -------------------------------------------------------------------------------
     async def page_read(self, req: m.PageReadRequest) -> m.PageReply:
+        """``loki.projects.page.read``."""
         await self.store.projects.require(req.project_id)
         return m.PageReply(page=await self.store.pages.read(req.project_id, req.page))
 
     async def page_write(self, req: m.PageWriteRequest) -> m.PageReply:
+        """``loki.projects.page.write``."""
         await self.store.projects.require(req.project_id)
         page, created = await self.store.pages.write(
             req.project_id, req.page, req.content, req.description
@@ -124,24 +140,28 @@ class Handlers:
         return m.PageReply(page=page, created=created)
 
     async def page_delete(self, req: m.PageDeleteRequest) -> m.PageDeleteReply:
+        """``loki.projects.page.delete``."""
         await self.store.projects.require(req.project_id)
         file = await self.store.pages.delete(req.project_id, req.page)
         await self._changed(req.project_id, "page", file)
         return m.PageDeleteReply(file=file)
 
     async def page_list(self, req: m.PageListRequest) -> m.PagesReply:
+        """``loki.projects.page.list``."""
         await self.store.projects.require(req.project_id)
         pages = await self.store.pages.all(req.project_id)
         metas = [m.PageMeta.model_validate(p.model_dump(exclude={"content"})) for p in pages]
         return m.PagesReply(pages=metas, index=index.text(metas))
 
     async def page_search(self, req: m.PageSearchRequest) -> m.SearchReply:
+        """``loki.projects.page.search``."""
         await self.store.projects.require(req.project_id)
         pages = await self.store.pages.all(req.project_id)
         return m.SearchReply(hits=search.search(pages, req.query, req.limit))
 
     # --- trackers ----------------------------------------------------------------------------
     async def tracker_log(self, req: m.TrackerLogRequest) -> m.TrackerLogReply:
+        """``loki.projects.tracker.log``."""
         await self.store.projects.require(req.project_id)
         tracker, value, created = await self.store.trackers.log(
             req.project_id, req.tracker, req.value, req.unit, req.date, req.note
@@ -150,15 +170,18 @@ class Handlers:
         return m.TrackerLogReply(tracker=tracker, value=value, created=created)
 
     async def tracker_read(self, req: m.TrackerReadRequest) -> m.TrackerReadReply:
+        """``loki.projects.tracker.read``."""
         await self.store.projects.require(req.project_id)
         tracker, values = await self.store.trackers.series(req.project_id, req.tracker)
         return levels.read(tracker, values, req.level, req.period, req.limit)
 
     async def tracker_list(self, req: m.TrackerListRequest) -> m.TrackersReply:
+        """``loki.projects.tracker.list``."""
         await self.store.projects.require(req.project_id)
         return m.TrackersReply(trackers=await self.store.trackers.all(req.project_id))
 
     async def tracker_delete(self, req: m.TrackerDeleteRequest) -> m.TrackerDeleteReply:
+        """``loki.projects.tracker.delete``."""
         await self.store.projects.require(req.project_id)
         slug = await self.store.trackers.delete(req.project_id, req.tracker)
         await self._changed(req.project_id, "tracker", slug)
@@ -166,10 +189,20 @@ class Handlers:
 
     # --- export / import ---------------------------------------------------------------------
     async def export(self, req: m.ExportRequest) -> m.ExportReply:
+        """Raises ``conflict`` when the zip would not fit in one NATS message (the reply
+        would be lost and the caller left waiting)."""
         filename, data = await transfer.export(self.store, req.project_id)
-        return m.ExportReply(filename=filename, zip_b64=base64.b64encode(data).decode("ascii"))
+        reply = m.ExportReply(filename=filename, zip_b64=base64.b64encode(data).decode("ascii"))
+        size, limit = len(reply.zip_b64) + len(filename) + 64, self.max_reply()
+        if size > limit:
+            raise Conflict(
+                f"the export of {req.project_id!r} is {size} bytes, over the bus's limit of "
+                f"{limit} (NATS max_payload): raise max_payload or move pages to another project"
+            )
+        return reply
 
     async def import_(self, req: m.ImportRequest) -> m.ProjectReply:
+        """``loki.projects.import``."""
         project = await transfer.import_(self.store, req.zip_b64, req.name)
         await self._changed(project.id, "created")
         return m.ProjectReply(project=await self.store.projects.get(project.id))

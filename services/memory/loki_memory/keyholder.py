@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
@@ -23,10 +24,12 @@ class KeyHolder:
 
     Args:
         vault: the vault whose :attr:`~loki_memory.vault.Vault.memory` is set.
+        on_change: called after the key is taken or forgotten (to drop what was opened).
     """
 
-    def __init__(self, vault: Vault) -> None:
+    def __init__(self, vault: Vault, on_change: Callable[[], None] | None = None) -> None:
         self.vault = vault
+        self.on_change = on_change
         self._key_id: str | None = None
 
     async def apply(self, state: str, key_b64: str | None) -> None:
@@ -49,4 +52,6 @@ class KeyHolder:
             return
         self._key_id = new_id
         self.vault.memory = Sealer(key) if key is not None else None
+        if self.on_change is not None:
+            self.on_change()
         log.info("memory %s", "unlocked" if key is not None else state)

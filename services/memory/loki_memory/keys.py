@@ -45,19 +45,38 @@ def values(project_id: str, field: str) -> str:
 
 
 def aad_meta(project_id: str) -> str:
+    """Associated data of a project's name record."""
     return f"{META}:{project_id}"
 
 
 def aad_body(project_id: str) -> str:
+    """Associated data of a project's description and instructions."""
     return f"{BODY}:{project_id}"
 
 
 def aad_page(project_id: str, field: str) -> str:
+    """Associated data of a page (``field``: the keyed hash of its file)."""
     return f"{pages(project_id)}:{field}"
 
 
 def aad_tracker(project_id: str, field: str) -> str:
+    """Associated data of a tracker's record (its values: this + ``:value``)."""
     return f"{trackers(project_id)}:{field}"
+
+
+#: KEYS: the meta hash, the hash written. ARGV: project id, field, blob, nx ('1': HSETNX).
+#: Writes only while the project exists (a write racing its deletion leaves nothing behind);
+#: returns -1 when it does not, else what HSET / HSETNX returned.
+HSET_IN_PROJECT = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
+if ARGV[4] == '1' then return redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) end
+return redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+"""
+#: KEYS: the meta hash, the list. ARGV: project id, then the values to append.
+RPUSH_IN_PROJECT = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
+return redis.call('RPUSH', KEYS[2], unpack(ARGV, 2))
+"""
 
 
 @contextmanager

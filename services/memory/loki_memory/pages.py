@@ -33,6 +33,7 @@ class Pages:
     def __init__(self, redis: Redis, vault: Vault) -> None:
         self.redis = redis
         self.vault = vault
+        self._hset = redis.register_script(keys.HSET_IN_PROJECT)
 
     def _open(self, project_id: str, field: str, blob: bytes) -> Page:
         return Page.model_validate(self.vault.open_private(keys.aad_page(project_id, field), blob))
@@ -82,6 +83,7 @@ class Pages:
 
         Raises:
             InvalidRequest: a bad name or description, or content over 256 KiB.
+            NotFound: the project does not exist (or was deleted meanwhile).
             Locked: the memory is locked.
         """
         file = names.page_file(page)
@@ -108,7 +110,11 @@ class Pages:
             keys.aad_page(project_id, field), stored.model_dump(), memory
         )
         with keys.guard():
-            await self.redis.hset(keys.pages(project_id), field, blob)
+            done = await self._hset(
+                keys=[keys.META, keys.pages(project_id)], args=[project_id, field, blob, 0]
+            )
+        if done == -1:
+            raise NotFound(f"no project {project_id!r}")
         return stored, old is None
 
     async def delete(self, project_id: str, page: str) -> str:

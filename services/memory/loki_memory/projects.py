@@ -205,8 +205,11 @@ class Projects:
         current = await self.get(project_id)
         now = time.time()
         if name is not None:
-            meta = {"id": project_id, "name": names.name(name, "project name")}
-            meta["created_at"] = current.created_at  # type: ignore[assignment]
+            meta: dict[str, Any] = {
+                "id": project_id,
+                "name": names.name(name, "project name"),
+                "created_at": current.created_at,
+            }
             with keys.guard():
                 await self.redis.hset(
                     keys.META, project_id, self.vault.seal(keys.aad_meta(project_id), meta)

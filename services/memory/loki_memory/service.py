@@ -23,7 +23,7 @@ from loki_shared import lifecycle, subjects
 from loki_shared.errors import InvalidRequest, Unavailable
 from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply, MemoryStatusRequest
 from loki_shared.messages.projects import ActiveProjectRequest, ProjectChangedEvent
-from loki_shared.nats import make_broker, stop_broker
+from loki_shared.nats import broker_client, make_broker, stop_broker
 from loki_shared.sealing import load_service_key
 
 from .handlers import Handlers
@@ -59,11 +59,11 @@ class MemoryService:
         secret = settings.secret_key.get_secret_value() if settings.secret_key else None
         self.redis = Redis.from_url(settings.redis_url, **settings.redis_options())
         self.store = Store(self.redis, load_service_key(settings.home, secret))
-        self.keys = KeyHolder(self.store.vault)
+        self.keys = KeyHolder(self.store.vault, self.store.trackers.cache.clear)
         self.broker: NatsBroker = make_broker(
             settings.nats_url, "memory", health_check=self._health, login=settings.nats_options()
         )
-        self.handlers = Handlers(self.store, self._announce)
+        self.handlers = Handlers(self.store, self._announce, self._max_payload)
         self._poller: asyncio.Task[None] | None = None
         self._register()
 
@@ -104,6 +104,11 @@ class MemoryService:
             await self.broker.publish(event, subjects.PROJECTS_CHANGED)
         except Exception as exc:  # noqa: BLE001 - an event is best effort
             log.warning("change event not published: %s", exc)
+
+    def _max_payload(self) -> int:
+        """The largest message the server takes (its ``max_payload``; 1 MiB by default)."""
+        nc = broker_client(self.broker)
+        return int(nc.max_payload) if nc is not None else 1 << 20
 
     async def _health(self) -> dict[str, str]:
         try:

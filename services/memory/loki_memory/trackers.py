@@ -18,6 +18,7 @@ from loki_shared.errors import InvalidRequest, NotFound
 from loki_shared.messages.projects import Tracker, TrackerValue
 
 from . import keys, levels, names
+from .series_cache import SeriesCache
 from .vault import Vault
 
 NOTE_MAX = 300
@@ -35,6 +36,10 @@ class Trackers:
     def __init__(self, redis: Redis, vault: Vault) -> None:
         self.redis = redis
         self.vault = vault
+        self._hset = redis.register_script(keys.HSET_IN_PROJECT)
+        self._rpush = redis.register_script(keys.RPUSH_IN_PROJECT)
+        #: The values already opened (cleared when the memory key changes).
+        self.cache = SeriesCache()
 
     async def _meta(self, project_id: str, slug: str) -> dict[str, Any] | None:
         field = self.vault.field(project_id, slug)
@@ -45,12 +50,17 @@ class Trackers:
         meta: dict[str, Any] = self.vault.open_private(keys.aad_tracker(project_id, field), blob)
         return meta
 
-    async def _values(self, project_id: str, slug: str) -> list[TrackerValue]:
-        field = self.vault.field(project_id, slug)
+    async def _values(self, project_id: str, meta: dict[str, Any]) -> list[TrackerValue]:
+        """The tracker's values in the order logged: those cached, and the ones appended
+        since, opened now (see :mod:`loki_memory.series_cache`)."""
+        field = self.vault.field(project_id, meta["slug"])
         aad = keys.aad_tracker(project_id, field) + ":value"
+        key = (project_id, field, float(meta["created_at"]))
+        known = self.cache.get(key)
         with keys.guard():
-            blobs = await self.redis.lrange(keys.values(project_id, field), 0, -1)
-        return [TrackerValue.model_validate(self.vault.open_private(aad, b)) for b in blobs]
+            blobs = await self.redis.lrange(keys.values(project_id, field), len(known), -1)
+        new = [TrackerValue.model_validate(self.vault.open_private(aad, b)) for b in blobs]
+        return self.cache.extend(key, known, new)
 
     async def series(self, project_id: str, tracker: str) -> tuple[Tracker, list[TrackerValue]]:
         """A tracker (``tracker``: name or slug) and its values in the order logged.
@@ -77,7 +87,7 @@ class Trackers:
         out = []
         for field, blob in stored.items():
             meta = self.vault.open_private(keys.aad_tracker(project_id, field.decode()), blob)
-            out.append(_tracker(meta, await self._values(project_id, meta["slug"])))
+            out.append(_tracker(meta, await self._values(project_id, meta)))
         return sorted(out, key=lambda t: t.slug)
 
     async def log(
@@ -105,7 +115,7 @@ class Trackers:
         meta = await self._meta(project_id, slug)
         if meta is None:
             raise NotFound(f"no tracker {slug!r} in project {project_id!r}")
-        return meta, await self._values(project_id, slug)
+        return meta, await self._values(project_id, meta)
 
     async def append(
         self, project_id: str, tracker: str, unit: str | None, entries: list[TrackerValue]
@@ -115,6 +125,7 @@ class Trackers:
 
         Raises:
             InvalidRequest: a bad name or unit, or a unit other than the tracker's.
+            NotFound: the project does not exist (or was deleted meanwhile).
             Locked: the memory is locked.
         """
         name = names.name(tracker, "tracker name")
@@ -124,12 +135,14 @@ class Trackers:
         field = self.vault.field(project_id, slug)
         aad = keys.aad_tracker(project_id, field)
         meta = {"slug": slug, "name": name, "unit": unit or "", "created_at": time.time()}
+        blob = self.vault.seal_private(aad, meta, memory)
         with keys.guard():
-            created = bool(
-                await self.redis.hsetnx(
-                    keys.trackers(project_id), field, self.vault.seal_private(aad, meta, memory)
-                )
+            done = await self._hset(
+                keys=[keys.META, keys.trackers(project_id)], args=[project_id, field, blob, 1]
             )
+        if done == -1:
+            raise NotFound(f"no project {project_id!r}")
+        created = bool(done)
         if not created:
             existing = await self._meta(project_id, slug)
             if existing is None:
@@ -146,7 +159,11 @@ class Trackers:
         ]
         if blobs:
             with keys.guard():
-                await self.redis.rpush(keys.values(project_id, field), *blobs)
+                done = await self._rpush(
+                    keys=[keys.META, keys.values(project_id, field)], args=[project_id, *blobs]
+                )
+            if done == -1:
+                raise NotFound(f"no project {project_id!r}")
         return slug, created
 
     async def delete(self, project_id: str, tracker: str) -> str:
@@ -164,6 +181,7 @@ class Trackers:
                 pipe.hdel(keys.trackers(project_id), field)
                 pipe.delete(keys.values(project_id, field))
                 gone, _ = await pipe.execute()
+        self.cache.drop(project_id, field)
         if not gone:
             raise NotFound(f"no tracker {slug!r} in project {project_id!r}")
         return slug

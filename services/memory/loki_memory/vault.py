@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from typing import Any, cast
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -126,8 +126,3 @@ class Vault:
 
 def _dump(record: Any) -> bytes:
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def as_dict(record: Any) -> dict[str, Any]:
-    """``record`` (an opened JSON object) typed as a dict."""
-    return cast(dict[str, Any], record)
