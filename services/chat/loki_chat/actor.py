@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from loki_shared import subjects
@@ -35,6 +35,7 @@ from .image_shelf import ImageShelf
 from .images import pending_item, unpack
 from .leases import EngineLeases
 from .prewarm import PrewarmJob, run_prewarm
+from .project.head import ProjectHead
 from .settings import Settings
 from .store import Store
 from .tasks.store import TaskStore
@@ -70,6 +71,8 @@ class Shared:
     shelf: ImageShelf | None = None  # the conversations' images (see_image)
     tokens: TokenCounts | None = None  # exact token counts (None: estimates)
     tasks: TaskStore | None = None  # marks the person's running turns for task runs
+    #: the project block and PROJ_SNAPSHOT (no memory service: no block)
+    project: ProjectHead = field(default_factory=lambda: ProjectHead(fetch=None))
 
 
 class Actor:
@@ -90,6 +93,7 @@ class Actor:
         self.toolbox = shared.toolbox
         self.engine = shared.engine
         self.policy = shared.policy
+        self.project = shared.project
         self.stop = asyncio.Event()
         self.worker: asyncio.Task[None] | None = None
         self.lost = False

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from loki_shared.messages.chat import ChatEvent, ChatMessage
+from loki_shared.messages.recall import DEFAULT_PROJECT
 
 from .images import PendingItem
 from .meter import ContextMeter
+from .project.snapshot import ProjSnap
 
 BLOB_VERSION = 1
 
@@ -33,6 +35,9 @@ class Conversation:
         kind: ``main`` (a person's conversation) or ``task`` (a scheduled task's run: its
             steps ask leases of kind ``task``, its perf records say ``task``); kept in the
             blob only when not ``main``.
+        project: the project the conversation belongs to (the one active at creation).
+        proj_snap: PROJ_SNAPSHOT's dated copy of the project block (None: none taken).
+            Both are written to the blob only when set (omitempty).
     """
 
     id: str
@@ -46,6 +51,8 @@ class Conversation:
     turn_open: bool = False
     meter: ContextMeter = field(default_factory=ContextMeter)
     kind: Literal["main", "task"] = "main"
+    project: str = DEFAULT_PROJECT
+    proj_snap: ProjSnap | None = None
 
     def new_event(
         self,
@@ -105,6 +112,10 @@ class Conversation:
         }
         if self.kind != "main":
             blob["kind"] = self.kind
+        if self.project != DEFAULT_PROJECT:
+            blob["project"] = self.project
+        if self.proj_snap is not None:
+            blob["proj_snap"] = self.proj_snap.to_dict()
         return blob
 
     @classmethod
@@ -121,6 +132,8 @@ class Conversation:
             turn_open=bool(data.get("turn_open", False)),
             meter=ContextMeter.from_dict(data.get("meter")),
             kind="task" if data.get("kind") == "task" else "main",
+            project=data.get("project") or DEFAULT_PROJECT,
+            proj_snap=ProjSnap.from_dict(data["proj_snap"]) if data.get("proj_snap") else None,
         )
 
     def info(self) -> dict[str, Any]:
@@ -129,4 +142,5 @@ class Conversation:
             "title": self.title,
             "created": self.created,
             "updated": self.updated,
+            "project": self.project,
         }

@@ -35,13 +35,14 @@ from loki_shared.messages.chat import (
     StateReply,
     StateRequest,
 )
-from loki_shared.messages.recall import PurgeReply, PurgeRequest
+from loki_shared.messages.recall import DEFAULT_PROJECT, PurgeReply, PurgeRequest
 
 from .actor import Actor, Shared
 from .context import ContextView
 from .conversation import Conversation
 from .images import unpack
 from .ownership import Ownership
+from .project.snapshot import without_updates
 from .store import new_conversation_id
 
 log = logging.getLogger("loki.chat.service")
@@ -186,6 +187,7 @@ class ChatHandlers:
                 actor.conv.log.clear()
                 actor.conv.meter.invalidate()
                 actor.conv.turn_open = False
+                actor.project.reset(actor.conv)
                 await actor.emit({}, loki={"event": "reset"})
                 await actor.persist()
                 return ControlReply(ok=True, detail="reset")
@@ -210,6 +212,7 @@ class ChatHandlers:
             )
             changed = await self.shared.policy.maybe_compact(view)
             if changed:
+                await actor.project.after_compaction(conv)
                 await actor.persist()
             return ControlReply(
                 ok=bool(changed), detail="compacted" if changed else "nothing compacted"
@@ -310,17 +313,21 @@ class ChatHandlers:
     async def conversations(
         self, req: ConversationsRequest, forwarded: bool = False
     ) -> ConversationsReply:
-        """``list`` (newest first), ``create``, ``rename``, ``delete`` (the stored blob is
-        removed), ``export`` (messages and log)."""
+        """``list`` (newest first; one project's with ``project``), ``create`` (in
+        ``project``, else the active one), ``rename``, ``delete`` (the stored blob is
+        removed), ``export`` (messages and log, without PROJ_SNAPSHOT's update blocks)."""
         if req.action == "list":
-            infos = await self.store.list_infos()
-            return ConversationsReply(conversations=[ConversationInfo(**i) for i in infos])
+            infos = [ConversationInfo(**i) for i in await self.store.list_infos()]
+            if req.project is not None:
+                infos = [i for i in infos if (i.project or DEFAULT_PROJECT) == req.project]
+            return ConversationsReply(conversations=infos)
         if req.action == "create":
             cid = new_conversation_id()
 
             async def created(actor: Actor) -> ConversationsReply:
-                if req.title:
-                    actor.conv.title = req.title
+                if req.title or req.project:
+                    actor.conv.title = req.title or actor.conv.title
+                    actor.conv.project = req.project or actor.conv.project
                     await actor.persist()
                 return ConversationsReply(conversation=ConversationInfo(**actor.conv.info()))
 
@@ -345,7 +352,9 @@ class ChatHandlers:
                     "title": conv.title,
                     "created": conv.created,
                     "system": self.settings.system_prompt,
-                    "messages": [m.model_dump(exclude_none=True) for m in conv.messages],
+                    "messages": [
+                        m.model_dump(exclude_none=True) for m in without_updates(conv.messages)
+                    ],
                     "log": [e.model_dump(exclude_none=True) for e in conv.log],
                 },
             )

@@ -123,7 +123,8 @@ class Ownership:
                 if conv is None:
                     if not create:
                         raise ConversationNotFound(f"no conversation {cid}")
-                    conv = Conversation(id=cid)
+                    project = await self.shared.project.project_for_new()
+                    conv = Conversation(id=cid, project=project)
                     await self.store.save(conv, value)
             except BaseException:
                 await self.store.release(cid, value)

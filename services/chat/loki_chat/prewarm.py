@@ -47,13 +47,17 @@ WATCH_S = 0.1
 @dataclass
 class PrewarmJob:
     """What one prewarm sends: the conversation ``cid``, a snapshot of its model view
-    (``messages``), the ``tools`` the next step offers (None: none) and whether reasoning is
-    echoed (``echo``: the turn's REASONING_ECHO verdict)."""
+    (``messages``), the ``tools`` the next step offers (None: none), whether reasoning is
+    echoed (``echo``: the turn's REASONING_ECHO verdict), and the system message and project
+    block (``head``) the turn's last request sent (None: the configured system prompt, no
+    block), so the prefix is the next request's byte for byte."""
 
     cid: str
     messages: list[ChatMessage]
     tools: list[dict[str, Any]] | None
     echo: bool = False
+    system: str | None = None
+    head: str | None = None
 
 
 async def run_prewarm(
@@ -79,9 +83,10 @@ async def run_prewarm(
                 return "external"
             tail_first = layout.for_lease(settings.compact_tail_reuse, lease)
             wire = wire_messages(
-                settings.system_prompt,
+                settings.system_prompt if job.system is None else job.system,
                 layout.laid_out(job.messages, tail_first),
                 echo_model=lease.model if job.echo else None,
+                head=job.head,
             )
             payload = build_payload(settings, lease, wire, job.tools)
             payload["max_tokens"] = 1

@@ -48,6 +48,7 @@ def wire_messages(
     *,
     echo_model: str | None = None,
     suffix: str | None = None,
+    head: str | None = None,
 ) -> list[dict[str, Any]]:
     """The ``messages`` array sent to the engine.
 
@@ -57,6 +58,8 @@ def wire_messages(
         echo_model: send ``reasoning_content`` back on messages written by this model (None:
             never).
         suffix: an ephemeral instruction appended to the last message's text (never stored).
+        head: the project block, joined at the head of the first user message (never
+            stored there; None or "": the request is exactly as without projects).
     """
     out: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}]
     for message in messages:
@@ -66,6 +69,11 @@ def wire_messages(
             prev["content"] = join_content(prev["content"], item["content"])
             continue
         out.append(item)
+    if head:
+        for item in out[1:]:
+            if item["role"] == "user":
+                item["content"] = join_content(head, item["content"])
+                break
     if suffix:
         out[-1]["content"] = join_content(out[-1].get("content") or "", suffix)
     return out

@@ -24,6 +24,7 @@ import httpx
 from loki_shared import subjects
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
 from loki_shared.messages.tasks import TasksReply, TasksRequest
+from loki_shared.projects_client import ProjectsClient
 
 from .actor import Actor, Shared
 from .bus import ChatBus
@@ -34,6 +35,8 @@ from .handlers import ChatHandlers
 from .image_shelf import ImageShelf
 from .leases import EngineLeases
 from .ownership import Ownership
+from .project.head import ProjectHead
+from .project.memory_link import active_project_id, block_fetch
 from .settings import Settings
 from .store import Store
 from .subagent import run_subagent
@@ -80,19 +83,29 @@ class ChatService:
         self.http = http
         self.request = self.bus.request
         shelf = ImageShelf(store.r, store.sealer)
+        #: the memory service (project block, memory tools)
+        self.projects = ProjectsClient.from_broker(broker, settings.memory_timeout_s)
         self.shared = Shared(
             settings=settings,
             store=store,
             bus=self.bus,
             leases=EngineLeases(self.bus, settings, self.instance),
             engine=EngineClient(http, settings.retry_delays, settings.engine_timeout_s),
-            toolbox=toolbox or default_toolbox(self.bus, settings, shelf),
+            toolbox=toolbox or default_toolbox(self.bus, settings, shelf, self.projects),
             shelf=shelf,
             policy=policy or CompactionPolicy(CompactionDeps(settings, self.bus, http)),
             tokens=(
                 TokenCounts(http, settings.tokenize_timeout_s, self._locate_engine)
                 if settings.tokenize_timeout_s > 0
                 else None
+            ),
+            project=ProjectHead(
+                fetch=block_fetch(self.projects),
+                active=active_project_id(self.projects),
+                active_wait_s=settings.memory_active_wait_s,
+                enabled=settings.proj_snapshot,
+                max_updates=settings.proj_snapshot_max_updates,
+                boot=uuid.uuid4().hex,  # a new start token per process: a restart retakes
             ),
         )
         if toolbox is None:  # recall, recall_search, then subagent (the order never changes)

@@ -78,6 +78,15 @@ class Settings(LokiSettings):
     - ``LOKI_TASK_LEASE_S`` — a running task run's lease in Redis, renewed every third of it
       while it runs; a run whose lease ends unrenewed (its instance died) is recorded
       ``error`` by another instance (s; 30).
+    - ``LOKI_PROJ_SNAPSHOT`` — each conversation keeps a dated copy of its project block,
+      sent byte for byte, and changes arrive in ``<context_update from="loki">`` blocks
+      (off by default: the block is rebuilt each turn; see docs/behaviour.md (projects)).
+    - ``LOKI_PROJ_SNAPSHOT_MAX_UPDATES`` — update blocks accumulated past which the snapshot
+      is retaken (8).
+    - ``LOKI_MEMORY_TIMEOUT_S`` — bound of a request to the memory service (block, tools; s).
+    - ``LOKI_MEMORY_ACTIVE_WAIT_S`` — bound of a new conversation's wait for the active
+      project (0.5 s; past it, the default project), and of a block fetch while the memory
+      service does not answer.
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -111,3 +120,7 @@ class Settings(LokiSettings):
     task_grace_s: float = Field(default=300.0, ge=0)
     task_wait_s: float = Field(default=120.0, gt=0)
     task_lease_s: float = Field(default=30.0, ge=1)
+    proj_snapshot: bool = False
+    proj_snapshot_max_updates: int = Field(default=8, ge=1)
+    memory_timeout_s: float = Field(default=5.0, gt=0)
+    memory_active_wait_s: float = Field(default=0.5, gt=0)

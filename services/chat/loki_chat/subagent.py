@@ -29,9 +29,11 @@ from .context import ContextPolicy, NoCompaction
 from .conversation import Conversation
 from .engine import EngineClient
 from .prewarm import PrewarmJob
+from .project.head import ProjectHead
 from .settings import Settings
 from .tools import ToolBox
 from .tools.box import CallContext
+from .tools.memory import CURRENT_PROJECT
 
 #: The tools a sub-agent gets from the main tool box (when present), in the box's order.
 SUBAGENT_TOOLS = ("recall", "recall_search", "memory_read")
@@ -65,6 +67,10 @@ class SubagentHost:
         self.engine: EngineClient = shared.engine
         self.policy: ContextPolicy = NoCompaction()
         self.stop: asyncio.Event = call.stop
+        # no project block (a sub-agent never sees the main conversation's block or its
+        # update blocks); memory_read acts on the main conversation's project
+        self.project = ProjectHead(fetch=None)
+        self.conv.project = CURRENT_PROJECT.get()
 
     async def emit(self, delta: dict[str, Any] | None = None, **fields: Any) -> ChatEvent:
         inner: dict[str, Any] = {"delta": delta or {}}

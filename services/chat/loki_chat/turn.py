@@ -86,11 +86,13 @@ from .engine import EngineClient, StepResult
 from .errors import StepError, StreamError
 from .images import PendingItem, forget_images, unpack, user_content
 from .prewarm import PrewarmJob
+from .project.head import ProjectHead
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
 from .tools import ToolBox, ToolOutcome, cut_for_model, label, parse_arguments
 from .tools.box import CallContext
+from .tools.memory import CURRENT_PROJECT
 from .tools.vision import NAME as SEE_IMAGE
 from .verify import corrective_reminder, last_request, run_verify, verify_enabled
 
@@ -132,6 +134,9 @@ class TurnHost(Protocol):
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
     async def keep_images(self, images: list[ImageAttachment]) -> None: ...
     def prewarm(self, job: PrewarmJob) -> None: ...
+
+    @property
+    def project(self) -> ProjectHead: ...
 
 
 @dataclass
@@ -178,6 +183,8 @@ class TurnRunner:
     vision: bool = False  # the last lease's endpoint sees images (see_image offered)
     result: StepResult | None = None
     sent_wire: list[dict[str, Any]] = field(default_factory=list)
+    sent_system: str | None = None  # the last request's system message (PREWARM reuses it)
+    sent_head: str | None = None  # the last request's project block (PREWARM reuses it)
     sent_echo: bool = False
     sent_tools: bool = False
     model: str = ""
@@ -227,6 +234,7 @@ class TurnRunner:
     # -- states ---------------------------------------------------------------------------
     async def begin(self) -> State:
         conv = self.conv
+        CURRENT_PROJECT.set(conv.project)  # the memory tools act on this project
         if self.resume:
             self.continued = True
             await self.host.emit({}, loki={"event": "continue"})
@@ -247,7 +255,14 @@ class TurnRunner:
             await self.host.emit({"role": "user", "content": text}, loki=meta)
         conv.turn_open = True
         await self.host.persist()
-        return await self.check("start", then=self.build)
+        return await self.check("start", then=self.project_update)
+
+    async def project_update(self) -> State:
+        """The project's block for this turn; with PROJ_SNAPSHOT, the update block stored
+        after the turn-start compaction (see :mod:`.project.head`)."""
+        if await self.host.project.begin_turn(self.conv):
+            await self.host.persist()
+        return await self.build()
 
     async def check(self, trigger: Trigger, then: State) -> State:
         if await self.compact(trigger):
@@ -281,13 +296,22 @@ class TurnRunner:
                 self.preset_verify = lease.verify
                 echo_model = lease.model if self.echo_reasoning() and self.plan.echo else None
                 tail_first = layout.for_lease(self.settings.compact_tail_reuse, lease)
+                tools = self.offered_tools()
+                project = self.host.project
+                system = project.system_prompt(self.settings.system_prompt)
+                # the configured tools (not this step's fallback) are part of the prompt's identity
+                configured = self.host.toolbox.schemas()
+                head = project.head(
+                    self.conv, system, configured, f"{lease.base_url}|{lease.model}"
+                )
+                self.sent_system, self.sent_head = system, head
                 wire = wire_messages(
-                    self.settings.system_prompt,
+                    system,
                     layout.laid_out(self.conv.messages, tail_first),
                     echo_model=echo_model,
                     suffix=self.plan.suffix,
+                    head=head,
                 )
-                tools = self.offered_tools()
                 await self.tell_withheld()
                 payload = build_payload(
                     self.settings,
@@ -557,7 +581,12 @@ class TurnRunner:
                 # PREWARM: the next request's prefix goes to the slot while the user reads
                 self.host.prewarm(
                     PrewarmJob(
-                        conv.id, list(conv.messages), self.offered_tools(), self.echo_reasoning()
+                        conv.id,
+                        list(conv.messages),
+                        self.offered_tools(),
+                        self.echo_reasoning(),
+                        system=self.sent_system,
+                        head=self.sent_head,
                     )
                 )
         if self.outcome.stopped:
@@ -579,6 +608,7 @@ class TurnRunner:
         if self.prefix_unstable():
             meta["prefix_unstable"] = True  # the UI's prefill badge says why the cache is lost
         meta["ctx_used"] = conv.meter.used(self.settings.system_prompt, conv.messages)
+        self.host.project.end_turn(conv)
         await self.host.emit(
             {},
             finish_reason=finish,
@@ -827,10 +857,13 @@ class TurnRunner:
             emit=lambda delta, meta: self.host.emit(delta, loki=meta),
         )
         try:
-            return bool(await self.host.policy.maybe_compact(view))
+            compacted = bool(await self.host.policy.maybe_compact(view))
         except Exception:  # a failed compaction never fails the turn: it goes on uncompacted
             log.exception("compaction (%s) failed", trigger)
             return False
+        if compacted:  # the prompt changed anyway: PROJ_SNAPSHOT retakes its copy
+            await self.host.project.after_compaction(self.conv)
+        return compacted
 
     def ctx_used(self) -> int:
         """``ctx_used`` plus estimates of the user messages queued behind this turn."""

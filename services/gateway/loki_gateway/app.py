@@ -30,7 +30,18 @@ from . import errors
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
 from .bus import Bus
 from .memory_state import MemoryState
-from .routes import attachments, chat, engine, memory, perf, recall, tasks, v1
+from .routes import (
+    attachments,
+    chat,
+    engine,
+    memory,
+    perf,
+    project_memory,
+    projects,
+    recall,
+    tasks,
+    v1,
+)
 from .settings import Settings
 from .sse import EventHub
 
@@ -44,6 +55,8 @@ ROUTERS: dict[str, APIRouter] = {
     "attachments": attachments.router,
     "recall": recall.router,
     "memory": memory.router,
+    "projects": projects.router,
+    "project_memory": project_memory.router,
     "engine": engine.router,
     "perf": perf.router,
     "tasks": tasks.router,

@@ -23,6 +23,7 @@ from typing import Any
 from loki_shared.canonical import canonical_json
 from loki_shared.messages.chat import ChatMessage
 
+from ..project.snapshot import is_update
 from ..request import join_content
 from .rules import SUMMARY_KIND, excerpt, is_reminder, text_of
 
@@ -102,6 +103,8 @@ def render_transcript(
     """
     lines: list[str] = []
     for i, message in enumerate(torso):
+        if is_update(message):  # PROJ_SNAPSHOT's update blocks: never the summariser's input
+            continue
         text = text_of(message)
         if (i, text) in big:
             text = excerpt(text, ids.get((i, text)), cite)

@@ -2,6 +2,7 @@
 
 - :mod:`.box` — :class:`ToolBox` and the rules applied to every call (arguments, results);
 - :mod:`.recall` — ``recall`` and ``recall_search`` (the recall service);
+- :mod:`.memory` — the project memory tools (the memory service);
 - :mod:`.vision` — ``see_image`` (an image of the conversation's attachments);
 - :mod:`.labels` — the tool-name → main-argument table (labels, and what a tool reads);
 - :func:`default_toolbox` — the tools a chat instance offers, in their fixed order.
@@ -14,6 +15,8 @@ template a probe found unable to call them) is decided in one place: the turn lo
 """
 
 from __future__ import annotations
+
+from loki_shared.projects_client import ProjectsClient
 
 from ..bus import ChatBus
 from ..image_shelf import ImageShelf
@@ -29,15 +32,28 @@ from .box import (
     parse_arguments,
 )
 from .labels import MAIN_ARGUMENT, label, main_argument
+from .memory import memory_tools
 from .recall import UNREACHABLE, recall_tools
 from .vision import see_image_tool
 
 
-def default_toolbox(bus: ChatBus, settings: Settings, shelf: ImageShelf | None = None) -> ToolBox:
+def default_toolbox(
+    bus: ChatBus,
+    settings: Settings,
+    shelf: ImageShelf | None = None,
+    projects: ProjectsClient | None = None,
+) -> ToolBox:
     """The tools a chat instance offers, in this order (the order is part of the request
-    prefix, so it never changes between requests): ``recall``, ``recall_search``, then
-    ``see_image`` when ``shelf`` is given (offered only to an endpoint that sees images)."""
+    prefix, so it never changes between requests): ``recall``, ``recall_search``, then,
+    with a memory service client (``projects``), ``memory_read``, ``memory_write``,
+    ``memory_search``, ``tracker_log``, ``tracker_read``, then ``see_image`` when ``shelf``
+    is given (offered only to an endpoint that sees images)."""
     box = ToolBox(recall_tools(bus.request, settings.recall_timeout_s))
+    if projects is not None:
+        from ..project.memory_link import memory_call
+
+        for spec in memory_tools(memory_call(projects)):
+            box.add(spec)
     if shelf is not None:
         box.add(see_image_tool(shelf))
     return box
@@ -57,6 +73,7 @@ __all__ = [
     "ToolSpec",
     "cut_for_model",
     "default_toolbox",
+    "memory_tools",
     "parse_arguments",
     "recall_tools",
 ]

@@ -84,7 +84,10 @@ class ControlResult(BaseModel):
 
 
 class CreateBody(BaseModel):
+    """``POST /api/conversations``: ``project`` None: the active project."""
+
     title: str | None = Field(default=None, max_length=MAX_TITLE)
+    project: str | None = Field(default=None, pattern=CONV_PATTERN)
 
 
 class RenameBody(BaseModel):
@@ -253,16 +256,27 @@ async def _conversations(bus: Bus, **fields: Any) -> ConversationsReply:
 
 
 @router.get("/api/conversations")
-async def conversations_list(bus: Bus = Depends(get_bus)) -> Any:
-    """``{"conversations": [{"id", "title", "created", "updated"}]}``."""
-    reply = await _conversations(bus, action="list")
+async def conversations_list(
+    project: Annotated[str | None, Query(pattern=CONV_PATTERN)] = None,
+    bus: Bus = Depends(get_bus),
+) -> Any:
+    """``{"conversations": [{"id", "title", "created", "updated", "project"}]}``;
+    ``project=<id>``: only that project's (a conversation without one is the default
+    project's)."""
+    reply = await _conversations(bus, action="list", project=project or None)
     return {"conversations": [c.model_dump(mode="json") for c in reply.conversations]}
 
 
 @router.post("/api/conversations", status_code=201)
 async def conversations_create(bus: Bus = Depends(get_bus), body: CreateBody | None = None) -> Any:
-    """Create an empty conversation: 201 ``{"conversation": {...}}``."""
-    reply = await _conversations(bus, action="create", title=body.title if body else None)
+    """Create an empty conversation (in ``project``, else the active project): 201
+    ``{"conversation": {...}}``."""
+    reply = await _conversations(
+        bus,
+        action="create",
+        title=body.title if body else None,
+        project=body.project if body else None,
+    )
     info = reply.conversation.model_dump(mode="json") if reply.conversation else None
     return JSONResponse({"conversation": info}, status_code=201)
 

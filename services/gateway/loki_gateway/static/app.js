@@ -84,7 +84,10 @@
   // ---- conversations -------------------------------------------------------------------
   async function loadConversations() {
     let list = [];
-    try { list = (await apiJSON("/api/conversations")).conversations || []; } catch (e) { return; }
+    // with projects (projects.js), only the active project's conversations
+    const project = window.LokiProjects ? LokiProjects.active() : null;
+    const path = project ? "/api/conversations?project=" + encodeURIComponent(project) : "/api/conversations";
+    try { list = (await apiJSON(path)).conversations || []; } catch (e) { return; }
     const ul = $("conversations");
     ul.textContent = "";
     state.titles = {};
@@ -702,8 +705,12 @@
     setInterval(refreshEngine, 10000);
   }
 
-  window.LokiApi = { api: api, apiJSON: apiJSON, refreshEngine: refreshEngine,
-                     openConversation: (id) => { openConversation(id); loadConversations(); } };
+  window.LokiApi = {
+    api: api, apiJSON: apiJSON, refreshEngine: refreshEngine,
+    loadConversations: loadConversations, openConversation: openConversation,
+    // the tasks panel opens a run's conversation and shows it in the list
+    openAndList: (id) => { openConversation(id); loadConversations(); },
+  };
   window.lokiDebug = state;
   state.renderStats = LokiLive.stats;
   init();

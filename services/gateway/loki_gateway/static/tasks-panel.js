@@ -180,7 +180,7 @@
       if (r.conversation) {
         li.appendChild(button("Open", () => {
           $("tasks-dialog").close();
-          LokiApi.openConversation(r.conversation);
+          LokiApi.openAndList(r.conversation);
         }));
       }
       if (r.detail) {
