@@ -448,7 +448,7 @@ def llama(
 def stack(
     home: Path, env: dict[str, str] | None = None, engine_timeout: float = 240.0
 ) -> Iterator[Any]:
-    """The whole Loki stack (:class:`loki_cli.stack.Stack`: NATS, Redis, the five services)
+    """The whole Loki stack (:class:`loki_cli.stack.Stack`: NATS, Redis, the services)
     on a free port with data under ``home``; yields the stack once the gateway listens and
     the supervisor reports the engine ready. ``stack.config.web_port`` is the gateway's port.
 
