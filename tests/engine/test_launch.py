@@ -32,6 +32,10 @@ def argv_value(argv: list[str], flag: str) -> str:
 
 
 async def lease(nc, kind: str, wait: float = 30.0, **kw) -> Lease:
+    """A granted lease, claimed at once as :mod:`loki_shared.lease` does (a grant not
+    renewed within ``LOKI_LEASE_CLAIM_S`` is given back). Its TTL is long (120 s unless
+    ``ttl_s`` is given): these tests hold it through completions without renewing."""
+    kw.setdefault("ttl_s", 120)
     reply = await request(
         nc,
         subjects.ENGINE_LEASE,
@@ -40,6 +44,8 @@ async def lease(nc, kind: str, wait: float = 30.0, **kw) -> Lease:
         timeout=wait + 5,
     )
     assert reply.error is None, reply.error
+    claimed = await request(nc, subjects.ENGINE_RENEW, RenewRequest(lease_id=reply.lease_id), Lease)
+    assert claimed.error is None, claimed.error
     return reply
 
 

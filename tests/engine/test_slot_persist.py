@@ -21,6 +21,7 @@ from loki_shared.messages.engine import (
     LeaseRequest,
     ReleaseReply,
     ReleaseRequest,
+    RenewRequest,
 )
 from loki_supervisor import slot_files
 
@@ -53,6 +54,9 @@ async def turn(nc, base_url: str, messages: list[dict]) -> dict:
         timeout=65,
     )
     assert lease.error is None and lease.base_url == base_url, lease
+    # claimed at once, as loki_shared.lease does (an unclaimed grant is given back)
+    claimed = await request(nc, subjects.ENGINE_RENEW, RenewRequest(lease_id=lease.lease_id), Lease)
+    assert claimed.error is None, claimed
     async with httpx.AsyncClient(timeout=300) as client:
         r = await client.post(
             f"{base_url}/v1/chat/completions",
