@@ -175,6 +175,17 @@ class Actor:
         except Exception:  # noqa: BLE001 - see_image will say it is not attached
             log.warning("conversation %s: images not kept for see_image", self.conv.id)
 
+    async def shelf_images(self) -> dict[str, ImageAttachment]:
+        """The conversation's images on its shelf, by attachment id (KEEP_TURN_IMAGES re-reads
+        a kept image there before each request); none when the shelf cannot be read."""
+        if self.shared.shelf is None:
+            return {}
+        try:
+            return {i.id: i for i in await self.shared.shelf.all(self.conv.id)}
+        except Exception:  # noqa: BLE001 - unreadable: the kept images become markers
+            log.warning("conversation %s: image shelf unreadable", self.conv.id)
+            return {}
+
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None:
         """Record what the last step could not offer (None: the tools were offered)."""
         self.tools_unavailable = unavailable

@@ -24,7 +24,8 @@ IMAGE_ESTIMATE = 256
 
 def estimate_tokens(message: ChatMessage | dict[str, Any] | str) -> int:
     """Rough token estimate of one message: characters of its JSON / 4, plus 4; an image
-    part counts :data:`IMAGE_ESTIMATE` (its data URL's characters are not tokens)."""
+    part counts its measured cost when KEEP_TURN_IMAGES kept it (``loki_cost``), else
+    :data:`IMAGE_ESTIMATE` (its data URL's characters are not tokens)."""
     if isinstance(message, str):
         return len(message) // 4 + 4
     if isinstance(message, ChatMessage):
@@ -32,13 +33,27 @@ def estimate_tokens(message: ChatMessage | dict[str, Any] | str) -> int:
     content = message.get("content")
     images = 0
     if isinstance(content, list):
-        images = sum(1 for p in content if isinstance(p, dict) and p.get("type") == "image_url")
-        if images:
+        parts = [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"]
+        if parts:
+            images = sum(int(p.get("loki_cost") or IMAGE_ESTIMATE) for p in parts)
             kept = [
                 p for p in content if not (isinstance(p, dict) and p.get("type") == "image_url")
             ]
             message = {**message, "content": kept}
-    return len(canonical_json(message).decode("utf-8")) // 4 + 4 + images * IMAGE_ESTIMATE
+    return len(canonical_json(message).decode("utf-8")) // 4 + 4 + images
+
+
+def kept_cost(message: ChatMessage | dict[str, Any]) -> int:
+    """The measured tokens of the images KEEP_TURN_IMAGES keeps in ``message`` (their
+    ``loki_cost``; 0 without any): what an exact text count adds for them."""
+    content = message.content if isinstance(message, ChatMessage) else message.get("content")
+    if not isinstance(content, list):
+        return 0
+    return sum(
+        int(p.get("loki_cost") or 0)
+        for p in content
+        if isinstance(p, dict) and p.get("type") == "image_url"
+    )
 
 
 class Counter(Protocol):

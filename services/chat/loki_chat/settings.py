@@ -83,6 +83,11 @@ class Settings(LokiSettings):
       (off by default: the block is rebuilt each turn; see docs/behaviour.md (projects)).
     - ``LOKI_PROJ_SNAPSHOT_MAX_UPDATES`` — update blocks accumulated past which the snapshot
       is retaken (8).
+    - ``LOKI_KEEP_TURN_IMAGES`` — images stay in the history after their turn, by
+      reference (re-read from the conversation's image shelf and checked byte-identical
+      before each request), each costing what the engine measured, together at most 10% of
+      the window; compaction drops them first (off by default, grey zone: images are
+      ephemeral; see docs/behaviour.md (attachments and images), :mod:`loki_chat.kept_images`).
     - ``LOKI_MEMORY_TIMEOUT_S`` — bound of a request to the memory service (block, tools; s).
     - ``LOKI_MEMORY_ACTIVE_WAIT_S`` — bound of a new conversation's wait for the active
       project (0.5 s; past it, the default project), and of a block fetch while the memory
@@ -122,5 +127,6 @@ class Settings(LokiSettings):
     task_lease_s: float = Field(default=30.0, ge=1)
     proj_snapshot: bool = False
     proj_snapshot_max_updates: int = Field(default=8, ge=1)
+    keep_turn_images: bool = False
     memory_timeout_s: float = Field(default=5.0, gt=0)
     memory_active_wait_s: float = Field(default=0.5, gt=0)

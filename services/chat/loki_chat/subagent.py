@@ -97,6 +97,10 @@ class SubagentHost:
     async def keep_images(self, images: list[ImageAttachment]) -> None:
         """Nothing: a sub-agent's task is text; it has no attachments of its own."""
 
+    async def shelf_images(self) -> dict[str, ImageAttachment]:
+        """None: a sub-agent keeps no image (KEEP_TURN_IMAGES is the main turn's)."""
+        return {}
+
     def prewarm(self, job: PrewarmJob) -> None:
         """Nothing: a sub-agent never compacts, and its run ends with its answer."""
 

@@ -36,7 +36,7 @@ import httpx
 
 from loki_shared.messages.chat import ChatMessage
 
-from .meter import estimate_tokens
+from .meter import estimate_tokens, kept_cost
 
 log = logging.getLogger("loki.chat.tokens")
 
@@ -151,7 +151,7 @@ class TokenCounts:
             return estimate_tokens(message)
         text, calls = _texts(message)
         role = message.role if isinstance(message, ChatMessage) else str(message.get("role"))
-        total = over.get(role, over["user"])
+        total = over.get(role, over["user"]) + kept_cost(message)
         for part in (text, *calls):
             if not part:
                 continue
@@ -220,6 +220,26 @@ class TokenCounts:
         log.debug("[tokens] %d texts counted in %.0f ms", len(wanted), ms)
         return True
 
+    async def text_prompt_tokens(self, payload: dict[str, Any]) -> int | None:
+        """The exact tokens of the prompt the engine builds for request ``payload`` (its
+        ``messages``, ``tools``, ``tool_choice``, ``chat_template_kwargs``: llama-server's
+        ``/apply-template`` then ``/tokenize``, BOS as the engine adds it), bounded by
+        ``timeout_s``; None for an external or unknown engine, or when it fails in time
+        (KEEP_TURN_IMAGES measures an image's cost against it: :mod:`loki_chat.kept_images`).
+        """
+        engine = await self._engine()
+        if engine is None or engine.base_url in self._unsupported:
+            return None
+        keys = ("messages", "tools", "tool_choice", "chat_template_kwargs")
+        body = {k: payload[k] for k in keys if k in payload}
+        try:
+            return await asyncio.wait_for(self._render(engine, body), self.timeout_s)
+        except Exception:  # noqa: BLE001 - timeout, HTTP or decoding: not measured
+            log.info(
+                "[tokens] the engine did not count a prompt within %.0f ms", self.timeout_s * 1e3
+            )
+            return None
+
     async def _fill(self, engine: Engine, texts: list[str]) -> None:
         gate = asyncio.Semaphore(CONCURRENCY)
 
@@ -250,12 +270,13 @@ class TokenCounts:
         r.raise_for_status()
         return len(r.json()["tokens"])
 
-    async def _render(self, engine: Engine, messages: list[dict[str, str]]) -> int:
-        """Tokens of the prompt the engine builds for ``messages`` (``/apply-template``,
-        with its generation prompt; BOS counted as the engine adds it)."""
+    async def _render(self, engine: Engine, messages: list[dict[str, str]] | dict[str, Any]) -> int:
+        """Tokens of the prompt the engine builds for ``messages`` (or a whole request body:
+        ``/apply-template``, with its generation prompt; BOS counted as the engine adds it)."""
+        body = messages if isinstance(messages, dict) else {"messages": messages}
         r = await self.http.post(
             engine.base_url.rstrip("/") + "/apply-template",
-            json={"messages": messages},
+            json=body,
             headers=self._headers(engine),
         )
         r.raise_for_status()

@@ -85,11 +85,13 @@ from .conversation import Conversation
 from .engine import EngineClient, StepResult
 from .errors import StepError, StreamError
 from .images import PendingItem, forget_images, unpack, user_content
+from .kept_images import KeptImages, settle_turn
 from .prewarm import PrewarmJob
 from .project.head import ProjectHead
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 from .stream import extract_text_tool_calls
+from .tokens import TokenCounts
 from .tools import ToolBox, ToolOutcome, cut_for_model, label, parse_arguments
 from .tools.box import CallContext
 from .tools.memory import CURRENT_PROJECT
@@ -133,6 +135,7 @@ class TurnHost(Protocol):
     async def total_slots(self) -> int | None: ...
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
     async def keep_images(self, images: list[ImageAttachment]) -> None: ...
+    async def shelf_images(self) -> dict[str, ImageAttachment]: ...
     def prewarm(self, job: PrewarmJob) -> None: ...
 
     @property
@@ -201,6 +204,7 @@ class TurnRunner:
     verified: bool = False  # the verifier ran in this turn (at most once)
     budget_extra: int = 0  # steps granted beyond the budget (the corrective step)
     continued: bool = False  # this turn is a Continue (never verified)
+    kept: KeptImages | None = None  # KEEP_TURN_IMAGES' side of this turn (None: key off)
 
     @property
     def conv(self) -> Conversation:
@@ -238,14 +242,18 @@ class TurnRunner:
         if self.resume:
             self.continued = True
             await self.host.emit({}, loki={"event": "continue"})
-        # images of an earlier turn (one a crash left open) leave the history first
-        forget_images(conv.messages)
+        if self.settings.keep_turn_images and self.kind == "main":
+            self.kept = KeptImages()
+            self.kept.start(conv.messages)  # images not kept (a crash left them) leave first
+        else:
+            # images of an earlier turn (one a crash left open) leave the history first
+            forget_images(conv.messages)
         if self.user_text is not None:
             if conv.pending and conv.pending[0] == self.user_text:
                 conv.pending.pop(0)
             text, images = unpack(self.user_text)
             await self.host.keep_images(images)
-            conv.messages.append(ChatMessage(role="user", content=user_content(text, images)))
+            conv.messages.append(ChatMessage(role="user", content=self.image_content(text, images)))
             if not conv.title:
                 first = text.strip() or (images[0].name if images else "")
                 conv.title = first.splitlines()[0][:60] if first else ""
@@ -307,7 +315,7 @@ class TurnRunner:
                 self.sent_system, self.sent_head = system, head
                 wire = wire_messages(
                     system,
-                    layout.laid_out(self.conv.messages, tail_first),
+                    layout.laid_out(await self.model_view(), tail_first),
                     echo_model=echo_model,
                     suffix=self.plan.suffix,
                     head=head,
@@ -375,6 +383,7 @@ class TurnRunner:
         if self.result.responded:
             self.publish_perf(lease, wire)
         if self.result.error is None and not self.result.stopped:
+            await self.measure_images(payload)
             # compaction: the slot now holds this prompt
             host.policy.note_step(
                 self.conv.id,
@@ -574,8 +583,10 @@ class TurnRunner:
         ):
             conv.messages.pop()
         conv.turn_open = False
-        # the ephemeral rule: an image is seen in the turn it arrives only
-        forget_images(conv.messages)
+        if self.kept is not None:  # KEEP_TURN_IMAGES: the turn's images kept within budget
+            settle_turn(conv.messages, set(self.kept.fresh), self.lease_n_ctx)
+        else:  # the ephemeral rule: an image is seen in the turn it arrives only
+            forget_images(conv.messages)
         if not self.outcome.stopped and self.outcome.error is None:
             if await self.compact("end") and self.settings.prewarm:
                 # PREWARM: the next request's prefix goes to the slot while the user reads
@@ -626,7 +637,7 @@ class TurnRunner:
         self.conv.messages.append(
             ChatMessage(
                 role="user",
-                content=user_content(text, images),
+                content=self.image_content(text, images),
                 loki=LokiMeta(injected="see_image"),
             )
         )
@@ -640,6 +651,38 @@ class TurnRunner:
         )
 
     # -- helpers --------------------------------------------------------------------------
+    def image_content(self, text: str, images: list[ImageAttachment]) -> Any:
+        """A user message's content with this turn's images: data URLs (the ephemeral
+        rule), or references with KEEP_TURN_IMAGES (:mod:`loki_chat.kept_images`)."""
+        if self.kept is not None:
+            return self.kept.content(text, images)
+        return user_content(text, images)
+
+    async def model_view(self) -> list[ChatMessage]:
+        """The messages the next request sends: the stored ones, with KEEP_TURN_IMAGES'
+        references resolved for this step's lease (a kept image that cannot be sent becomes
+        its marker now: the meter's measure no longer holds)."""
+        if self.kept is None:
+            return self.conv.messages
+        view, changed = await self.kept.wire_view(
+            self.conv.messages, self.host.shelf_images, self.vision
+        )
+        if changed:
+            log.info("[images] %s: no longer kept: %s", self.conv.id, self.kept.dropped)
+            self.conv.meter.invalidate()
+            await self.host.persist()
+        return view
+
+    async def measure_images(self, payload: dict[str, Any]) -> None:
+        """KEEP_TURN_IMAGES: the cost of the images this step sent first (measured by the
+        engine; :meth:`loki_chat.kept_images.KeptImages.measure`)."""
+        if self.kept is None or not self.kept.new or self.result is None:
+            return
+        counter = self.conv.meter.counter
+        count = counter.text_prompt_tokens if isinstance(counter, TokenCounts) else None
+        cost = await self.kept.measure(self.conv.messages, payload, self.result.acc.usage, count)
+        log.info("[images] %s: measured cost %s tokens an image", self.conv.id, cost)
+
     def should_verify(self) -> bool:
         """The verifier checks this answer: a main turn's final text answer ended by
         ``stop`` (not a Continue), not yet verified, the verifier on (the preset's VERIFY,

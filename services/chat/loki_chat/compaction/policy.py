@@ -22,6 +22,10 @@ together (tests named in docs/behaviour.md (compaction)):
   two failures in a row on one model are logged once and named in the marker;
 - reactive, when the engine still refuses after a compaction (or nothing could be
   summarised): the last-resort :mod:`.shrink`;
+- KEEP_TURN_IMAGES: whenever a compaction is due (any trigger), the kept images are made
+  ephemeral first (:func:`loki_chat.kept_images.drop_kept`); when that alone brings the
+  context under the threshold (or on a reactive overflow: the step is replayed without
+  them), no text is summarised;
 - a model whose chat template drops ``tools`` (the lease's template probe,
   ``supports_tools`` False) cannot call ``recall``: blocks are still archived, but no excerpt,
   summary header or summariser instruction cites a ``recall:r<N>`` id to it (issue 16);
@@ -45,6 +49,7 @@ from loki_shared.messages.engine import Lease
 
 from ..bus import ChatBus
 from ..context import ContextView
+from ..kept_images import drop_kept
 from ..leases import EngineLeases
 from ..settings import Settings
 from . import decide as D
@@ -183,6 +188,25 @@ class CompactionPolicy:
             view.ctx_used,
             n_ctx,
         )
+        freed = drop_kept(conv.messages)
+        if freed:  # KEEP_TURN_IMAGES: kept images go first, before any text is summarised
+            conv.meter.invalidate()
+            view.ctx_used = max(0, view.ctx_used - freed)
+            log.info("[compact] %s: kept images dropped first (%d tokens)", conv.id, freed)
+            if view.trigger == "reactive":
+                return True  # replayed without them; still refused, compaction goes on
+            if view.trigger != "manual":
+                again = D.decide(
+                    view.trigger,
+                    view.ctx_used,
+                    n_ctx,
+                    threshold=self.settings.compact_threshold,
+                    since_step=st.since_step,
+                    refused_at=st.refused_at,
+                    generations=st.generations,
+                )
+                if again.why is None:
+                    return True
         return await self.compact(view, n_ctx, st)
 
     async def compact(self, view: ContextView, n_ctx: int, st: ConvState) -> bool:
