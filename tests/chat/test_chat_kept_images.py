@@ -180,3 +180,35 @@ async def test_shelf_read_and_hash_checked_before_each_request() -> None:
     assert msg.content[1]["image_url"] == {"url": ""}  # the stored view keeps no data
     view, changed = await turn.wire_view([msg], shelf, vision=True)
     assert changed and msg.content == "x\n\n" + marker("red.png") and len(reads) == 2
+
+
+async def test_see_image_images_are_kept_and_measured_too(chat_runner, seeing, fake_engine, client):
+    """An image ``see_image`` shows is one of the turn's images: measured against the kept
+    image already in the request (its known cost subtracted), then kept like it."""
+    from fakes.fake_engine import tool_reply
+
+    from loki_chat.tools import see_image_tool
+
+    service = await start(chat_runner, tools=True)
+    service.toolbox.add(see_image_tool(service.shared.shelf))
+    fake_engine.push(
+        text_reply("A red square."),
+        tool_reply([("c1", "see_image", '{"path": "red.png"}')]),
+        text_reply("Still red."),
+        text_reply("Both."),
+    )
+    cid = await send(client, "Look", [A])
+    await client.turn("Look again", cid)
+    await client.turn("And now?", cid)
+    last = fake_engine.requests[-1].json["messages"]
+    sent = [p for m in last if isinstance(m["content"], list) for p in m["content"]]
+    assert [p["image_url"]["url"] for p in sent if p["type"] == "image_url"] == [RED, RED]
+    state = await client.state(cid)
+    parts = [
+        p
+        for m in state.messages
+        if isinstance(m.content, list)
+        for p in m.content
+        if p["type"] == "image_url"
+    ]
+    assert [(p["loki_cost"], p["loki_kept"]) for p in parts] == [(16, True), (16, True)]
