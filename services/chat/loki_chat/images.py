@@ -11,6 +11,8 @@ Rules:
   part of the history is replaced by a fixed text (:func:`marker`): the image's name and
   "no longer visible". The text is the same every time it is written, so the requests of
   later turns have a stable prefix from that message on (:func:`forget_images`).
+- With KEEP_TURN_IMAGES (off by default) images may stay past their turn, by reference:
+  :mod:`loki_chat.kept_images`; the marker and the text a message becomes are the same.
 """
 
 from __future__ import annotations

@@ -46,6 +46,12 @@ Rules implemented here (tests named in docs/behaviour.md (chat)):
 - A stop or a broken stream keeps the partial text, marked ``loki.stopped`` /
   ``loki.error``; nothing half-assembled (tool calls) is kept.
 - The conversation is persisted after every accepted step (the blob is written whole).
+- Images: the ephemeral rule (:mod:`loki_chat.images`: a turn's images become markers at
+  its end); with KEEP_TURN_IMAGES (``LOKI_KEEP_TURN_IMAGES``, off by default) a main turn's
+  images are references resolved before each request (:meth:`TurnRunner.model_view`),
+  measured after the first request that sends them (:meth:`TurnRunner.measure_images`) and
+  kept at the turn's end within the budget (:mod:`loki_chat.kept_images`). Off, the
+  requests are byte-identical to before (frozen copy in tests/chat/test_chat_images.py).
 - A step cut at the request's ``max_tokens`` ends the turn with ``finish_reason: "length"``;
   the turn end says ``cut_at`` (the cap). Continue (``resume``) sends the conversation as it
   is — its last message the cut assistant reply — so llama-server continues that message
