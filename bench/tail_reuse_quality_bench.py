@@ -46,8 +46,8 @@ every position counts, not only those before a divergence:
   and a computed rest are not bit-identical to one prefill: other batch shapes), the floor
   (a) is read against.
 
-``top1_agreement``: share of positions where the candidate's most likely token is the
-reference's; ``mean_abs_dlogprob``: mean over positions of |log p_candidate(t) − log
+``top1_agreement``: share of positions where the reference's token is the candidate's most
+likely (a tie of logprobs counts as agreement); ``mean_abs_dlogprob``: mean over positions of |log p_candidate(t) − log
 p_reference(t)| for the reference's token t (natural log; a token outside the candidate's
 top :data:`N_PROBS` counts at the candidate's last listed logprob, a lower bound, and is
 counted in ``outside_top``); ``identical``: conversations whose free-running greedy
@@ -285,8 +285,9 @@ def compare(reference: Run, candidate: list[Step]) -> dict[str, Any]:
     """Per-position agreement and |Δ logprob| of the reference's token (module docstring)."""
     agree, deltas, outside = 0, [], 0
     for ref, cand in zip(reference.steps, candidate, strict=True):
-        agree += max(cand.top, key=lambda t: cand.top[t], default=cand.id) == ref.id
         lp = cand.top.get(ref.id)
+        # the reference's token is (one of) the candidate's most likely: ties count as agreement
+        agree += lp is not None and lp >= max(cand.top.values())
         if lp is None:
             outside += 1
             lp = min(cand.top.values(), default=cand.logprob)

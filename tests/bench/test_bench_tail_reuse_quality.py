@@ -42,6 +42,8 @@ def test_compare_counts_every_position_and_the_reference_token() -> None:
     assert out["mean_abs_dlogprob"] == pytest.approx(sum(expected) / 3)
     assert out["max_abs_dlogprob"] == pytest.approx(max(expected))
     assert out["outside_top"] == 1
+    tie = q.compare(run(step(1, {1: 0.5, 2: 0.5})), [step(2, {2: 0.5, 1: 0.5})])
+    assert tie["top1_agreement"] == 1.0  # a tie of logprobs is agreement
     with pytest.raises(ValueError):
         q.compare(ref, cand[:2])  # a position missing is an error, never a shorter mean
 
