@@ -54,12 +54,18 @@ counted in ``outside_top``); ``identical``: conversations whose free-running gre
 continuations are the same 32 tokens; ``first_divergence``: median position of the first
 different token (32 = none).
 
-Measured 2026-12-01 on llama-server b11434 (see BENCHMARKS.md, section
-``tail_reuse_quality``); the figures and what they mean for a user are in
-docs/behaviour.md (``COMPACT_TAIL_REUSE``). A first version (before this harness module) asked
-``/v1/chat/completions`` for ``logprobs`` and read no ``choices[0].logprobs.content``; this
-one reads ``completion_probabilities`` from ``/completion`` on token ids, so every prompt is
-byte for byte the same token sequence in every condition.
+Status (2026-12-01, quick mode, 4 conversations, llama-server b11434): (a) KV shift: top-1
+agreement 0.914, mean |Δ logprob| 0.156; (c) control: 0.992, 0.000; (b) layout: 0.875, 0.381 —
+the section ``tail_reuse_quality`` of BENCHMARKS.md; what they mean for a user:
+docs/behaviour.md (``COMPACT_TAIL_REUSE``).
+
+A first version (before this harness module) asked ``/v1/chat/completions`` for ``logprobs``
+and read no ``choices[0].logprobs.content``. Probed again on b11434 (2026-12-01), this build
+returns them on both endpoints: ``logprobs: true`` (+ ``top_logprobs``, which becomes
+``n_probs``) on ``/v1/chat/completions`` as ``choices[0].logprobs.content``, and ``n_probs`` on
+``/completion`` as ``completion_probabilities`` (pre-sampling, ``logprob`` per step, the
+chosen token and ``top_logprobs``). This module uses ``/completion`` on token ids, so a prompt
+is the same token sequence in every condition and a teacher-forced position costs one token.
 
 Raises (from :func:`run`): ``loki_shared.servers.ServerNotFound`` without llama-server or the
 bundled model; :class:`bench._common.BenchError` when the engine returns no probabilities.
