@@ -41,6 +41,7 @@ EXPECTED = [
     "compaction",
     "ui_render",
     "chaos",
+    "tail_reuse_quality",
 ]
 
 #: Time limits (s) when a module does not set ``TIMEOUT_S = {"quick": .., "full": ..}``.

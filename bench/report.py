@@ -3,8 +3,12 @@
 Layout: a header with the machine facts of the newest result, one summary table of every
 target (bench, figure, value, target, met), then one section per bench (headline first) with
 its tables, notes, mode, commit and duration. A bench whose result says ``missing``,
-``failed`` or ``timeout`` gets its section with the reason instead of figures. A results file
-that cannot be read is reported as such, never skipped.
+``failed`` or ``timeout`` gets its section with the reason instead of figures. Every
+``*.json`` file of the results folder is reported, none skipped: one that cannot be read is a
+``failed`` entry naming the file; a JSON object without the harness's ``schema`` field (a
+bench run by hand writing its own file) is a ``no schema`` entry — a row in the targets
+table and a section saying its figures were left out and how to get them reported — and
+``python -m bench.report`` names it on stderr.
 """
 
 from __future__ import annotations
@@ -12,17 +16,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 ORDER_FIRST = ["headline"]
 
 
+#: ``status`` of the entry for a results file without the harness's ``schema`` field.
+NO_SCHEMA = "no schema"
+
+
 def load_results(results_dir: Path) -> list[dict[str, Any]]:
-    """Every harness result ``*.json`` under ``results_dir`` (headline first, then by name).
-    An unreadable file gives a ``failed`` entry naming the file; a JSON object without the
-    harness's ``schema`` field (a bench run by hand writing its own file) is left out and
-    listed by :func:`foreign_results`."""
+    """One entry per ``*.json`` under ``results_dir`` (dot-files, the harness's scratch
+    files, excepted), headline first, then by name. An unreadable file gives a ``failed``
+    entry naming the file; a JSON object without the harness's ``schema`` field (a bench run
+    by hand writing its own file, see :func:`foreign_results`) gives a :data:`NO_SCHEMA`
+    entry naming the file, its figures left out."""
     docs: list[dict[str, Any]] = []
     for path in sorted(results_dir.glob("*.json")):
         if path.name.startswith("."):
@@ -39,7 +49,17 @@ def load_results(results_dir: Path) -> list[dict[str, Any]]:
                 "error": f"unreadable result {path.name}: {exc}",
             }
         if "schema" not in doc and doc.get("status") != "failed":
-            continue
+            doc = {
+                "name": path.stem,
+                "status": NO_SCHEMA,
+                "title": path.stem,
+                "error": (
+                    f"{path.name} has no `schema` field: it was not written by the harness "
+                    f"(a bench run by hand?), so its figures are left out of this report. "
+                    f"Run it as `python -m bench --only {path.stem}` (the file must be "
+                    f"bench/results/<name>.json of a bench/<name>_bench.py), or remove it."
+                ),
+            }
         doc.setdefault("name", path.stem)
         docs.append(doc)
     docs.sort(key=lambda d: (d["name"] not in ORDER_FIRST, d["name"]))
@@ -47,10 +67,13 @@ def load_results(results_dir: Path) -> list[dict[str, Any]]:
 
 
 def foreign_results(results_dir: Path) -> list[str]:
-    """Names of the ``*.json`` files under ``results_dir`` that are JSON objects without the
-    harness's ``schema`` field."""
+    """Names of the ``*.json`` files under ``results_dir`` (dot-files excepted) that are
+    JSON objects without the harness's ``schema`` field (:func:`load_results` reports each
+    as a :data:`NO_SCHEMA` entry)."""
     out = []
     for path in sorted(results_dir.glob("*.json")):
+        if path.name.startswith("."):
+            continue
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -105,8 +128,8 @@ def _machine_line(machine: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def render(docs: list[dict[str, Any]], foreign: list[str] | None = None) -> str:
-    """The whole ``BENCHMARKS.md`` text for ``docs`` (``foreign``: files left out)."""
+def render(docs: list[dict[str, Any]]) -> str:
+    """The whole ``BENCHMARKS.md`` text for ``docs`` (:func:`load_results`)."""
     out = [
         "# Benchmarks",
         "",
@@ -179,19 +202,12 @@ def render(docs: list[dict[str, Any]], foreign: list[str] | None = None) -> str:
             out += [markdown_table(tab.get("columns") or [], tab.get("rows") or []), ""]
             if tab.get("notes"):
                 out += [tab["notes"].strip(), ""]
-    if foreign:
-        out += [
-            "---",
-            "",
-            "Not from the harness (left out): " + ", ".join(f"`{name}`" for name in foreign) + ".",
-            "",
-        ]
     return "\n".join(out).rstrip() + "\n"
 
 
 def write_report(results_dir: Path, report_path: Path) -> Path:
     """Regenerate ``report_path`` from ``results_dir``; returns the path."""
-    report_path.write_text(render(load_results(results_dir), foreign_results(results_dir)))
+    report_path.write_text(render(load_results(results_dir)))
     return report_path
 
 
@@ -203,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     args = parser.parse_args(argv)
     write_report(args.results, args.out)
+    for name in foreign_results(args.results):
+        print(
+            f"warning: {name} has no `schema` field (not from the harness): its figures are "
+            f"left out, the report says so",
+            file=sys.stderr,
+        )
     print(args.out)
     return 0
 

@@ -89,18 +89,42 @@ def test_failed_missing_and_unreadable_results_are_reported(tmp_path: Path) -> N
     )
     _write(tmp_path, "perf", "{not json")
     _write(tmp_path, "recall-by-hand", {"blocks": 100000})
+    _write(tmp_path, ".gateway.run", {"blocks": 1})  # the harness's scratch file: not a result
     docs = report.load_results(tmp_path)
-    assert [d["name"] for d in docs] == ["headline", "gateway", "perf", "recall"]
+    assert [d["name"] for d in docs] == ["headline", "gateway", "perf", "recall", "recall-by-hand"]
     text = report.render(docs)
     assert "| gateway | (no figures) | — | — | ⚠ failed |" in text
     assert "RuntimeError: engine exited" in text
     assert "| recall | (no figures) | — | — | ⚠ missing |" in text
     assert "unreadable result perf.json" in text
-    assert "recall-by-hand" not in text
+    # a file without the harness's schema is reported, never skipped in silence
+    assert "| recall-by-hand | (no figures) | — | — | ⚠ no schema |" in text
+    assert "## recall-by-hand (`recall-by-hand`)" in text
+    assert "recall-by-hand.json has no `schema` field" in text
+    assert "100000" not in text  # its figures are not presented as the harness's
     assert report.foreign_results(tmp_path) == ["recall-by-hand.json"]
-    assert "Not from the harness (left out): `recall-by-hand.json`." in report.render(
-        docs, report.foreign_results(tmp_path)
-    )
+
+
+def test_every_results_file_and_every_table_row_is_rendered(tmp_path: Path) -> None:
+    configs = ["naive", "loki-best", "loki-cache-ram", "loki-continuation", "loki-default"]
+    doc = _ok_doc()
+    doc["tables"] = [
+        _common.table("Ratio", ["configuration", "ratio"], [[c, 1.5] for c in configs]),
+        _common.table(
+            "Rendering check", ["configuration", "layout"], [[c, "-c 4096 | x\ny"] for c in configs]
+        ),
+    ]
+    _write(tmp_path, "headline", doc)
+    _write(tmp_path, "by-hand", {"figure": 1})
+    text = report.render(report.load_results(tmp_path))
+    for title in ("### Ratio", "### Rendering check"):
+        section = text.split(title, 1)[1].split("###", 1)[0]
+        rows = [
+            line for line in section.splitlines() if line.startswith("| ") and "---" not in line
+        ]
+        assert [r.split(" | ")[0][2:] for r in rows[1:]] == configs, title
+    files = sorted(p.stem for p in tmp_path.glob("*.json"))
+    assert all(f"(`{name}`)" in text for name in files)
 
 
 def test_unmet_and_unmeasured_targets(tmp_path: Path) -> None:
@@ -128,4 +152,4 @@ def test_cells_are_formatted_and_escaped() -> None:
 def test_write_report_writes_the_file(tmp_path: Path) -> None:
     _write(tmp_path, "headline", _ok_doc())
     out = report.write_report(tmp_path, tmp_path / "BENCHMARKS.md")
-    assert out.read_text() == report.render(report.load_results(tmp_path), [])
+    assert out.read_text() == report.render(report.load_results(tmp_path))
