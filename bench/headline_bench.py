@@ -10,8 +10,9 @@ configuration:
 - ``loki-default``: the whole Loki stack with default keys;
 - ``loki-side-slot``, ``loki-cache-ram``, ``loki-continuation``: one key on each;
 - ``loki-best``: every key this machine allows (the seeds' keys);
-- ``loki-reuse`` (full mode only): loki-best + COMPACT_TAIL_REUSE + PREWARM (issue 21; not
-  yet measured).
+- ``loki-reuse``: loki-best + COMPACT_TAIL_REUSE + PREWARM (issue 21), the engine with
+  ``--cache-reuse`` as the supervisor gives it for the key;
+- ``loki-restart`` (:func:`run_restart`): the engine restart step with SLOT_PERSIST.
 
 Every request the engine serves goes through :class:`bench._common.RecordingProxy`, which keeps
 the request body and llama-server's ``timings``. Then:
@@ -29,7 +30,16 @@ after it; a compaction's summary is new, its verbatim tail is not (the engine re
 anyway); a transcript summary request is compared with the conversation it summarises.
 Conversations: the main one, each kind of side job (tagged), summaries (compared with the
 main one). ``max(1, ·)``: llama.cpp always evaluates at least one token (a full hit reads
-``cache_n = N−1, prompt_n = 1``). The physical limit is 1.0. See ``docs/behaviour.md (bench)``.
+``cache_n = N−1, prompt_n = 1``). The physical limit is 1.0.
+
+Beside it, each configuration's exact-attention floor (:func:`exact_floor`): ``(Σ new +
+Σ forced) / Σ new``, forced = the tokens that are not new but that an ideal exact-attention
+prompt cache (every earlier request kept, reuse only after an identical prefix) must still
+recompute — after each compaction, the tail and summary its layout places behind something
+new. Then the time to first token of the first turn after each compaction ÷ the median of
+the session's ordinary turns (:func:`ttft_after_compaction`, from the display log), and the
+share of a turn's prompt recomputed after llama-server is killed and relaunched with
+SLOT_PERSIST (:func:`run_restart`). See ``docs/behaviour.md (bench)``.
 """
 
 from __future__ import annotations
@@ -958,7 +968,7 @@ def run_loki(
                 wall = time.monotonic() - start
                 timeline = turn_timeline(client.display_log())
                 perf = _perf_summary(client)
-                paths = asyncio.run(compaction_paths(stack.nats_url))
+                paths = compaction_paths(timeline)
             figures = analyse(engine.url, proxy.exchanges)
         finally:
             proxy.stop()
@@ -1148,34 +1158,14 @@ def run_restart(
     }
 
 
-async def compaction_paths(nats_url: str) -> dict[str, int]:
-    """How many compaction events of each ``path`` (``summary``, ``continuation``,
-    ``fallback``, ``shrink``, ``refused``) the stack stored in its ``LOKI_EVENTS`` stream
-    (``loki.events.compaction``); empty when the stream is missing."""
-    import nats
-
-    from loki_shared import subjects
-    from loki_shared.messages.events import CompactionEvent
-
+def compaction_paths(turns: Sequence[TurnTiming]) -> dict[str, int]:
+    """How many compactions of each ``path`` (``summary``, ``continuation``, ``fallback``,
+    ``shrink``) the conversation's display log marks (a ``refused`` one leaves no marker)."""
     counts: dict[str, int] = {}
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
-        try:
-            info = await js.stream_info(subjects.STREAM_EVENTS)
-        except Exception:  # noqa: BLE001 - no compaction ever published: no stream
-            return counts
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
-            try:
-                msg = await js.get_msg(subjects.STREAM_EVENTS, seq)
-            except Exception:  # noqa: BLE001 - a deleted sequence
-                continue
-            if msg.subject != subjects.EVENTS_COMPACTION:
-                continue
-            path = CompactionEvent.model_validate_json(msg.data).path
+    for turn in turns:
+        for mark in turn.compactions:
+            path = str(mark.get("path"))
             counts[path] = counts.get(path, 0) + 1
-    finally:
-        await nc.close()
     return counts
 
 
@@ -1455,7 +1445,7 @@ def run(quick: bool) -> dict[str, Any]:
                 "mostly the tail and summary after each compaction; `--cache-reuse` (KV "
                 "shifting) can go below it. turns: turns done of the scripted session (fewer "
                 "when the time budget ran out: the figures cover those). compactions: "
-                "compaction events for Loki (any path but `refused`), truncations for "
+                "compactions marked in the conversation's display log for Loki, truncations for "
                 "the naive client; summary requests: the `compact` requests the engine "
                 "served.",
             ),

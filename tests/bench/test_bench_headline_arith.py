@@ -9,6 +9,7 @@ from bench.headline_bench import (
     Request,
     after_compaction,
     classify,
+    compaction_paths,
     exact_floor,
     exact_prefill,
     held_tokens,
@@ -281,6 +282,7 @@ def test_turn_timeline_times_the_first_token_and_places_compactions() -> None:
     assert [a["ratio"] for a in figures["after"]] == pytest.approx([2.0, 6.0])
     assert figures["worst_ratio"] == pytest.approx(6.0)
     assert figures["median_ratio"] == pytest.approx(4.0)
+    assert compaction_paths(turns) == {"continuation": 2, "refused": 1}
 
 
 def test_ttft_without_ordinary_turns_has_no_ratio() -> None:
