@@ -557,6 +557,20 @@ class TurnTiming:
     def ttft_s(self) -> float | None:
         return None if self.first_ts is None else self.first_ts - self.user_ts
 
+    @property
+    def after_summary_s(self) -> float | None:
+        """Seconds from the last compaction marker logged in this turn (a turn-start or
+        reactive compaction: the summary was made while the user waited) to the first
+        token; None when no compaction ran inside the turn."""
+        inside = [
+            float(c["ts"])
+            for c in self.compactions
+            if c.get("path") != "refused" and float(c.get("ts") or 0) >= self.user_ts
+        ]
+        if self.first_ts is None or not inside:
+            return None
+        return self.first_ts - max(inside)
+
 
 def turn_timeline(events: Sequence[dict[str, Any]]) -> list[TurnTiming]:
     """The turns of a display log (the SSE ``data`` objects, in seq order: ``{"seq", "ts",
@@ -575,7 +589,7 @@ def turn_timeline(events: Sequence[dict[str, Any]]) -> list[TurnTiming]:
             turns.append(TurnTiming(len(turns), float(ev["ts"]), compactions=pending))
             pending = []
         elif mark == "compaction":
-            info = {"trigger": loki.get("trigger"), "path": loki.get("path")}
+            info = {"trigger": loki.get("trigger"), "path": loki.get("path"), "ts": ev["ts"]}
             if current is not None and current.first_ts is None:
                 current.compactions.append(info)
             else:
@@ -595,7 +609,9 @@ def ttft_after_compaction(turns: Sequence[TurnTiming]) -> dict[str, Any]:
     "ttft_s", "ratio", "triggers"}], "worst_ratio", "median_ratio"}``. Ordinary turns: every
     turn with a first token but the session's first (a cold prompt) and those after a
     compaction; a compaction whose path is ``refused`` changed nothing and is not one.
-    Ratios are None when there is no ordinary turn."""
+    ``after_summary_s`` / ``after_summary_ratio``: for a compaction inside the turn (turn
+    start), the part of its TTFT after the summary was made (a prewarm cannot cover the
+    summary itself). Ratios are None when there is no ordinary turn."""
     import statistics
 
     def compacted(t: TurnTiming) -> bool:
@@ -607,12 +623,15 @@ def ttft_after_compaction(turns: Sequence[TurnTiming]) -> dict[str, Any]:
     for t in turns:
         if not compacted(t) or t.ttft_s is None:
             continue
+        rest = t.after_summary_s
         after.append(
             {
                 "turn": t.index + 1,
                 "ttft_s": round(t.ttft_s, 3),
                 "ratio": t.ttft_s / median if median else None,
                 "triggers": [c.get("trigger") for c in t.compactions],
+                "after_summary_s": None if rest is None else round(rest, 3),
+                "after_summary_ratio": rest / median if median and rest is not None else None,
             }
         )
     ratios = [a["ratio"] for a in after if a["ratio"] is not None]
@@ -1068,6 +1087,13 @@ def _wait_engine(client: LokiClient, ok: Any, what: str, timeout: float = 180.0)
     raise _common.BenchError(f"{what}: not within {timeout:.0f} s (last info {info})")
 
 
+def _no_dirs(text: str) -> str:
+    """``text`` with the directories of absolute paths cut (a bench's temporary home)."""
+    import re
+
+    return re.sub(r"(?<!\S)/(?:[^\s/]+/)+", "", text)
+
+
 def recomputed_share(timings: dict[str, Any] | None) -> float | None:
     """``prompt_n / (cache_n + prompt_n)`` of one completion's ``timings`` (None without)."""
     if not timings or not isinstance(timings.get("prompt_n"), int):
@@ -1154,7 +1180,7 @@ def run_restart(
         "wall_s": round(wall, 1),
         "keys": config.keys,
         "engine_argv": [Path(a).name if a.startswith("/") else a for a in engine.get("argv") or []],
-        "engine_notes": engine.get("notes"),
+        "engine_notes": [_no_dirs(n) for n in engine.get("notes") or []],
     }
 
 
@@ -1341,6 +1367,16 @@ def run(quick: bool) -> dict[str, Any]:
                     f"turn {a['turn']} ({'/'.join(str(t) for t in a['triggers'])}): "
                     f"{a['ttft_s']:.2f} s"
                     + (f" = {a['ratio']:.2f}×" if a["ratio"] is not None else "")
+                    + (
+                        f", after the summary {a['after_summary_s']:.2f} s"
+                        + (
+                            f" = {a['after_summary_ratio']:.2f}×"
+                            if a["after_summary_ratio"] is not None
+                            else ""
+                        )
+                        if a["after_summary_s"] is not None
+                        else ""
+                    )
                     for a in ttft["after"]
                 )
                 or "no compaction",
@@ -1456,7 +1492,8 @@ def run(quick: bool) -> dict[str, Any]:
                     "prewarm",
                     "ordinary turns: median TTFT s",
                     "ordinary turns",
-                    "first turn after each compaction (trigger): TTFT, ÷ median",
+                    "first turn after each compaction (trigger): TTFT, ÷ median; for a "
+                    "turn-start compaction, the part after the summary",
                     "worst ÷ median",
                     "reading pauses",
                 ],

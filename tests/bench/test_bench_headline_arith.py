@@ -283,6 +283,9 @@ def test_turn_timeline_times_the_first_token_and_places_compactions() -> None:
     assert figures["worst_ratio"] == pytest.approx(6.0)
     assert figures["median_ratio"] == pytest.approx(4.0)
     assert compaction_paths(turns) == {"continuation": 2, "refused": 1}
+    # the turn-start compaction ran inside turn 4: 2 s of its TTFT came after the summary
+    assert [a["after_summary_s"] for a in figures["after"]] == pytest.approx([None, 2.0])
+    assert figures["after"][1]["after_summary_ratio"] == pytest.approx(4.0)
 
 
 def test_ttft_without_ordinary_turns_has_no_ratio() -> None:
