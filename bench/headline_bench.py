@@ -10,8 +10,9 @@ configuration:
 - ``loki-default``: the whole Loki stack with default keys;
 - ``loki-side-slot``, ``loki-cache-ram``, ``loki-continuation``: one key on each;
 - ``loki-best``: every key this machine allows (the seeds' keys);
-- ``loki-reuse`` (full mode only): loki-best + COMPACT_TAIL_REUSE + PREWARM (issue 21; not
-  yet measured).
+- ``loki-reuse``: loki-best + COMPACT_TAIL_REUSE + PREWARM (issue 21), the engine with
+  ``--cache-reuse`` as the supervisor gives it for the key;
+- ``loki-restart`` (:func:`run_restart`): the engine restart step with SLOT_PERSIST.
 
 Every request the engine serves goes through :class:`bench._common.RecordingProxy`, which keeps
 the request body and llama-server's ``timings``. Then:
@@ -29,14 +30,25 @@ after it; a compaction's summary is new, its verbatim tail is not (the engine re
 anyway); a transcript summary request is compared with the conversation it summarises.
 Conversations: the main one, each kind of side job (tagged), summaries (compared with the
 main one). ``max(1, ·)``: llama.cpp always evaluates at least one token (a full hit reads
-``cache_n = N−1, prompt_n = 1``). The physical limit is 1.0. See ``docs/behaviour.md (bench)``.
+``cache_n = N−1, prompt_n = 1``). The physical limit is 1.0.
+
+Beside it, each configuration's exact-attention floor (:func:`exact_floor`): ``(Σ new +
+Σ forced) / Σ new``, forced = the tokens that are not new but that an ideal exact-attention
+prompt cache (every earlier request kept, reuse only after an identical prefix) must still
+recompute — after each compaction, the tail and summary its layout places behind something
+new. Then the time to first token of the first turn after each compaction ÷ the median of
+the session's ordinary turns (:func:`ttft_after_compaction`, from the display log), and the
+share of a turn's prompt recomputed after llama-server is killed and relaunched with
+SLOT_PERSIST (:func:`run_restart`). See ``docs/behaviour.md (bench)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import signal
 import tempfile
 import time
 from collections.abc import Sequence
@@ -48,7 +60,7 @@ from typing import Any
 from bench import _common
 from loki_shared.sse import decode_all
 
-TIMEOUT_S = {"quick": 2700, "full": 5400}
+TIMEOUT_S = {"quick": 600, "full": 5400}
 
 #: Reply length cap for every completion of the session (tokens): the figure is about the
 #: prompt, and generation is the slow part on a shared 2-core machine.
@@ -151,6 +163,51 @@ def recomputation(prefilled: Sequence[int], new: Sequence[int]) -> dict[str, Any
         "extra": total - total_new,
         "ratio": total / total_new,
         "requests": len(new),
+    }
+
+
+def exact_prefill(requests: Sequence[Request]) -> list[int]:
+    """What an ideal exact-attention prompt cache would still prefill for each request:
+    ``max(1, len(P_i) − max_{j<i} common_prefix(P_i, P_j ⊕ G_j))``.
+
+    The ideal cache keeps every earlier request's prompt and generated tokens for ever (any
+    slot, no memory limit), and reuses a cached token only after an identical prefix: with
+    exact attention a token's K/V depend on every token before it, so a token whose prefix
+    changed must be computed again even when its text is the same (llama.cpp's prompt cache;
+    ``--cache-reuse`` shifts chunks instead, an approximation, so it can go below this).
+    ``max(1, ·)``: llama.cpp always evaluates at least one token."""
+    held: list[list[int]] = []
+    out: list[int] = []
+    for req in requests:
+        prompt = list(req.prompt)
+        best = max((common_prefix(prompt, h) for h in held), default=0)
+        out.append(max(1, len(prompt) - best))
+        held.append(prompt + list(req.generated))
+    return out
+
+
+def exact_floor(new: Sequence[int], exact: Sequence[int]) -> dict[str, Any]:
+    """The exact-attention floor of a recorded session: ``{"floor": (Σ new + Σ forced) /
+    Σ new, "forced": Σ forced, "per_request": [forced_i]}`` with ``forced_i = max(0, exact_i −
+    new_i)`` (:func:`exact_prefill`, :func:`new_tokens`): tokens that are not new but that
+    even an ideal exact-attention cache must recompute because something before them
+    changed — after a compaction, the verbatim tail behind a new summary (the seeds' layout)
+    or the summary and tail moved to another place (tail first), a clock line's suffix for
+    the naive client. The measured ratio can reach this floor, not 1.0, without KV shifting.
+
+    Raises:
+        ValueError: lengths differ, or no new token at all.
+    """
+    if len(new) != len(exact):
+        raise ValueError(f"{len(exact)} exact counts for {len(new)} new-token counts")
+    total_new = sum(new)
+    if total_new <= 0:
+        raise ValueError("no new token: the floor is undefined")
+    forced = [max(0, e - n) for e, n in zip(exact, new, strict=True)]
+    return {
+        "floor": (total_new + sum(forced)) / total_new,
+        "forced": sum(forced),
+        "per_request": forced,
     }
 
 
@@ -374,7 +431,8 @@ def tokenize_exchange(engine_url: str, ex: _common.Exchange) -> tuple[list[int],
 def classify(ex: _common.Exchange) -> str:
     """What a recorded request was: ``v1`` / ``bench`` (tagged side jobs), ``compact`` (an
     untagged non-streamed request: the summariser's shape, every turn step is streamed),
-    else ``main``."""
+    ``prewarm`` (streamed with ``max_tokens: 1``: PREWARM's shape, :mod:`loki_chat.prewarm`;
+    a turn step asks :data:`MAX_TOKENS`), else ``main``."""
     text = json.dumps(ex.body.get("messages", [])[:1])
     if SIDE_V1_TAG in text:
         return "v1"
@@ -382,7 +440,14 @@ def classify(ex: _common.Exchange) -> str:
         return "bench"
     if not ex.body.get("stream"):
         return "compact"  # the chat service streams every turn step; summaries are not
+    if ex.body.get("max_tokens") == 1:
+        return "prewarm"
     return "main"
+
+
+#: The conversation a kind of request belongs to for :func:`new_tokens` (a prewarm sends
+#: the main conversation's next prefix; others are their own kind).
+GROUP = {"prewarm": "main"}
 
 
 def after_compaction(kinds: Sequence[str]) -> list[str]:
@@ -415,19 +480,21 @@ def analyse(engine_url: str, exchanges: Sequence[_common.Exchange]) -> dict[str,
         prompts.append(p)
         gens.append(g)
     kinds = [classify(e) for e in kept]
-    new = new_tokens(
-        [
-            Request(kind, p, g, "main" if kind == "compact" else None)
-            for kind, p, g in zip(kinds, prompts, gens, strict=True)
-        ]
-    )
+    requests = [
+        Request(GROUP.get(kind, kind), p, g, "main" if kind == "compact" else None)
+        for kind, p, g in zip(kinds, prompts, gens, strict=True)
+    ]
+    new = new_tokens(requests)
+    exact = exact_prefill(requests)
     prefilled = [int(e.prompt_n or 0) for e in kept]
+    forced = [max(0, x - n) for x, n in zip(exact, new, strict=True)]
     by_kind: dict[str, dict[str, int]] = {}
-    for kind, pre, nw in zip(after_compaction(kinds), prefilled, new, strict=True):
-        slot = by_kind.setdefault(kind, {"requests": 0, "prefilled": 0, "new": 0})
+    for kind, pre, nw, fo in zip(after_compaction(kinds), prefilled, new, forced, strict=True):
+        slot = by_kind.setdefault(kind, {"requests": 0, "prefilled": 0, "new": 0, "forced": 0})
         slot["requests"] += 1
         slot["prefilled"] += pre
         slot["new"] += nw
+        slot["forced"] += fo
     mismatch = [
         abs(len(p) - (int(e.cache_n or 0) + int(e.prompt_n or 0)))
         for p, e in zip(prompts, kept, strict=True)
@@ -437,7 +504,15 @@ def analyse(engine_url: str, exchanges: Sequence[_common.Exchange]) -> dict[str,
         if kept
         else {"prefilled": 0, "new": 0, "extra": 0, "ratio": None, "requests": 0}
     )
+    floor = exact_floor(new, exact) if kept else {"floor": None, "forced": 0}
     figures.update(
+        floor=floor["floor"],
+        forced=floor["forced"],
+        above_floor=(
+            figures["ratio"] - floor["floor"]
+            if figures["ratio"] is not None and floor["floor"] is not None
+            else None
+        ),
         left_out=len(exchanges) - len(kept),
         by_kind=by_kind,
         check={
@@ -451,12 +526,122 @@ def analyse(engine_url: str, exchanges: Sequence[_common.Exchange]) -> dict[str,
                 "cache_n": e.cache_n,
                 "prompt_n": e.prompt_n,
                 "new": n,
+                "exact": x,
             }
-            for k, p, e, n in zip(kinds, prompts, kept, new, strict=True)
+            for k, p, e, n, x in zip(kinds, prompts, kept, new, exact, strict=True)
         ],
         total_prompt_ms=round(sum(float((e.timings or {}).get("prompt_ms") or 0) for e in kept), 1),
     )
     return figures
+
+
+@dataclass
+class TurnTiming:
+    """One user turn read back from the conversation's display log (``GET /api/chat``):
+    ``index`` (0-based, in the order sent), ``ttft_s`` (seconds from the user message's
+    event to the first assistant delta with text or a tool call, both stamped by the chat
+    service: lease waits, a turn-start compaction and the prefill included; None when the
+    turn produced none), ``compactions`` (the compaction markers since the previous turn's
+    first token, each ``{"trigger", "path"}``: a turn-end compaction of the previous turn or
+    a start/reactive one of this turn before its first token), ``timings`` / ``usage`` of
+    its last completion (its ``turn_end`` event)."""
+
+    index: int
+    user_ts: float
+    first_ts: float | None = None
+    compactions: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_ts is None else self.first_ts - self.user_ts
+
+    @property
+    def after_summary_s(self) -> float | None:
+        """Seconds from the last compaction marker logged in this turn (a turn-start or
+        reactive compaction: the summary was made while the user waited) to the first
+        token; None when no compaction ran inside the turn."""
+        inside = [
+            float(c["ts"])
+            for c in self.compactions
+            if c.get("path") != "refused" and float(c.get("ts") or 0) >= self.user_ts
+        ]
+        if self.first_ts is None or not inside:
+            return None
+        return self.first_ts - max(inside)
+
+
+def turn_timeline(events: Sequence[dict[str, Any]]) -> list[TurnTiming]:
+    """The turns of a display log (the SSE ``data`` objects, in seq order: ``{"seq", "ts",
+    "choices": [{"delta", ...}], "timings"?, "usage"?, "loki"?}``, see
+    :class:`loki_shared.messages.chat.ChatEvent`). A ``compaction`` marker is the first
+    turn's after it whose first token had not come yet when it was logged."""
+    turns: list[TurnTiming] = []
+    pending: list[dict[str, Any]] = []
+    for ev in events:
+        loki = ev.get("loki") or {}
+        choices = ev.get("choices") or [{}]
+        delta = choices[0].get("delta") or {}
+        mark = loki.get("event")
+        current = turns[-1] if turns else None
+        if mark == "user":
+            turns.append(TurnTiming(len(turns), float(ev["ts"]), compactions=pending))
+            pending = []
+        elif mark == "compaction":
+            info = {"trigger": loki.get("trigger"), "path": loki.get("path"), "ts": ev["ts"]}
+            if current is not None and current.first_ts is None:
+                current.compactions.append(info)
+            else:
+                pending.append(info)
+        elif mark == "turn_end":
+            if current is not None:
+                current.timings, current.usage = ev.get("timings"), ev.get("usage")
+        elif not loki and current is not None and current.first_ts is None:
+            if any(delta.get(k) for k in ("content", "reasoning_content", "tool_calls")):
+                current.first_ts = float(ev["ts"])
+    return turns
+
+
+def ttft_after_compaction(turns: Sequence[TurnTiming]) -> dict[str, Any]:
+    """Time to first token of the first turn after each compaction against the median of
+    the session's ordinary turns: ``{"ordinary_median_s", "ordinary_n", "after": [{"turn",
+    "ttft_s", "ratio", "triggers"}], "worst_ratio", "median_ratio"}``. Ordinary turns: every
+    turn with a first token but the session's first (a cold prompt) and those after a
+    compaction; a compaction whose path is ``refused`` changed nothing and is not one.
+    ``after_summary_s`` / ``after_summary_ratio``: for a compaction inside the turn (turn
+    start), the part of its TTFT after the summary was made (a prewarm cannot cover the
+    summary itself). Ratios are None when there is no ordinary turn."""
+    import statistics
+
+    def compacted(t: TurnTiming) -> bool:
+        return any(c.get("path") != "refused" for c in t.compactions)
+
+    ordinary = [t.ttft_s for t in turns[1:] if t.ttft_s is not None and not compacted(t)]
+    median = statistics.median(ordinary) if ordinary else None
+    after = []
+    for t in turns:
+        if not compacted(t) or t.ttft_s is None:
+            continue
+        rest = t.after_summary_s
+        after.append(
+            {
+                "turn": t.index + 1,
+                "ttft_s": round(t.ttft_s, 3),
+                "ratio": t.ttft_s / median if median else None,
+                "triggers": [c.get("trigger") for c in t.compactions],
+                "after_summary_s": None if rest is None else round(rest, 3),
+                "after_summary_ratio": rest / median if median and rest is not None else None,
+            }
+        )
+    ratios = [a["ratio"] for a in after if a["ratio"] is not None]
+    return {
+        "ordinary_median_s": None if median is None else round(median, 3),
+        "ordinary_n": len(ordinary),
+        "after": after,
+        "worst_ratio": max(ratios, default=None),
+        "median_ratio": statistics.median(ratios) if ratios else None,
+    }
 
 
 # =========================================================================== naive client
@@ -565,6 +750,8 @@ class LokiConfig:
     keys: dict[str, str]
     side_slot: bool = False
     cache_ram_mib: int | None = None
+    #: ``--cache-reuse`` chunk (tokens) the supervisor adds for COMPACT_TAIL_REUSE.
+    cache_reuse: int | None = None
 
 
 def loki_configs(quick: bool) -> list[LokiConfig]:
@@ -572,40 +759,46 @@ def loki_configs(quick: bool) -> list[LokiConfig]:
     is llama-server's own default (it only ever raises it for an all-GPU model), so the
     configuration passes that value explicitly."""
     try:
+        from loki_supervisor.cache_reuse import DEFAULT_CACHE_REUSE as chunk
         from loki_supervisor.plan import ENGINE_DEFAULT_CACHE_RAM_MIB as cram
-    except ImportError:  # supervisor not installed: the documented engine default
-        cram = 8192
+    except ImportError:  # supervisor not installed: the documented defaults
+        cram, chunk = 8192, 256
+    best = {
+        "LOKI_SIDE_SLOT": "on",
+        "LOKI_CACHE_RAM": str(cram),
+        "LOKI_COMPACT_CONTINUATION": "on",
+    }
+    reuse = {**best, "LOKI_COMPACT_TAIL_REUSE": "true", "LOKI_PREWARM": "true"}
     every = [
         LokiConfig("loki-default", {}),
         LokiConfig("loki-side-slot", {"LOKI_SIDE_SLOT": "on"}, side_slot=True),
         LokiConfig("loki-cache-ram", {"LOKI_CACHE_RAM": str(cram)}, cache_ram_mib=cram),
         LokiConfig("loki-continuation", {"LOKI_COMPACT_CONTINUATION": "on"}),
-        LokiConfig(
-            "loki-best",
-            {
-                "LOKI_SIDE_SLOT": "on",
-                "LOKI_CACHE_RAM": str(cram),
-                "LOKI_COMPACT_CONTINUATION": "on",
-            },
-            side_slot=True,
-            cache_ram_mib=cram,
-        ),
-        LokiConfig(
-            "loki-reuse",
-            {
-                "LOKI_SIDE_SLOT": "on",
-                "LOKI_CACHE_RAM": str(cram),
-                "LOKI_COMPACT_CONTINUATION": "on",
-                "LOKI_COMPACT_TAIL_REUSE": "true",
-                "LOKI_PREWARM": "true",
-            },
-            side_slot=True,
-            cache_ram_mib=cram,
-        ),
+        LokiConfig("loki-best", dict(best), side_slot=True, cache_ram_mib=cram),
+        LokiConfig("loki-reuse", reuse, side_slot=True, cache_ram_mib=cram, cache_reuse=chunk),
     ]
     if quick:
-        return [c for c in every if c.name in ("loki-default", "loki-best")]
+        return [c for c in every if c.name in ("loki-best", "loki-reuse")]
     return every
+
+
+#: The engine restart step's configuration: loki-reuse's keys and SLOT_PERSIST, the engine
+#: launched by the supervisor (SLOT_PERSIST saves and restores only an engine it launched).
+RESTART_CONFIG = LokiConfig(
+    "loki-restart",
+    {
+        "LOKI_SIDE_SLOT": "on",
+        "LOKI_COMPACT_CONTINUATION": "on",
+        "LOKI_COMPACT_TAIL_REUSE": "true",
+        "LOKI_PREWARM": "true",
+        "LOKI_SLOT_PERSIST": "on",
+    },
+)
+
+#: llama-server is killed after this many turns of the script (the 15th has no side work
+#: after it, so slot 0 holds the conversation; ~2,000 tokens, before the first compaction),
+#: and the turn after the restart is measured.
+RESTART_AFTER = 15
 
 
 class LokiClient:
@@ -631,7 +824,8 @@ class LokiClient:
             time.sleep(0.3)
         raise _common.BenchError("turn did not end in time")
 
-    def turn(self, text: str) -> None:
+    def turn(self, text: str) -> dict[str, Any]:
+        """Send one user message and wait for the turn to end; returns the state then."""
         body: dict[str, Any] = {"content": text}
         if self.conversation:
             body["conversation"] = self.conversation
@@ -640,13 +834,47 @@ class LokiClient:
             raise _common.BenchError(f"/api/chat/send: {r.status_code} {r.text[:300]}")
         self.conversation = r.json()["conversation"]
         time.sleep(0.2)
-        self.wait_idle()
+        return self.wait_idle()
 
-    def compact(self) -> None:
+    def display_log(self, timeout: float = 120.0) -> list[dict[str, Any]]:
+        """The conversation's whole display log (the SSE ``data`` objects of ``GET
+        /api/chat`` from seq 1 to the state's ``last_seq``). The stack must run with
+        ``LOKI_SSE_COALESCE_MIN`` above the log's length (:data:`NO_COALESCE`) so that no
+        delta is merged and each keeps its own ``ts``.
+
+        Raises:
+            BenchError: the log did not reach ``last_seq`` in ``timeout`` s.
+        """
+        last = int(self.wait_idle().get("last_seq") or 0)
+        events: list[dict[str, Any]] = []
+        if last <= 0:
+            return events
+        params = {"conversation": self.conversation, "last_event_id": 0}
+        deadline = time.monotonic() + timeout
+        with self.http.stream("GET", "/api/chat", params=params, timeout=timeout) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    event = json.loads(line[5:].strip())
+                    events.append(event)
+                    if int(event.get("seq") or 0) >= last:
+                        return events
+                if time.monotonic() > deadline:
+                    break
+        raise _common.BenchError(f"display log ended at {len(events)} events of {last}")
+
+    def engine_info(self) -> dict[str, Any]:
+        """``GET /api/engine`` (the supervisor's :class:`EngineInfo`); {} when unanswered."""
+        try:
+            r = self.http.get("/api/engine", timeout=10)
+        except Exception:  # noqa: BLE001 - the engine is restarting: no answer yet
+            return {}
+        return r.json() if r.status_code == 200 else {}
+
+    def compact(self) -> dict[str, Any]:
         r = self.http.post("/api/chat/compact", json={"conversation": self.conversation})
         if r.status_code >= 500:
             raise _common.BenchError(f"/api/chat/compact: {r.status_code} {r.text[:300]}")
-        self.wait_idle()
+        return self.wait_idle()
 
     def side(self, kind: str, index: int) -> None:
         if kind == "v1":
@@ -739,16 +967,12 @@ def run_loki(
         n_ctx, parallel, extra = 2 * ctx, 2, ["--no-kv-unified"]
     if config.cache_ram_mib is not None:
         extra += ["--cache-ram", str(config.cache_ram_mib)]
+    if config.cache_reuse is not None:
+        extra += ["--cache-reuse", str(config.cache_reuse)]
     with _common.llama(ctx=n_ctx, parallel=parallel, extra=extra) as engine:
         proxy = _common.RecordingProxy(engine.url).start()
         try:
-            env = {
-                "LOKI_ENGINE_URL": proxy.url,
-                "LOKI_CTX": str(ctx),
-                "LOKI_MAX_TOKENS": str(MAX_TOKENS),
-                "LOKI_TEMPERATURE": "0.7",
-                **config.keys,
-            }
+            env = {**stack_env(ctx, config), "LOKI_ENGINE_URL": proxy.url}
             with (
                 tempfile.TemporaryDirectory(prefix="loki-bench-") as home,
                 _common.stack(Path(home), env) as stack,
@@ -759,20 +983,11 @@ def run_loki(
                     stack.nats_login("bench"),
                 )
                 start = time.monotonic()
-                done = 0
-                for i, turn in enumerate(turns):
-                    if time.monotonic() > deadline:
-                        break
-                    done += 1
-                    client.turn(turn.text)
-                    if turn.compact:
-                        client.compact()
-                    for side in turn.side:
-                        client.side(side, i)
-                    _progress(config.name, done, len(turns), start)
+                done, pauses = drive(client, turns, config.name, deadline)
                 wall = time.monotonic() - start
+                timeline = turn_timeline(client.display_log())
                 perf = _perf_summary(client)
-                paths = asyncio.run(compaction_paths(stack.nats_url))
+                paths = compaction_paths(timeline)
             figures = analyse(engine.url, proxy.exchanges)
         finally:
             proxy.stop()
@@ -782,6 +997,9 @@ def run_loki(
             perf_service=perf,
             compactions=sum(n for path, n in paths.items() if path != "refused"),
             compaction_paths=dict(paths),
+            ttft=ttft_after_compaction(timeline),
+            turn_ttft_s=[None if t.ttft_s is None else round(t.ttft_s, 3) for t in timeline],
+            reading_pauses=pauses,
             summary_requests=figures["by_kind"].get("compact", {}).get("requests", 0),
             engine_argv=engine.argv[engine.argv.index("-c") :],
             keys=config.keys,
@@ -790,72 +1008,250 @@ def run_loki(
         return figures
 
 
-async def compaction_paths(nats_url: str) -> dict[str, int]:
-    """How many compaction events of each ``path`` (``summary``, ``continuation``,
-    ``fallback``, ``shrink``, ``refused``) the stack stored in its ``LOKI_EVENTS`` stream
-    (``loki.events.compaction``); empty when the stream is missing."""
-    import nats
+#: ``LOKI_SSE_COALESCE_MIN`` for the bench's stacks: no replay of the display log is
+#: coalesced, so every delta keeps its own ``ts`` (:meth:`LokiClient.display_log`).
+NO_COALESCE = 1_000_000_000
 
-    from loki_shared import subjects
-    from loki_shared.messages.events import CompactionEvent
+#: Seconds the scripted user reads after a turn that ended with a compaction, before the
+#: side work and the next message (what PREWARM uses; after other turns nothing runs in
+#: the background, so the script goes on at once there).
+READ_S = 3.0
 
-    counts: dict[str, int] = {}
-    nc = await nats.connect(nats_url)
-    try:
-        js = nc.jetstream()
+
+def stack_env(ctx: int, config: LokiConfig) -> dict[str, str]:
+    """The environment of a configuration's stack (keys, window, reply cap, sampling)."""
+    return {
+        "LOKI_CTX": str(ctx),
+        "LOKI_MAX_TOKENS": str(MAX_TOKENS),
+        "LOKI_TEMPERATURE": "0.7",
+        "LOKI_SSE_COALESCE_MIN": str(NO_COALESCE),
+        **config.keys,
+    }
+
+
+def drive(
+    client: LokiClient, turns: Sequence[Turn], name: str, deadline: float = float("inf")
+) -> tuple[int, int]:
+    """Run ``turns`` through ``client`` (each turn, its compaction request, a reading pause
+    of :data:`READ_S` when the context shrank — a compaction at turn end —, its side work)
+    until ``time.monotonic()`` passes ``deadline``. Returns ``(turns done, reading
+    pauses)``."""
+    start = time.monotonic()
+    done = pauses = 0
+    used = 0
+    for i, turn in enumerate(turns):
+        if time.monotonic() > deadline:
+            break
+        done += 1
+        state = client.turn(turn.text)
+        if turn.compact:
+            state = client.compact()
+        now_used = int(state.get("ctx_used") or 0)
+        if now_used < used:
+            pauses += 1
+            time.sleep(READ_S)
+        used = now_used
+        for side in turn.side:
+            client.side(side, i)
+        _progress(name, done, len(turns), start)
+    return done, pauses
+
+
+def _engine_pids(stack: Any) -> list[int]:
+    """The llama-server processes under the stack's supervisor."""
+    sup = stack.procs["engine-supervisor"].proc.pid
+    out = []
+    for pid in _common.process_tree(sup):
         try:
-            info = await js.stream_info(subjects.STREAM_EVENTS)
-        except Exception:  # noqa: BLE001 - no compaction ever published: no stream
-            return counts
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
-            try:
-                msg = await js.get_msg(subjects.STREAM_EVENTS, seq)
-            except Exception:  # noqa: BLE001 - a deleted sequence
-                continue
-            if msg.subject != subjects.EVENTS_COMPACTION:
-                continue
-            path = CompactionEvent.model_validate_json(msg.data).path
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if pid != sup and b"llama-server" in argv0:
+            out.append(pid)
+    return out
+
+
+def _wait_engine(client: LokiClient, ok: Any, what: str, timeout: float = 180.0) -> dict[str, Any]:
+    """Poll ``GET /api/engine`` until ``ok(info)``.
+
+    Raises:
+        BenchError: not within ``timeout`` s.
+    """
+    deadline = time.monotonic() + timeout
+    info: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        info = client.engine_info()
+        if info and ok(info):
+            return info
+        time.sleep(0.25)
+    raise _common.BenchError(f"{what}: not within {timeout:.0f} s (last info {info})")
+
+
+def _no_dirs(text: str) -> str:
+    """``text`` with the directories of absolute paths cut (a bench's temporary home)."""
+    import re
+
+    return re.sub(r"(?<!\S)/(?:[^\s/]+/)+", "", text)
+
+
+def recomputed_share(timings: dict[str, Any] | None) -> float | None:
+    """``prompt_n / (cache_n + prompt_n)`` of one completion's ``timings`` (None without)."""
+    if not timings or not isinstance(timings.get("prompt_n"), int):
+        return None
+    total = int(timings.get("cache_n") or 0) + int(timings["prompt_n"])
+    return timings["prompt_n"] / total if total else None
+
+
+def run_restart(
+    turns: Sequence[Turn], ctx: int, config: LokiConfig = RESTART_CONFIG
+) -> dict[str, Any]:
+    """The engine restart step: the first :data:`RESTART_AFTER` turns of the script through
+    the whole stack with SLOT_PERSIST on and the engine launched by the supervisor; once the
+    supervisor reports slot 0 saved after the last of them (``slot_persist.action == "save"``
+    holding at least that turn's prompt), llama-server is killed (``SIGKILL``: a crash, no
+    save at the stop), the supervisor relaunches it and restores the file before any lease;
+    then the next turn of the script. Its share recomputed = ``prompt_n / (cache_n +
+    prompt_n)`` of that turn's completion (its ``turn_end`` timings).
+
+    Raises:
+        BenchError: no save, no llama-server to kill, or no restore in time.
+    """
+    env = stack_env(ctx, config)
+    with (
+        tempfile.TemporaryDirectory(prefix="loki-bench-") as home,
+        _common.stack(Path(home), env) as stack,
+    ):
+        client = LokiClient(
+            f"http://127.0.0.1:{stack.config.web_port}",
+            stack.nats_url,
+            stack.nats_login("bench"),
+        )
+        start = time.monotonic()
+        done, _ = drive(client, turns[:RESTART_AFTER], config.name)
+        before = turn_timeline(client.display_log())[-1]
+        prompt = int((before.usage or {}).get("prompt_tokens") or 0)
+        saved = _wait_engine(
+            client,
+            lambda i: (
+                (i.get("slot_persist") or {}).get("action") == "save"
+                and int((i.get("slot_persist") or {}).get("n_saved") or 0) >= prompt
+            ),
+            "slot 0 saved after the turn",
+            timeout=120,
+        )
+        restarts = int(saved.get("restarts") or 0)
+        pids = _engine_pids(stack)
+        if not pids:
+            raise _common.BenchError("no llama-server under the supervisor")
+        killed = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        restored = _wait_engine(
+            client,
+            lambda i: (
+                i.get("state") == "ready"
+                and int(i.get("restarts") or 0) > restarts
+                and (i.get("slot_persist") or {}).get("action") == "restore"
+            ),
+            "engine relaunched and slot 0 restored",
+        )
+        ready_s = time.monotonic() - killed
+        client.turn(turns[RESTART_AFTER].text)
+        done += 1
+        timeline = turn_timeline(client.display_log())
+        after = timeline[-1]
+        wall = time.monotonic() - start
+        engine = dict(stack.engine_info() or {})
+    share = recomputed_share(after.timings)
+    return {
+        "turns_done": done,
+        "restart_after_turn": RESTART_AFTER,
+        "prompt_tokens_before": prompt,
+        "before": {"timings": before.timings, "share": recomputed_share(before.timings)},
+        "after": {
+            "timings": after.timings,
+            "share": share,
+            "ttft_s": None if after.ttft_s is None else round(after.ttft_s, 3),
+        },
+        "ordinary_ttft_median_s": ttft_after_compaction(timeline[:-1])["ordinary_median_s"],
+        "saved": saved.get("slot_persist"),
+        "restored": restored.get("slot_persist"),
+        "ready_s": round(ready_s, 1),
+        "wall_s": round(wall, 1),
+        "keys": config.keys,
+        "engine_argv": [Path(a).name if a.startswith("/") else a for a in engine.get("argv") or []],
+        "engine_notes": [_no_dirs(n) for n in engine.get("notes") or []],
+    }
+
+
+def compaction_paths(turns: Sequence[TurnTiming]) -> dict[str, int]:
+    """How many compactions of each ``path`` (``summary``, ``continuation``, ``fallback``,
+    ``shrink``) the conversation's display log marks (a ``refused`` one leaves no marker)."""
+    counts: dict[str, int] = {}
+    for turn in turns:
+        for mark in turn.compactions:
+            path = str(mark.get("path"))
             counts[path] = counts.get(path, 0) + 1
-    finally:
-        await nc.close()
     return counts
 
 
 # =========================================================================== the bench
 #: Time the bench gives itself (s); a configuration that would run past its share stops
 #: early and reports the turns it did (the harness's TIMEOUT_S is a little longer).
-BUDGET_S = {"quick": 2400, "full": 5000}
+#: ``LOKI_HEADLINE_BUDGET_S`` lowers it for one run.
+BUDGET_S = {"quick": 480, "full": 5000}
+
+#: Share of the time left each kind of run gets (a Loki configuration 1): the restart step
+#: runs half a session; a naive turn costs about as much as two Loki turns, but the naive
+#: client is last and gets the rest.
+WEIGHTS = {"restart": 0.5, "naive": 1.0}
+
+
+def budget_s(quick: bool) -> float:
+    """:data:`BUDGET_S`, or ``LOKI_HEADLINE_BUDGET_S`` when set lower."""
+    base = float(BUDGET_S["quick" if quick else "full"])
+    raw = os.environ.get("LOKI_HEADLINE_BUDGET_S", "").strip()
+    return min(base, float(raw)) if raw else base
 
 
 def run(quick: bool) -> dict[str, Any]:
-    """Run the session for each Loki configuration and the naive client; see the module
-    docstring. Quick: 30 turns, loki-best, loki-default, naive. Full: 40 turns, every
-    configuration. CTX 4096 (half the bundled model's training window): the session fills it
-    and compacts once or twice. Each configuration gets an equal share of the time left (the
-    naive client half of one); one that runs out reports the turns it did."""
+    """Run the session for each Loki configuration, the engine restart step and (full mode)
+    the naive client; see the module docstring. Quick: 30 turns, loki-best and loki-reuse,
+    the restart step (about 6 minutes on a quiet 2-core machine; the naive client, 7 minutes
+    alone, only in full mode). Full: 40 turns, every configuration. CTX 4096 (half the
+    bundled model's training window): the session fills it and compacts once or twice. Each
+    run gets its share of the time left (:data:`WEIGHTS`); one that runs out reports the
+    turns it did."""
     n_turns = 30 if quick else 40
     ctx = CTX
     turns = script_session(n_turns)
-    budget_end = time.monotonic() + BUDGET_S["quick" if quick else "full"]
+    budget_end = time.monotonic() + budget_s(quick)
     configs = loki_configs(quick)
-    configs.sort(key=lambda c: c.name != "loki-best")  # the figure that matters first
-    order: list[LokiConfig | None] = [*configs, None]  # None: the naive client
+    # the figures that matter first
+    configs.sort(key=lambda c: {"loki-best": 0, "loki-reuse": 1}.get(c.name, 2))
+    order: list[LokiConfig | str] = [*configs[:2], "restart", *configs[2:]]
+    if not quick:
+        order.append("naive")
+    weights = [WEIGHTS.get(c, 1.0) if isinstance(c, str) else 1.0 for c in order]
     runs: dict[str, dict[str, Any]] = {}
+    restart: dict[str, Any] | None = None
     errors: dict[str, str] = {}
-    # a Loki turn costs about twice a naive one on this model (the stack's own steps and the
-    # summaries it generates): the naive client gets half a Loki configuration's share
-    weights = [1.0 if config else 0.5 for config in order]
     for index, config in enumerate(order):
-        name = config.name if config else "naive"
+        name = config if isinstance(config, str) else config.name
         share = weights[index] / sum(weights[index:])
         deadline = time.monotonic() + (budget_end - time.monotonic()) * share
         try:
-            if config is None:
+            if config == "naive":
                 runs[name] = run_naive(turns, ctx, deadline)
+            elif config == "restart":
+                restart = run_restart(turns, ctx)
             else:
+                assert isinstance(config, LokiConfig)
                 runs[name] = run_loki(turns, ctx, config, deadline)
         except Exception as exc:  # noqa: BLE001 - one configuration's failure is reported
-            errors[name] = f"{type(exc).__name__}: {exc}"
+            errors[RESTART_CONFIG.name if name == "restart" else name] = (
+                f"{type(exc).__name__}: {exc}"
+            )
     runs = {k: runs[k] for k in sorted(runs, key=lambda k: (k != "naive", k))}
 
     rows = []
@@ -865,9 +1261,12 @@ def run(quick: bool) -> dict[str, Any]:
             [
                 name,
                 fig["ratio"],
+                fig.get("floor"),
+                fig.get("above_floor"),
                 fig["turns_done"],
                 fig["prefilled"],
                 fig["new"],
+                fig.get("forced"),
                 fig["extra"],
                 fig["requests"],
                 fig["compactions"],
@@ -878,7 +1277,7 @@ def run(quick: bool) -> dict[str, Any]:
             ]
         )
     for name, err in errors.items():
-        rows.append([name, *([None] * 10), f"failed: {err[:160]}"])
+        rows.append([name, *([None] * 13), f"failed: {err[:160]}"])
     loki = {k: v["ratio"] for k, v in runs.items() if k.startswith("loki") and v["ratio"]}
     best_name = min(loki, key=loki.get) if loki else None
     targets = [
@@ -901,6 +1300,39 @@ def run(quick: bool) -> dict[str, Any]:
                 issue="10",
             )
         )
+    reuse, best = runs.get("loki-reuse"), runs.get("loki-best")
+    targets += [
+        _common.target(
+            "recomputation ratio, loki-reuse (tail reuse + prewarm)",
+            reuse["ratio"] if reuse else None,
+            "<=",
+            1.05,
+            issue="21",
+        ),
+        _common.target(
+            "loki-best ratio − its exact-attention floor",
+            best.get("above_floor") if best else None,
+            "<=",
+            0.03,
+            issue="21",
+        ),
+        _common.target(
+            "TTFT of the first turn after a compaction ÷ ordinary-turn median, with prewarm "
+            "(loki-reuse, worst compaction)",
+            (reuse.get("ttft") or {}).get("worst_ratio") if reuse else None,
+            "<=",
+            1.5,
+            "×",
+            issue="21",
+        ),
+        _common.target(
+            "engine restart: share of the next turn's prompt recomputed (SLOT_PERSIST)",
+            (restart or {}).get("after", {}).get("share"),
+            "<=",
+            0.05,
+            issue="21",
+        ),
+    ]
     if "loki-default" in runs:
         targets.append(
             _common.target(
@@ -920,6 +1352,58 @@ def run(quick: bool) -> dict[str, Any]:
                 1.0,
             )
         )
+    ttft_rows = []
+    for name, fig in runs.items():
+        ttft = fig.get("ttft")
+        if not ttft:
+            continue
+        ttft_rows.append(
+            [
+                name,
+                "on" if fig.get("keys", {}).get("LOKI_PREWARM") else "off",
+                ttft["ordinary_median_s"],
+                ttft["ordinary_n"],
+                "; ".join(
+                    f"turn {a['turn']} ({'/'.join(str(t) for t in a['triggers'])}): "
+                    f"{a['ttft_s']:.2f} s"
+                    + (f" = {a['ratio']:.2f}×" if a["ratio"] is not None else "")
+                    + (
+                        f", after the summary {a['after_summary_s']:.2f} s"
+                        + (
+                            f" = {a['after_summary_ratio']:.2f}×"
+                            if a["after_summary_ratio"] is not None
+                            else ""
+                        )
+                        if a["after_summary_s"] is not None
+                        else ""
+                    )
+                    for a in ttft["after"]
+                )
+                or "no compaction",
+                ttft["worst_ratio"],
+                fig.get("reading_pauses"),
+            ]
+        )
+    restart_rows = []
+    if restart:
+        after, before = restart["after"], restart["before"]
+        t_after = after.get("timings") or {}
+        restart_rows.append(
+            [
+                RESTART_CONFIG.name,
+                restart["restart_after_turn"],
+                restart["prompt_tokens_before"],
+                (restart.get("saved") or {}).get("n_saved"),
+                (restart.get("restored") or {}).get("n_restored"),
+                restart["ready_s"],
+                t_after.get("cache_n"),
+                t_after.get("prompt_n"),
+                after.get("share"),
+                before.get("share"),
+                after.get("ttft_s"),
+                restart.get("ordinary_ttft_median_s"),
+            ]
+        )
     breakdown = []
     for name, fig in runs.items():
         for kind, k in sorted(fig["by_kind"].items()):
@@ -930,7 +1414,9 @@ def run(quick: bool) -> dict[str, Any]:
                     k["requests"],
                     k["prefilled"],
                     k["new"],
+                    k.get("forced"),
                     k["prefilled"] / k["new"] if k["new"] else None,
+                    (k["new"] + k.get("forced", 0)) / k["new"] if k["new"] else None,
                 ]
             )
     check_rows = []
@@ -961,7 +1447,10 @@ def run(quick: bool) -> dict[str, Any]:
         f"at {MAX_TOKENS} tokens. "
         "ratio = Σ prompt_n the engine prefilled / Σ tokens new to it (1.0 is the "
         "physical limit); every request the engine served is counted, side work and "
-        "summaries included. Method: `docs/behaviour.md (bench)`."
+        "summaries included. The exact floor is what an ideal exact-attention cache "
+        "would still prefill with the configuration's own prompts. "
+        + ("Quick mode: no naive client (7 minutes alone; full mode only). " if quick else "")
+        + "Method: `docs/behaviour.md (bench)`."
     )
     return _common.result(
         "Headline: prompt recomputation ratio",
@@ -971,9 +1460,12 @@ def run(quick: bool) -> dict[str, Any]:
                 [
                     "configuration",
                     "ratio",
+                    "exact floor",
+                    "ratio − floor",
                     "turns",
                     "Σ prompt_n",
                     "Σ new",
+                    "Σ forced",
                     "extra",
                     "requests",
                     "compactions",
@@ -983,15 +1475,72 @@ def run(quick: bool) -> dict[str, Any]:
                     "wall s",
                 ],
                 rows,
-                notes="turns: turns done of the scripted session (fewer when the "
-                "time budget ran out: the figures cover those). compactions: "
-                "compaction events for Loki (any path but `refused`), truncations for "
+                notes="exact floor = (Σ new + Σ forced) / Σ new: forced are the tokens "
+                "that are not new but that even an ideal exact-attention prompt cache (every "
+                "earlier request kept, reuse only after an identical prefix) recomputes, "
+                "mostly the tail and summary after each compaction; `--cache-reuse` (KV "
+                "shifting) can go below it. turns: turns done of the scripted session (fewer "
+                "when the time budget ran out: the figures cover those). compactions: "
+                "compactions marked in the conversation's display log for Loki, truncations for "
                 "the naive client; summary requests: the `compact` requests the engine "
                 "served.",
             ),
             _common.table(
+                "Time to first token after a compaction",
+                [
+                    "configuration",
+                    "prewarm",
+                    "ordinary turns: median TTFT s",
+                    "ordinary turns",
+                    "first turn after each compaction (trigger): TTFT, ÷ median; for a "
+                    "turn-start compaction, the part after the summary",
+                    "worst ÷ median",
+                    "reading pauses",
+                ],
+                ttft_rows,
+                notes="TTFT: from the user message's event to the first assistant delta in "
+                "the conversation's display log (both stamped by the chat service: lease "
+                "waits, a turn-start compaction and the prefill included). Ordinary turns: "
+                "all but the session's first and the first after each compaction. After a "
+                "turn that ended with a compaction the scripted user reads for "
+                f"{READ_S:g} s (what PREWARM uses) before the side work and the next "
+                "message.",
+            ),
+            _common.table(
+                "Engine restart (SLOT_PERSIST)",
+                [
+                    "configuration",
+                    "killed after turn",
+                    "prompt tokens then",
+                    "slot 0 saved (tokens)",
+                    "restored (tokens)",
+                    "kill → ready s",
+                    "next turn cache_n",
+                    "next turn prompt_n",
+                    "share recomputed",
+                    "share recomputed, turn before",
+                    "next turn TTFT s",
+                    "ordinary TTFT s (median)",
+                ],
+                restart_rows,
+                notes="The engine launched by the supervisor with loki-reuse's keys and "
+                "`LOKI_SLOT_PERSIST=on`; once slot 0 is saved after the turn (engine idle), "
+                "llama-server is killed with SIGKILL; the supervisor relaunches it and "
+                "restores the file before any lease. share recomputed = prompt_n / "
+                "(cache_n + prompt_n) of the next turn's completion.",
+            ),
+            _common.table(
                 "By request kind",
-                ["configuration", "kind", "requests", "Σ prompt_n", "Σ new", "ratio"],
+                [
+                    "configuration",
+                    "kind",
+                    "requests",
+                    "Σ prompt_n",
+                    "Σ new",
+                    "Σ forced",
+                    "ratio",
+                    "exact floor",
+                ],
                 breakdown,
             ),
             _common.table(
@@ -1018,6 +1567,8 @@ def run(quick: bool) -> dict[str, Any]:
             "ctx": ctx,
             "max_tokens": MAX_TOKENS,
             "runs": runs,
+            "restart": restart,
+            "read_s": READ_S,
             "errors": errors,
         },
         notes=notes,

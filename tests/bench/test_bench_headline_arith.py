@@ -9,10 +9,16 @@ from bench.headline_bench import (
     Request,
     after_compaction,
     classify,
+    compaction_paths,
+    exact_floor,
+    exact_prefill,
     held_tokens,
     new_tokens,
     recomputation,
+    recomputed_share,
     script_session,
+    ttft_after_compaction,
+    turn_timeline,
 )
 
 SYS = list(range(100, 140))  # a 40-token system prompt
@@ -124,6 +130,8 @@ def test_classify_by_tag_and_summary_shape() -> None:
     assert classify(ex({"messages": [], "tool_choice": "none", "stream": False})) == "compact"
     assert classify(ex({"messages": [{"role": "system", "content": "x"}]})) == "compact"
     assert classify(ex({"messages": [], "stream": True})) == "main"
+    assert classify(ex({"messages": [], "stream": True, "max_tokens": 24})) == "main"
+    assert classify(ex({"messages": [], "stream": True, "max_tokens": 1})) == "prewarm"
 
 
 def test_scripted_session_has_the_required_mix() -> None:
@@ -151,3 +159,144 @@ def test_the_first_main_request_after_a_summary_is_labelled() -> None:
         "compact",
         "main-after-compact",
     ]
+
+
+def _compaction_session(tail_first: bool) -> tuple[list[Request], int, int]:
+    """A conversation compacted once by a continuation summary, then one more turn: the
+    requests, the summary's and the tail's lengths."""
+    old, tail, a1 = _seq(1000, 300), _seq(5000, 60), _seq(6000, 10)
+    demand, summary, user = _seq(8000, 5), _seq(7000, 40), _seq(6500, 12)
+    p1 = SYS + old + tail
+    cont = p1 + a1 + demand  # the continuation summary request
+    after = SYS + (tail + summary if tail_first else summary + tail) + user
+    reqs = [
+        Request("main", p1, a1),
+        Request("compact", cont, summary, reference="main"),
+        Request("main", after),
+    ]
+    return reqs, len(summary), len(tail)
+
+
+def test_exact_floor_counts_the_tail_behind_a_new_summary() -> None:
+    reqs, n_summary, n_tail = _compaction_session(tail_first=False)
+    new = new_tokens(reqs)
+    exact = exact_prefill(reqs)
+    assert new == [400, 5, n_summary + 12]
+    # an exact-attention cache holds only the system prompt before the new summary: the
+    # tail (not new) is recomputed; the continuation demand extends the conversation
+    assert exact == [400, 5, n_summary + n_tail + 12]
+    floor = exact_floor(new, exact)
+    assert floor["forced"] == n_tail
+    assert floor["per_request"] == [0, 0, n_tail]
+    assert floor["floor"] == pytest.approx((sum(new) + n_tail) / sum(new))
+    # an engine at that floor is within 0 of it; one that loses the cache is above
+    assert recomputation(exact, new)["ratio"] == pytest.approx(floor["floor"])
+
+
+def test_exact_floor_of_tail_first_counts_the_moved_tail_too() -> None:
+    reqs, n_summary, n_tail = _compaction_session(tail_first=True)
+    new, exact = new_tokens(reqs), exact_prefill(reqs)
+    # the tail moved right after the system prompt: its text is held but its place
+    # changed, so exact attention recomputes it; only KV shifting (--cache-reuse) avoids it
+    assert exact[2] == n_tail + n_summary + 12
+    assert exact_floor(new, exact)["forced"] == n_tail
+
+
+def test_exact_floor_of_a_cache_keeping_conversation_is_one() -> None:
+    u1, a1, u2 = _seq(1000, 30), _seq(2000, 12), _seq(3000, 50)
+    reqs = [Request("main", SYS + u1, a1), Request("main", SYS + u1 + a1 + u2)]
+    assert exact_prefill(reqs) == new_tokens(reqs) == [70, 50]
+    assert exact_floor([70, 50], [70, 50])["floor"] == 1.0
+    # the ideal cache keeps every earlier request: a side job in between costs nothing more
+    side = Request("v1", _seq(9000, 25))
+    assert exact_prefill([reqs[0], side, reqs[1]]) == [70, 25, 50]
+    with pytest.raises(ValueError):
+        exact_floor([1], [1, 2])
+    with pytest.raises(ValueError):
+        exact_floor([], [])
+
+
+def test_a_clock_line_floor_is_the_whole_suffix() -> None:
+    u1, a1, u2 = _seq(1000, 200), _seq(2000, 20), _seq(3000, 10)
+    p1 = SYS[:10] + [7, 7, 1] + SYS[10:] + u1
+    p2 = SYS[:10] + [7, 7, 2] + SYS[10:] + u1 + a1 + u2
+    reqs = [Request("main", p1, a1), Request("main", p2)]
+    assert exact_prefill(reqs)[1] == len(p2) - 12  # everything after the clock's change
+    assert new_tokens(reqs)[1] == 11
+
+
+def _ev(seq: int, ts: float, delta: dict | None = None, **extra: object) -> dict:
+    return {"seq": seq, "ts": ts, "choices": [{"index": 0, "delta": delta or {}}], **extra}
+
+
+def _user(seq: int, ts: float) -> dict:
+    return _ev(seq, ts, {"role": "user", "content": "hi"}, loki={"event": "user"})
+
+
+def _end(seq: int, ts: float, cache_n: int = 0, prompt_n: int = 0) -> dict:
+    timings = {"cache_n": cache_n, "prompt_n": prompt_n}
+    return _ev(seq, ts, timings=timings, loki={"event": "turn_end"})
+
+
+def _mark(seq: int, ts: float, trigger: str, path: str = "continuation") -> dict:
+    return _ev(seq, ts, loki={"event": "compaction", "trigger": trigger, "path": path})
+
+
+def test_turn_timeline_times_the_first_token_and_places_compactions() -> None:
+    text = {"role": "assistant", "content": "ok"}
+    events = [
+        _user(1, 100.0),
+        _ev(2, 100.2, {"role": "assistant"}),  # a role-only delta is no token
+        _ev(3, 100.5, text),
+        _end(4, 101.0, 10, 50),
+        _user(5, 110.0),
+        _ev(6, 110.4, {"content": "a"}),
+        _mark(7, 111.0, "end"),  # after this turn's first token: the next turn's
+        _end(8, 111.5),
+        _user(9, 120.0),
+        _ev(10, 121.0, {"reasoning_content": "r"}),
+        _end(11, 121.5),
+        _user(12, 130.0),
+        _mark(13, 131.0, "start"),  # before this turn's first token: its own
+        _ev(14, 133.0, {"tool_calls": [{"index": 0}]}),
+        _end(15, 134.0),
+        _user(16, 140.0),
+        _mark(17, 140.1, "start", path="refused"),
+        _ev(18, 140.6, {"content": "b"}),
+    ]
+    turns = turn_timeline(events)
+    assert [t.ttft_s for t in turns] == pytest.approx([0.5, 0.4, 1.0, 3.0, 0.6])
+    assert [[c["trigger"] for c in t.compactions] for t in turns] == [
+        [],
+        [],
+        ["end"],
+        ["start"],
+        ["start"],
+    ]
+    assert turns[0].timings == {"cache_n": 10, "prompt_n": 50}
+    figures = ttft_after_compaction(turns)
+    # ordinary: turns 2 and 5 (the first is cold; a refused compaction is none)
+    assert figures["ordinary_n"] == 2
+    assert figures["ordinary_median_s"] == pytest.approx(0.5)
+    assert [a["turn"] for a in figures["after"]] == [3, 4]
+    assert [a["ratio"] for a in figures["after"]] == pytest.approx([2.0, 6.0])
+    assert figures["worst_ratio"] == pytest.approx(6.0)
+    assert figures["median_ratio"] == pytest.approx(4.0)
+    assert compaction_paths(turns) == {"continuation": 2, "refused": 1}
+    # the turn-start compaction ran inside turn 4: 2 s of its TTFT came after the summary
+    assert [a["after_summary_s"] for a in figures["after"]] == pytest.approx([None, 2.0])
+    assert figures["after"][1]["after_summary_ratio"] == pytest.approx(4.0)
+
+
+def test_ttft_without_ordinary_turns_has_no_ratio() -> None:
+    turns = turn_timeline([_user(1, 0.0), _mark(2, 0.1, "start"), _ev(3, 1.0, {"content": "x"})])
+    figures = ttft_after_compaction(turns)
+    assert figures["ordinary_median_s"] is None
+    assert figures["after"][0]["ratio"] is None and figures["worst_ratio"] is None
+
+
+def test_recomputed_share_of_a_completion() -> None:
+    assert recomputed_share({"cache_n": 1900, "prompt_n": 100}) == pytest.approx(0.05)
+    assert recomputed_share({"prompt_n": 40}) == 1.0
+    assert recomputed_share(None) is None
+    assert recomputed_share({"cache_n": 3}) is None
