@@ -52,7 +52,7 @@ from bench import _common
 TIMEOUT_S = {"quick": 900, "full": 5400}
 
 #: The services of the tree (``loki_cli.stack.SERVICES``), killed with ``kill -9``.
-SERVICE_FAULTS = ["gateway", "chat", "recall", "engine-supervisor", "perf"]
+SERVICE_FAULTS = ["gateway", "chat", "recall", "memory", "engine-supervisor", "perf"]
 #: Every fault, in the order of a round; ``llama-server`` only where the engine is real.
 FAULTS = [*SERVICE_FAULTS, "nats", "redis", "llama-server"]
 LOAD_CONVERSATIONS = 3
