@@ -129,9 +129,13 @@ async def test_real_engine_first_turn_after_an_engine_kill_is_small_with_prewarm
             event = EngineState(state="ready", ts=time.time(), base_url=server.url)
             await nc.publish(subjects.ENGINE_STATE, event.model_dump_json().encode())
             await nc.flush()
-            await asyncio.sleep(0.5)
+            for _ in range(100):  # the event's handling (the off case: nothing, ever)
+                if service.restart_prewarm.last is not None:
+                    break
+                await asyncio.sleep(0.05)
             task = service.restart_prewarm.task
             if name == "prewarmed":
+                assert service.restart_prewarm.last == "sent"
                 assert task is not None and await asyncio.wait_for(task, 300) == "done"
             else:
                 assert task is None and service.restart_prewarm.last is None
