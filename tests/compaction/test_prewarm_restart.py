@@ -42,11 +42,13 @@ async def ready(nc, state: str = "ready", external: bool = False) -> None:
     await nc.flush()
 
 
-async def two_conversations(client, fake_engine) -> tuple[str, str]:
-    """A turn in A, then one in B (B's is the instance's last main turn)."""
+async def two_conversations(client, fake_engine, service) -> tuple[str, str]:
+    """A turn in A, then one in B (B's is the instance's last main turn); returns once both
+    workers are done (after its end event a worker still writes the conversation)."""
     fake_engine.push(reply("Hello A.", 200), reply("Hello B.", 200))
     a, _ = await client.turn("First conversation, first message.")
     b, _ = await client.turn("Second conversation, first message.")
+    await until(lambda: not any(actor.busy for actor in service.actors.values()))
     return a, b
 
 
@@ -61,7 +63,7 @@ async def test_a_ready_event_prewarms_the_last_main_conversation(
     await nc.subscribe(subjects.PERF_RECORD, cb=on)
     await nc.flush()
     service = await chat_runner.start(system_prompt="S.", prewarm=True)
-    _, b = await two_conversations(client, fake_engine)
+    _, b = await two_conversations(client, fake_engine, service)
     assert prewarm_leases(supervisor) == []  # no compaction: no prewarm at turn end
     fake_engine.push(text_reply("w", usage={"prompt_tokens": 40, "completion_tokens": 1}))
     await ready(nc)
@@ -96,12 +98,14 @@ async def test_nothing_is_sent_unless_a_local_engine_came_back_empty(
     if case == "restored":
         supervisor.slot_persist = {"action": "restore", "file": "x.bin", "n_restored": 900}
     if case != "no_turn_yet":
-        await two_conversations(client, fake_engine)
+        await two_conversations(client, fake_engine, service)
     await ready(
         nc,
         state=case if case in ("starting", "stopped") else "ready",
         external=case == "external",
     )
+    if case in ("restored", "no_turn_yet"):
+        await until(lambda: service.restart_prewarm.last is not None)
     await asyncio.sleep(0.5)
     task = service.restart_prewarm.task
     if case == "restored":  # the lease was asked (the restore ran first), nothing sent
@@ -117,7 +121,7 @@ async def test_nothing_is_sent_unless_a_local_engine_came_back_empty(
 async def test_a_failed_restore_still_prewarms(chat_runner, supervisor, client, fake_engine, nc):
     service = await chat_runner.start(system_prompt="S.", prewarm=True)
     supervisor.slot_persist = {"action": "restore", "error": "no slot file to restore"}
-    await two_conversations(client, fake_engine)
+    await two_conversations(client, fake_engine, service)
     fake_engine.push(text_reply("w"))
     await ready(nc)
     await until(lambda: service.restart_prewarm.task is not None)
@@ -129,7 +133,7 @@ async def test_the_owners_running_turn_or_a_step_asked_since_wins(
     chat_runner, supervisor, client, fake_engine, nc
 ):
     service = await chat_runner.start(system_prompt="S.", prewarm=True)
-    _, b = await two_conversations(client, fake_engine)
+    _, b = await two_conversations(client, fake_engine, service)
     # the owner's own turn runs (a slow answer): its request fills the slot, no prewarm
     fake_engine.push(text_reply("slow", pieces=3, delay_s=0.5))
     await client.send("Another message.", b)
