@@ -52,7 +52,7 @@ from bench import _common
 TIMEOUT_S = {"quick": 900, "full": 5400}
 
 #: The services of the tree (``loki_cli.stack.SERVICES``), killed with ``kill -9``.
-SERVICE_FAULTS = ["gateway", "chat", "recall", "engine-supervisor", "perf"]
+SERVICE_FAULTS = ["gateway", "chat", "recall", "memory", "engine-supervisor", "perf"]
 #: Every fault, in the order of a round; ``llama-server`` only where the engine is real.
 FAULTS = [*SERVICE_FAULTS, "nats", "redis", "llama-server"]
 LOAD_CONVERSATIONS = 3
@@ -71,7 +71,12 @@ HISTORY = (
     "waiters, and `LOKI_LEASE_TTL` is 6 s; (2) an end event published while the gateway's NATS "
     "connection was away never reached a client that stayed connected: open SSE streams now "
     "replay after a reconnection; (3) a turn whose loop raised (Redis restarted at a persist) "
-    "emitted no end: it now ends with an error end event."
+    "emitted no end: it now ends with an error end event. First full run (2026-12-01, the "
+    "memory service's kill added): one turn without an end per stack, sent in the memory "
+    "window just before the supervisor's kill: its lease request was queued in the killed "
+    "supervisor and waited out the whole 70 s lease timeout. Lease waiters now check the "
+    "supervisor's start token (`loki.engine.info` `boot`) while they wait and ask the new "
+    "supervisor again."
 )
 #: Seconds a fault's recovery is waited for.
 RECOVERY_TIMEOUT_S = 150.0
@@ -505,11 +510,19 @@ def fake_engine() -> Iterator[Any]:
 
 
 def run_stack(
-    engine: str, rounds: int, deadline: float, settle_s: float, log: Callable[[str], None]
+    engine: str,
+    rounds: int,
+    deadline: float,
+    settle_s: float,
+    log: Callable[[str], None],
+    only: list[str] | None = None,
 ) -> tuple[list[FaultWindow], dict[str, Any]]:
     """One stack (``engine`` ``real`` or ``fake``) under load through ``rounds`` rounds of
-    every fault that applies; stops early (the windows done are kept) past ``deadline``."""
+    every fault that applies (``only``: of these faults, in the order of :data:`FAULTS`);
+    stops early (the windows done are kept) past ``deadline``."""
     faults = FAULTS if engine == "real" else [f for f in FAULTS if f != "llama-server"]
+    if only is not None:
+        faults = [f for f in faults if f in only]
     ledger = Ledger()
     info: dict[str, Any] = {}
     with (
@@ -612,9 +625,33 @@ def summarise(windows: list[FaultWindow]) -> list[dict[str, Any]]:
     return rows
 
 
+#: ``LOKI_CHAOS_RERUN=fault,fault``: run only these faults' rounds, and keep the other faults'
+#: windows from the results file of the previous run (a fix of one fault's cause, rerun).
+RERUN_ENV = "LOKI_CHAOS_RERUN"
+
+
+def previous_windows(faults: list[str], quick: bool) -> tuple[list[FaultWindow], str]:
+    """The windows of the last results file (``bench/results/chaos.json``, same mode) for
+    the faults NOT in ``faults``, and that run's start date ("" when none)."""
+    path = _common.RESULTS_DIR / "chaos.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [], ""
+    if doc.get("mode") != ("quick" if quick else "full"):
+        return [], ""
+    kept = [
+        FaultWindow(**w)
+        for w in (doc.get("data") or {}).get("windows") or []
+        if w.get("fault") not in faults
+    ]
+    return kept, str(doc.get("started") or "")
+
+
 def run(quick: bool) -> dict[str, Any]:
     """The bench entry point (see the module docstring): ``quick`` runs one round of each
-    fault per stack, the full run five."""
+    fault per stack, the full run five. With ``LOKI_CHAOS_RERUN`` (comma-separated faults)
+    only those faults' rounds run; the other rows are the previous results file's."""
     rounds = 1 if quick else 5
     settle_s = 3.0 if quick else 6.0
     start = time.monotonic()
@@ -622,16 +659,30 @@ def run(quick: bool) -> dict[str, Any]:
     windows: list[FaultWindow] = []
     engine_facts: dict[str, Any] = {}
     infos: dict[str, Any] = {}
+    only = [f for f in os.environ.get(RERUN_ENV, "").split(",") if f] or None
+    rerun_note = ""
+    if only is not None:
+        unknown = sorted(set(only) - set(FAULTS))
+        if unknown:
+            raise _common.BenchError(f"{RERUN_ENV}: unknown faults {unknown}")
+        kept, since = previous_windows(only, quick)
+        windows += kept
+        rerun_note = (
+            f" Rows of {', '.join(only)}: rerun after a fix; the other rows are from the run "
+            f"recorded {since or 'before'}."
+        )
 
     def log(line: str) -> None:
         print(f"[chaos] {time.monotonic() - start:6.0f} s {line}", flush=True)
 
     for engine, share in (("real", 0.6), ("fake", 1.0)):
         deadline = start + budget * share
-        ws, info = run_stack(engine, rounds, deadline, settle_s, log)
+        ws, info = run_stack(engine, rounds, deadline, settle_s, log, only)
         windows += ws
         infos[engine] = info
         engine_facts = engine_facts or info.get("engine") or {}
+    order = {(e, f): i for i, (e, f) in enumerate((e, f) for e in ("real", "fake") for f in FAULTS)}
+    windows.sort(key=lambda w: (order.get((w.engine, w.fault), 99), w.round))
     rows = summarise(windows)
     columns = [
         "engine",
@@ -723,6 +774,7 @@ def run(quick: bool) -> dict[str, Any]:
             "(the supervisor relaunches it). "
             + ("Quick mode: one round per fault. " if quick else "Five rounds per fault. ")
             + HISTORY
+            + rerun_note
         ),
         engine=engine_facts,
     )

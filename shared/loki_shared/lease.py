@@ -19,6 +19,17 @@ Protocol (the supervisor's side is ``loki_supervisor.lease``; messages in
 A task cancelled while it waits for the lease does not leave a lease behind: when the
 supervisor grants it after the waiter gave up, it is released at once.
 
+A waiter whose supervisor dies (``kill -9``, a crash; NATS restarted under it) would hear
+nothing until its NATS timeout (70 s for a chat turn's step), since the new supervisor knows
+nothing of it. So while it waits it asks ``loki.engine.info`` (first after
+:data:`ORPHAN_FIRST_S`, then every :data:`ORPHAN_EVERY_S`): an answer whose ``boot`` differs
+from an earlier one, or any answer after an ask that failed for lack of a supervisor (no
+responders, a broken connection; a timeout is only slowness and does not count), means the
+process that queued the request is gone; the request is then asked again of the supervisor
+that answers now, within what is left of the same timeout (a grant of the old request that
+still comes is released at once). Issue 22's chaos run found turns that waited the whole
+70 s after a supervisor kill.
+
 Usage::
 
     async with lease(nc, LeaseRequest(kind="foreign", wait_s=60)) as held:
@@ -43,7 +54,15 @@ from pydantic import BaseModel, ValidationError
 
 from . import subjects
 from .messages.base import ErrorType
-from .messages.engine import Lease, LeaseRequest, ReleaseReply, ReleaseRequest, RenewRequest
+from .messages.engine import (
+    EngineInfo,
+    EngineInfoRequest,
+    Lease,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewRequest,
+)
 
 log = logging.getLogger("loki.lease")
 
@@ -54,6 +73,10 @@ RENEW_FRACTION = 1 / 3
 CLAIM_RETRY_S = 0.25
 #: NATS timeout of a renew or release request (s).
 CONTROL_TIMEOUT_S = 5.0
+#: Seconds of waiting for a grant before the waiter first checks that its supervisor lives.
+ORPHAN_FIRST_S = 0.5
+#: Seconds between two of those checks (``loki.engine.info``) while the waiter waits.
+ORPHAN_EVERY_S = 1.0
 
 Request = Callable[[str, bytes, float], Awaitable[bytes]]
 
@@ -199,30 +222,69 @@ class EngineLease:
         self._fingerprint = prompt_fingerprint
 
     async def __aenter__(self) -> EngineLease:
-        asking = asyncio.ensure_future(
-            self._request(subjects.ENGINE_LEASE, _encode(self.request), self.timeout)
-        )
-        stopper = asyncio.ensure_future(self._stop.wait()) if self._stop is not None else None
-        try:
-            done, _ = await asyncio.wait(
-                {asking} if stopper is None else {asking, stopper},
-                return_when=asyncio.FIRST_COMPLETED,
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        margin = max(0.0, self.timeout - float(self.request.wait_s))  # NATS past the queue
+        request = self.request
+        while True:
+            asking = asyncio.ensure_future(
+                self._request(
+                    subjects.ENGINE_LEASE, _encode(request), max(0.1, deadline - loop.time())
+                )
             )
-        except asyncio.CancelledError:
-            self._abandon(asking)
-            raise
-        finally:
+            watcher = asyncio.ensure_future(self._orphaned())
+            stopper = asyncio.ensure_future(self._stop.wait()) if self._stop is not None else None
+            waits: set[asyncio.Future[Any]] = {asking, watcher}
             if stopper is not None:
-                stopper.cancel()
-        if asking not in done:
+                waits.add(stopper)
+            try:
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                self._abandon(asking)
+                raise
+            finally:
+                watcher.cancel()
+                if stopper is not None:
+                    stopper.cancel()
+            if asking in done:
+                break
             self._abandon(asking)
-            raise LeaseStopped("stopped while waiting for the engine lease")
+            if stopper is not None and stopper in done:
+                raise LeaseStopped("stopped while waiting for the engine lease")
+            left = deadline - loop.time()
+            if left <= margin + 0.5:
+                raise LeaseError(
+                    "the engine supervisor restarted while the lease was awaited", "no_answer"
+                )
+            log.info("lease waiter's supervisor is gone: asking the new one (%.1f s left)", left)
+            request = request.model_copy(update={"wait_s": left - margin})
         lease = self._granted(asking)
         self._lease = lease
         every = renew_interval(lease.ttl_s)
         if every is not None:
             self._renewer = asyncio.create_task(self._renew_loop(lease.lease_id, every))
         return self
+
+    async def _orphaned(self) -> None:
+        """Return once the supervisor that queued this waiter is known to be gone (see the
+        module docstring); runs until cancelled otherwise."""
+        body = _encode(EngineInfoRequest())
+        boot: str | None = None
+        absent = False
+        await asyncio.sleep(ORPHAN_FIRST_S)
+        while True:
+            try:
+                raw = await self._request(subjects.ENGINE_INFO, body, ORPHAN_EVERY_S)
+                seen = EngineInfo.model_validate_json(raw).boot
+            except TimeoutError:
+                pass  # slow, not gone
+            except Exception:  # noqa: BLE001 - no responders, a broken connection: gone
+                absent = True
+            else:
+                if absent or (boot is not None and seen != boot):
+                    return
+                boot = seen
+            await asyncio.sleep(ORPHAN_EVERY_S)
 
     def _granted(self, asking: asyncio.Future[bytes]) -> Lease:
         try:

@@ -203,6 +203,7 @@ USERS: tuple[Grant, ...] = (
             *_CHAT_REQUESTS,
             _CHAT_INSTANCES,
             subjects.PROJECTS_CHANGED,
+            subjects.ENGINE_STATE,  # PREWARM after an engine restart
             *_health("chat"),
         ),
         responds=True,

@@ -2,10 +2,13 @@
 a compaction the slot holds something else (the transcript summary request ran there); the
 first turn after it computes the whole compacted prompt, unless the prewarm request
 (:func:`loki_chat.prewarm.run_prewarm`, leased from a fake supervisor that points at the real
-engine) put the prefix back first — then it computes little more than the new message."""
+engine) put the prefix back first — then it computes little more than the new message. The
+same after an engine kill, through the whole chat service (``loki_chat.restart_prewarm``)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -16,7 +19,8 @@ from loki_chat.conversation import Conversation
 from loki_chat.engine import EngineClient
 from loki_chat.leases import EngineLeases
 from loki_chat.prewarm import PrewarmJob, run_prewarm
-from loki_shared import servers
+from loki_shared import servers, subjects
+from loki_shared.messages.engine import EngineState
 from loki_shared.messages.perf import PerfRecord
 from tests.chat.conftest import FakeSupervisor, chat_settings
 
@@ -87,6 +91,61 @@ async def test_real_engine_first_turn_after_compaction_is_small_with_prewarm(
         assert warm["prompt_n"] < 0.25 * cold["prompt_n"], (cold, warm)
         [record] = records
         assert record.kind == "prewarm" and record.conversation == "pw-prewarmed"
+        assert sup.held() == 0
+    finally:
+        await sup.stop()
+        server.process.stop()
+
+
+LONG = " ".join(f"Fact {i}: buffer number {i} holds {i * 7} bytes." for i in range(110))
+
+
+async def test_real_engine_first_turn_after_an_engine_kill_is_small_with_prewarm(
+    chat_runner, client, nc
+):
+    """The whole chat service: a turn of ~1,500 tokens, llama-server killed (``kill -9``)
+    and started again (empty slot), the supervisor's ``ready`` event; with PREWARM the
+    restart prewarm puts the prefix back, so the next turn computes little more than its new
+    message; without, the whole prompt."""
+    server = servers.start_llama(ctx=4096, extra=["--cache-ram", "0"])
+    sup = await FakeSupervisor(nc, server.url, n_ctx=4096, model="smollm2").start()
+    figures: dict[str, dict[str, Any]] = {}
+    try:
+        for name in ("cold", "prewarmed"):
+            service = await chat_runner.start(
+                tools=False,
+                system_prompt="You are helpful.",
+                prewarm=name == "prewarmed",
+                max_tokens=8,
+                temperature=0.0,
+            )
+            cid, end = await client.turn(LONG + "\nWhich buffer holds 70 bytes?", timeout=300)
+            assert end.finish_reason in ("stop", "length"), end
+            assert server.process.proc is not None
+            server.process.proc.kill()  # kill -9: the slot is gone with the process
+            server.process.stop()
+            server = servers.start_llama(ctx=4096, extra=["--cache-ram", "0"])
+            sup.base_url = server.url
+            event = EngineState(state="ready", ts=time.time(), base_url=server.url)
+            await nc.publish(subjects.ENGINE_STATE, event.model_dump_json().encode())
+            await nc.flush()
+            for _ in range(100):  # the event's handling (the off case: nothing, ever)
+                if service.restart_prewarm.last is not None:
+                    break
+                await asyncio.sleep(0.05)
+            task = service.restart_prewarm.task
+            if name == "prewarmed":
+                assert service.restart_prewarm.last == "sent"
+                assert task is not None and await asyncio.wait_for(task, 300) == "done"
+            else:
+                assert task is None and service.restart_prewarm.last is None
+            _, end = await client.turn("And which holds 77?", cid, timeout=300)
+            figures[name] = dict(end.timings or {})
+            await chat_runner.stop(service)
+        cold, warm = figures["cold"], figures["prewarmed"]
+        print("first turn after an engine kill, cold:", cold, "prewarmed:", warm)
+        assert cold["prompt_n"] > 1000, cold
+        assert warm["prompt_n"] < 0.1 * cold["prompt_n"], (cold, warm)
         assert sup.held() == 0
     finally:
         await sup.stop()

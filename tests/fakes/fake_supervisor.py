@@ -60,6 +60,7 @@ class FakeSupervisor:
     max_tokens: int | None = None  # the preset's cap on one step, sent with leases
     vision: bool = False  # what ``info`` says of the engine's vision
     verify: bool | None = None  # the preset's VERIFY feature, sent with leases
+    slot_persist: dict[str, Any] | None = None  # what ``info`` says of SLOT_PERSIST
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -79,6 +80,7 @@ class FakeSupervisor:
             total_slots=self.total_slots,
             model=self.model,
             vision=self.vision,
+            slot_persist=self.slot_persist,
         )
 
     def lease(self, req: LeaseRequest) -> Lease:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from loki_shared import subjects
 from loki_shared.lease import EngineLease
 from loki_shared.messages.base import RequestKind
 from loki_shared.messages.chat import REMINDER_KINDS, ChatEvent, ImageAttachment
-from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
+from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, Lease
 from loki_shared.messages.perf import PerfRecord
 
 from .bus import ChatBus
@@ -33,7 +33,7 @@ from .engine import EngineClient
 from .errors import FencedWrite
 from .image_shelf import ImageShelf
 from .images import pending_item, unpack
-from .leases import EngineLeases
+from .leases import PREWARM_WAIT_S, EngineLeases
 from .prewarm import PrewarmJob, run_prewarm
 from .project.head import ProjectHead
 from .settings import Settings
@@ -73,6 +73,10 @@ class Shared:
     tasks: TaskStore | None = None  # marks the person's running turns for task runs
     #: the project block and PROJ_SNAPSHOT (no memory service: no block)
     project: ProjectHead = field(default_factory=lambda: ProjectHead(fetch=None))
+    #: the conversation of this instance's last main turn and how its requests were shaped
+    #: (``messages`` left empty: taken from the conversation when used) — PREWARM after an
+    #: engine restart (:mod:`loki_chat.restart_prewarm`) sends its prefix again
+    slot_owner: PrewarmJob | None = None
 
 
 class Actor:
@@ -190,9 +194,15 @@ class Actor:
         """Record what the last step could not offer (None: the tools were offered)."""
         self.tools_unavailable = unavailable
 
-    def prewarm(self, job: PrewarmJob) -> None:
-        """Start PREWARM's request for this conversation (:mod:`loki_chat.prewarm`); one at a
-        time: a running one is cancelled first."""
+    def prewarm(
+        self,
+        job: PrewarmJob,
+        wait_s: float = PREWARM_WAIT_S,
+        check: Callable[[Lease], Awaitable[str | None]] | None = None,
+    ) -> asyncio.Task[str]:
+        """Start PREWARM's request for this conversation (:mod:`loki_chat.prewarm`; ``wait_s``
+        and ``check`` as :func:`~loki_chat.prewarm.run_prewarm` takes them); one at a time:
+        a running one is cancelled first. Returns its task (its result: the outcome)."""
         previous = self._prewarm
         if previous is not None and not previous.done():
             previous.cancel()
@@ -204,8 +214,29 @@ class Actor:
                 leases=shared.leases,
                 engine=shared.engine,
                 publish=shared.bus.publish_perf,
+                wait_s=wait_s,
+                check=check,
             ),
             name=f"prewarm-{self.conv.id}",
+        )
+        return self._prewarm
+
+    def ran(self, runner: TurnRunner) -> None:
+        """After a turn of this conversation: when it sent a ``main`` request to a local
+        engine (not a task's run, not an external preset), remember it as the instance's
+        slot owner (:attr:`Shared.slot_owner`), with the system message, project block,
+        tools and reasoning echo its next request would send."""
+        if self.conv.kind == "task" or runner.kind != "main" or runner.external:
+            return
+        if not runner.sent_wire:
+            return  # nothing reached the engine (no lease, or stopped before)
+        self.shared.slot_owner = PrewarmJob(
+            self.conv.id,
+            [],
+            runner.offered_tools(),
+            runner.echo_reasoning(),
+            system=runner.sent_system,
+            head=runner.sent_head,
         )
 
     async def stop_prewarm(self) -> None:
@@ -295,7 +326,9 @@ class Actor:
             ends = self.turn_ends
             try:
                 async with self.person_turn():
-                    await TurnRunner(self, None, resume=True).run()
+                    runner = TurnRunner(self, None, resume=True)
+                    await runner.run()
+                    self.ran(runner)
             except Exception as exc:
                 log.exception("continue failed in %s", self.conv.id)
                 await self._failed(exc, ends)
@@ -332,7 +365,9 @@ class Actor:
             ends = self.turn_ends
             try:
                 async with self.person_turn():
-                    await TurnRunner(self, text).run()
+                    runner = TurnRunner(self, text)
+                    await runner.run()
+                    self.ran(runner)
             except Exception as exc:  # a turn that fails ends itself, never the actor's queue
                 log.exception("turn failed in %s", self.conv.id)
                 if self.conv.pending and self.conv.pending[0] == text:

@@ -47,6 +47,9 @@ class EngineLeases:
         self.bus = bus
         self.settings = settings
         self.holder = f"{instance}:{uuid.uuid4().hex[:8]}"
+        #: ``main`` leases asked so far (PREWARM after a restart: a turn's step asked since
+        #: the engine came back has the slot, so the prewarm is dropped)
+        self.main_asked = 0
 
     def _wait_s(self) -> float:
         return max(1.0, self.settings.lease_timeout_s - 5)
@@ -62,6 +65,8 @@ class EngineLeases:
         ``stop`` set while waiting gives up (``LeaseStopped``). ``wait_s``: how long the
         supervisor may queue it (s; default ``lease_timeout_s - 5``; the NATS request then
         waits 5 s more)."""
+        if kind == "main":
+            self.main_asked += 1
         if wait_s is None:
             wait_s, timeout = self._wait_s(), self.settings.lease_timeout_s
         else:
@@ -86,17 +91,16 @@ class EngineLeases:
             ),
         )
 
-    def prewarm_lease(self, cid: str) -> EngineLease:
+    def prewarm_lease(self, cid: str, wait_s: float | None = None) -> EngineLease:
         """A ``prewarm`` lease for conversation ``cid`` (PREWARM, :mod:`loki_chat.prewarm`):
-        a short wait (:data:`PREWARM_WAIT_S`: a busy engine is not prewarmed) and a short
-        TTL (:data:`PREWARM_TTL_S`, renewed every third), so a pre-emption by the supervisor
-        is seen at the next renewal."""
+        a short wait (``wait_s``, :data:`PREWARM_WAIT_S` by default: a busy engine is not
+        prewarmed) and a short TTL (:data:`PREWARM_TTL_S`, renewed every third), so a
+        pre-emption by the supervisor is seen at the next renewal."""
+        wait = PREWARM_WAIT_S if wait_s is None else wait_s
         return lease(
             self.bus.broker,
-            LeaseRequest(
-                kind="prewarm", conversation=cid, wait_s=PREWARM_WAIT_S, ttl_s=PREWARM_TTL_S
-            ),
-            timeout=PREWARM_WAIT_S + 3.0,
+            LeaseRequest(kind="prewarm", conversation=cid, wait_s=wait, ttl_s=PREWARM_TTL_S),
+            timeout=wait + 3.0,
         )
 
 

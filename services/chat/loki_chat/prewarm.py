@@ -23,18 +23,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from loki_shared.lease import LeaseError
 from loki_shared.messages.chat import ChatMessage
+from loki_shared.messages.engine import Lease
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import build_record
 
 from .compaction import layout
 from .engine import EngineClient
-from .leases import EngineLeases
+from .leases import PREWARM_WAIT_S, EngineLeases
 from .request import build_payload, encode, wire_messages
 from .settings import Settings
 
@@ -67,20 +68,35 @@ async def run_prewarm(
     leases: EngineLeases,
     engine: EngineClient,
     publish: Callable[[PerfRecord], None],
+    wait_s: float = PREWARM_WAIT_S,
+    check: Callable[[Lease], Awaitable[str | None]] | None = None,
 ) -> str:
     """Send one prewarm request; never raises for engine or NATS trouble.
+
+    Args:
+        wait_s: how long the supervisor may queue the lease (s; past it: ``no_lease``).
+        check: asked once the lease is granted, before anything is sent: None to go on,
+            else the outcome to return with nothing sent (the lease released unused) —
+            PREWARM after an engine restart (:mod:`loki_chat.restart_prewarm`) skips a slot
+            that SLOT_PERSIST restored.
 
     Returns:
         The outcome: ``done`` (the engine answered), ``preempted`` (the supervisor gave the
         slot to a real request: the request was cancelled), ``external`` (an external
         preset: nothing sent), ``no_lease`` (busy, or no engine), ``error`` (the engine
-        refused or failed). A cancelled task raises :class:`asyncio.CancelledError` as usual.
+        refused or failed), or what ``check`` returned. A cancelled task raises
+        :class:`asyncio.CancelledError` as usual.
     """
     try:
-        async with leases.prewarm_lease(job.cid) as held:
+        async with leases.prewarm_lease(job.cid, wait_s) as held:
             lease = held.lease
             if lease.external:
                 return "external"
+            if check is not None:
+                skipped = await check(lease)
+                if skipped is not None:
+                    log.info("[prewarm] %s: not sent (%s)", job.cid, skipped)
+                    return skipped
             tail_first = layout.for_lease(settings.compact_tail_reuse, lease)
             wire = wire_messages(
                 settings.system_prompt if job.system is None else job.system,

@@ -7,6 +7,7 @@
 - :mod:`.actor` — one owned conversation: its queue, worker, events and persistence;
 - :mod:`.tasks` — scheduled tasks (their API and the scheduler every instance runs);
 - :mod:`.leases` — the engine leases; :mod:`.turn` — the turn loop;
+  :mod:`.prewarm` / :mod:`.restart_prewarm` — PREWARM after a compaction / an engine restart;
   :mod:`.compaction` — the default context policy; :mod:`.tools` — the tools offered.
 
 Every display event is published on ``loki.chat.events.<conversation>``: the very objects
@@ -22,7 +23,7 @@ from typing import Any
 import httpx
 
 from loki_shared import subjects
-from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
+from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, EngineState
 from loki_shared.messages.tasks import TasksReply, TasksRequest
 from loki_shared.projects_client import ProjectsClient
 
@@ -37,6 +38,7 @@ from .leases import EngineLeases
 from .ownership import Ownership
 from .project.head import ProjectHead
 from .project.memory_link import active_project_id, block_fetch
+from .restart_prewarm import RestartPrewarm
 from .settings import Settings
 from .store import Store
 from .subagent import run_subagent
@@ -114,6 +116,8 @@ class ChatService:
         self.shared.tasks = self.tasks
         self.ownership = Ownership(self.shared)
         self.handlers = ChatHandlers(self.shared, self.ownership)
+        #: PREWARM after an engine restart (``loki.engine.state`` ``ready`` events)
+        self.restart_prewarm = RestartPrewarm(self.shared, self.ownership.take)
         self.tasks_api = TasksApi(self.tasks)
         self.scheduler = Scheduler(settings, self.tasks, self.ownership, self.instance)
         self.send = self.handlers.send
@@ -164,6 +168,11 @@ class ChatService:
         @self.broker.subscriber(subjects.CHAT_TASKS, queue=subjects.QUEUE_CHAT, max_workers=8)
         async def on_tasks(msg: TasksRequest) -> TasksReply:
             return await self.tasks_api.handle(msg)
+
+        @self.broker.subscriber(subjects.ENGINE_STATE)  # every instance: no queue group
+        async def on_engine_state(msg: EngineState) -> None:
+            if not self.shared.closing:
+                await self.restart_prewarm.on_state(msg)
 
     async def start(self) -> None:
         """After ``broker.start()``: make sure the server has our subscriptions (so a

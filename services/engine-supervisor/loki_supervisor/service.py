@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -120,6 +121,8 @@ class Supervisor:
     ) -> None:
         self.settings = settings
         self.publish_state = publish_state
+        #: this process's start token (``EngineInfo.boot``): lease waiters see a restart
+        self.boot = uuid.uuid4().hex
         self.runner = EngineRunner(
             self._on_state, settings.engine_start_timeout, settings.engine_backoff_max
         )
@@ -435,6 +438,7 @@ class Supervisor:
             draft_model=self.preset.draft_model if plan and plan.draft.on else None,
             draft_refusal=plan.draft.refusal if plan else None,
             template=self.runner.template,
+            boot=self.boot,
         )
 
     # ------------------------------------------------------------------ leases

@@ -90,6 +90,9 @@ class EngineInfo(Reply):
     ``draft_refusal``: why a preset's draft model was not passed.
     ``template``: the chat template probe's verdicts (:class:`TemplateProbe`) once the local
     engine is ready; None for an external API or before the first probe.
+    ``boot``: a token drawn when the supervisor process started (a new one after every
+    restart of the supervisor: a lease waiter sees that the process holding its queued
+    request is gone, see :mod:`loki_shared.lease`); "" from a supervisor that does not say.
     """
 
     state: EngineStateName = "stopped"
@@ -123,6 +126,7 @@ class EngineInfo(Reply):
     draft_model: str | None = None
     draft_refusal: str | None = None
     template: TemplateProbe | None = None
+    boot: str = ""
 
 
 class EngineState(Msg):
