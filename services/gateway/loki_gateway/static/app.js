@@ -90,7 +90,9 @@
     try { list = (await apiJSON(path)).conversations || []; } catch (e) { return; }
     const ul = $("conversations");
     ul.textContent = "";
-    state.titles = {};
+    // the open conversation keeps its title when the list leaves it out (a task's run)
+    const open = state.conversation;
+    state.titles = open && state.titles[open] ? { [open]: state.titles[open] } : {};
     for (const c of list) {
       state.titles[c.id] = c.title || "";
       const li = document.createElement("li");
