@@ -294,7 +294,8 @@ def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
                 f"?.textContent.includes('{date}')"
             )
         page.wait_for_selector("#tracker-chart canvas")
-        assert page.get_attribute("#tracker-chart", "data-points") == "3"
+        # the list updates before the chart is drawn again: wait for the third point
+        page.wait_for_function("document.getElementById('tracker-chart').dataset.points === '3'")
         # the time axis of day-level values: dates, not hours
         ticks = json.loads(page.get_attribute("#tracker-chart", "data-ticks") or "[]")
         assert ticks == ["2026-11-28", "2026-11-29", "2026-11-30"], ticks
