@@ -3,6 +3,7 @@ how a connection is closed when the service stops."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -125,6 +126,27 @@ async def close_client(nc: Client, steps: Steps, drain_s: float | None = None) -
 async def _close(nc: Client, steps: Steps) -> None:
     if not nc.is_closed:
         await steps.run("close the NATS connection", nc.close, CLOSE_TIMEOUT_S)
+
+
+async def until_routable(
+    nc: Client, subject: str, probe: bytes, log: logging.Logger, tries: int = 100
+) -> None:
+    """Return once the server routes ``subject`` to a subscriber (this process's or another
+    instance's): a request ``probe`` is answered, so a caller right after a service's start
+    is never answered "no responders". Each try waits up to 1 s, 50 ms apart; after
+    ``tries`` one WARNING line, and the start goes on (never raises for the bus)."""
+    await nc.flush()
+    for attempt in range(tries):
+        try:
+            await nc.request(subject, probe, timeout=1.0)
+        except Exception as exc:  # noqa: BLE001 - not routable yet
+            log.debug("subscriptions not routable yet (%s)", type(exc).__name__)
+            await asyncio.sleep(0.05)
+            continue
+        if attempt:
+            log.info("subscriptions routable after %d probes", attempt + 1)
+        return
+    log.warning("subscriptions still not routable after %d probes", tries)
 
 
 async def stop_broker(broker: NatsBroker, steps: Steps, limit_s: float | None = None) -> None:

@@ -29,6 +29,17 @@ async def call(gw: Gateway, method: str, path: str, **kw: Any) -> httpx.Response
         return await http.request(method, path, **kw)
 
 
+async def until_a_run_is_ok(gw: Gateway, task_id: str) -> list[dict[str, Any]]:
+    """The task's runs once one of them ended ``ok`` (15 s at most)."""
+    deadline = time.monotonic() + 15
+    runs: list[dict[str, Any]] = []
+    while not any(r["status"] == "ok" for r in runs):
+        assert time.monotonic() < deadline, runs
+        await asyncio.sleep(0.2)
+        runs = (await call(gw, "GET", f"/api/tasks/{task_id}/runs")).json()["runs"]
+    return runs
+
+
 def assert_openai_error(resp: httpx.Response, status: int, says: str) -> None:
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
@@ -48,12 +59,7 @@ async def test_task_routes_create_list_run_replace_delete(
     assert task["interval_s"] == 1 and task["tz"] == "Europe/Paris" and task["enabled"]
     listed = (await call(gw, "GET", "/api/tasks")).json()["tasks"]
     assert [t["id"] for t in listed] == [task["id"]]
-    deadline = time.monotonic() + 15
-    runs: list[dict[str, Any]] = []
-    while not any(r["status"] == "ok" for r in runs):
-        assert time.monotonic() < deadline, runs
-        await asyncio.sleep(0.2)
-        runs = (await call(gw, "GET", f"/api/tasks/{task['id']}/runs")).json()["runs"]
+    runs = await until_a_run_is_ok(gw, task["id"])
     ok = next(r for r in runs if r["status"] == "ok")
     # the run's conversation opens like any other, its user message led by the task note
     conv = await call(gw, "GET", "/api/chat/state", params={"conversation": ok["conversation"]})
@@ -99,3 +105,33 @@ async def test_a_malformed_or_unknown_task_id(chat_runner: ChatRunner, gw: Gatew
     assert bad.status_code in (400, 404, 422) and "error" in bad.json()
     spec = {"prompt": "x", "interval_s": 5}
     assert_openai_error(await call(gw, "PUT", "/api/tasks/" + "1" * 32, json=spec), 404, "no task")
+
+
+async def test_task_run_conversations_are_listed_apart(
+    chat_runner: ChatRunner, supervisor: FakeSupervisor, fake_engine: FakeEngine, gw: Gateway
+) -> None:
+    """The sidebar's list (``GET /api/conversations``) holds the person's conversations
+    only; a task's runs are listed with ``kind=task`` (or ``all``) and still open."""
+    await chat_runner.start(task_tick_s=0.2, task_grace_s=60.0, task_wait_s=5.0)
+    mine = (await call(gw, "POST", "/api/conversations", json={"title": "mine"})).json()
+    mine_id = mine["conversation"]["id"]
+    assert mine["conversation"]["kind"] == "main"
+    body = {"name": "tock", "prompt": "Say tock.", "interval_s": 1, "enabled": True}
+    task = (await call(gw, "POST", "/api/tasks", json=body)).json()["task"]
+    runs = await until_a_run_is_ok(gw, task["id"])
+    await call(gw, "DELETE", f"/api/tasks/{task['id']}")
+    run_ids = {r["conversation"] for r in runs if r["conversation"]}
+
+    def listed(resp: httpx.Response) -> dict[str, str]:
+        assert resp.status_code == 200, resp.text
+        return {c["id"]: c["kind"] for c in resp.json()["conversations"]}
+
+    sidebar = listed(await call(gw, "GET", "/api/conversations"))
+    assert sidebar == {mine_id: "main"}
+    tasks = listed(await call(gw, "GET", "/api/conversations", params={"kind": "task"}))
+    assert run_ids and run_ids <= set(tasks) and set(tasks.values()) == {"task"}
+    every = listed(await call(gw, "GET", "/api/conversations", params={"kind": "all"}))
+    assert set(every) == {mine_id, *tasks}
+    ok = next(r for r in runs if r["status"] == "ok")
+    state = await call(gw, "GET", "/api/chat/state", params={"conversation": ok["conversation"]})
+    assert state.status_code == 200, state.text

@@ -3,7 +3,8 @@ laptop (1280×800): the gateway (subprocess) in front of the real chat service (
 on the real NATS and Redis, the scripted fake engine answering. A bad cron expression shows
 the server's message and the dialog stays open; fixed, the task is saved, listed, runs, its
 runs show their status, and a run's conversation opens in the main view with the task note
-at the head of its user message; switched off, then deleted."""
+at the head of its user message, titled as the task, while the sidebar lists none of the
+runs; switched off, then deleted."""
 
 from __future__ import annotations
 
@@ -110,6 +111,16 @@ async def test_tasks_dialog_creates_runs_opens_and_deletes(
         await first_user.wait_for()
         assert "Say tick." in await first_user.inner_text()
         await page.locator("#messages", has_text="Tick done.").wait_for()
+        # opened from the Tasks dialog, titled as the task; the sidebar lists none of the runs
+        opened = await page.get_attribute("#messages", "data-conversation")
+        assert await page.inner_text("#conv-title") == "Task: ticker"
+        await page.evaluate("LokiApi.loadConversations()")
+        listed = await page.eval_on_selector_all(
+            "#conversations li", "ls => ls.map(l => l.dataset.id)"
+        )
+        runs = (await gw_json(gw, "/api/conversations?kind=task"))["conversations"]
+        assert opened in {c["id"] for c in runs}
+        assert not {c["id"] for c in runs} & set(listed), listed
         # switched off, then deleted
         if viewport is PHONE:
             await page.click("#menu-btn")

@@ -1,7 +1,8 @@
 """Attachments in the web UI, in real headless Chromium against the real gateway (real Redis)
 and the fake chat peers: the attach button, a file dropped on the chat, an image pasted in the
-composer; thumbnails in the sent message; the marker of an image the store no longer has;
-the inline errors for 413 (too large), 415 (type not accepted) and a model without vision.
+composer; thumbnails in the sent message, an inlined text file as a chip with its name (its
+text folded under it, never the raw fenced block); the marker of an image the store no longer
+has; the inline errors for 413 (too large), 415 (type not accepted) and a model without vision.
 At 1280×800 and at 390×844 (a phone), with screenshots under ``tests/artifacts/``."""
 
 from __future__ import annotations
@@ -110,6 +111,18 @@ def test_attach_drop_paste_thumbnails_and_errors(browser, small_gateway, peers, 
         for thumb in page.locator(".msg.user .thumb img").all():
             b = thumb.bounding_box()
             assert b and b["width"] >= 48 and b["height"] >= 48  # a thumbnail, not a dot
+        # the inlined text file: a chip with its name, its text folded, no fence in the bubble
+        bubble = page.locator(".msg.user", has_text="What is in these?").last
+        chip = bubble.locator("details.attached-file > summary.file-chip")
+        assert chip.count() == 1
+        assert chip.inner_text().split() == ["notes.txt", "2", "lines"]
+        said = bubble.evaluate("b => b.firstChild.textContent")
+        assert said == "What is in these?" and "Attached file" not in bubble.inner_text()
+        assert "```" not in bubble.inner_text() and not bubble.locator("pre").is_visible()
+        b = chip.bounding_box()
+        assert b and b["x"] + b["width"] <= width + 1
+        chip.click()
+        assert bubble.locator("details.attached-file pre").text_content() == "line one\nline two\n"
         assert page.locator(".attach-chip").count() == 0 and page.is_hidden("#attach-tray")
         assert page.is_hidden("#attach-error")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)

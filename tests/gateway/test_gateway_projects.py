@@ -9,6 +9,7 @@ answer 503 (a gateway on its own NATS with fake peers only)."""
 from __future__ import annotations
 
 import io
+import json
 import time
 import zipfile
 from collections.abc import Iterator
@@ -293,7 +294,11 @@ def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
                 f"?.textContent.includes('{date}')"
             )
         page.wait_for_selector("#tracker-chart canvas")
-        assert page.get_attribute("#tracker-chart", "data-points") == "3"
+        # the list updates before the chart is drawn again: wait for the third point
+        page.wait_for_function("document.getElementById('tracker-chart').dataset.points === '3'")
+        # the time axis of day-level values: dates, not hours
+        ticks = json.loads(page.get_attribute("#tracker-chart", "data-ticks") or "[]")
+        assert ticks == ["2026-11-28", "2026-11-29", "2026-11-30"], ticks
         chart = _inside(page, "#tracker-chart canvas", viewport)
         assert chart["width"] >= 200
         dialog = _inside(page, "#project-dialog", viewport)
@@ -304,8 +309,13 @@ def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
         page.screenshot(
             path=str(ARTIFACTS / f"projects-{viewport['width']}x{viewport['height']}.png")
         )
+        page.select_option("#tracker-level", "year")
+        page.wait_for_function(
+            "document.getElementById('tracker-chart').dataset.ticks === '[\"2026-11\"]'"
+        )
         page.select_option("#tracker-level", "overview")
         page.wait_for_function("document.getElementById('tracker-chart').dataset.points === '1'")
+        assert page.get_attribute("#tracker-chart", "data-ticks") == '["2026"]'
         page.click("#project-close")
 
         # what the UI wrote is in the project, and in the next conversation's first request

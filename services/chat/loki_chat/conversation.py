@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from loki_shared.messages.chat import ChatEvent, ChatMessage
+from loki_shared.messages.chat import ChatEvent, ChatMessage, ConversationKind
 from loki_shared.messages.recall import DEFAULT_PROJECT
 
 from .images import PendingItem
@@ -50,7 +50,7 @@ class Conversation:
     pending: list[PendingItem] = field(default_factory=list)
     turn_open: bool = False
     meter: ContextMeter = field(default_factory=ContextMeter)
-    kind: Literal["main", "task"] = "main"
+    kind: ConversationKind = "main"
     project: str = DEFAULT_PROJECT
     proj_snap: ProjSnap | None = None
 
@@ -143,4 +143,5 @@ class Conversation:
             "created": self.created,
             "updated": self.updated,
             "project": self.project,
+            "kind": self.kind,
         }

@@ -24,6 +24,9 @@ from typing import Any
 
 import httpx
 
+from loki_shared.messages.engine import Lease
+from loki_shared.messages.perf import PerfRecord
+from loki_shared.perf_publish import build_record
 from loki_shared.sse import SSEDecoder, StreamEvent
 
 from .errors import EngineHTTPError, EngineUnreachable, StepError, StreamError
@@ -55,6 +58,34 @@ class StepResult:
     error: StepError | None = None
     attempts: int = 0
     responded: bool = False
+
+    def perf_record(
+        self, kind: str, conversation: str, lease: Lease, messages: list[dict[str, Any]]
+    ) -> PerfRecord:
+        """The perf record of this completion: ``kind`` (``main``, ``task``, ``subagent``,
+        ``verify``, ``prewarm``) for ``conversation``, sent under ``lease`` (model, local or
+        external, ``id_slot``, the template probe's ``stable_prefix``) with ``messages``
+        (the wire array: only fingerprints and roles are kept); the engine's ``timings``
+        and ``usage`` as received, the times measured here.
+
+        Raises:
+            pydantic.ValidationError: ``kind`` is not a request kind.
+        """
+        return build_record(
+            kind=kind,
+            messages=messages,
+            conversation=conversation,
+            model=lease.model,
+            preset="external" if lease.external else "local",
+            slot=lease.id_slot,
+            timings=self.acc.raw_timings,
+            usage=self.acc.raw_usage,
+            ttft_ms=self.ttft_ms,
+            total_ms=self.total_ms,
+            finish_reason=self.acc.finish_reason,
+            cut=self.cut,
+            prefix_unstable=lease.template is not None and lease.template.stable_prefix is False,
+        )
 
 
 class EngineClient:

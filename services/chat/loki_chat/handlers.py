@@ -313,13 +313,16 @@ class ChatHandlers:
     async def conversations(
         self, req: ConversationsRequest, forwarded: bool = False
     ) -> ConversationsReply:
-        """``list`` (newest first; one project's with ``project``), ``create`` (in
+        """``list`` (newest first; one project's with ``project``, one kind's with
+        ``kind``), ``create`` (in
         ``project``, else the active one), ``rename``, ``delete`` (the stored blob is
         removed), ``export`` (messages and log, without PROJ_SNAPSHOT's update blocks)."""
         if req.action == "list":
             infos = [ConversationInfo(**i) for i in await self.store.list_infos()]
             if req.project is not None:
                 infos = [i for i in infos if (i.project or DEFAULT_PROJECT) == req.project]
+            if req.kind is not None:
+                infos = [i for i in infos if i.kind == req.kind]
             return ConversationsReply(conversations=infos)
         if req.action == "create":
             cid = new_conversation_id()

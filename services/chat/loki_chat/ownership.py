@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from loki_shared import subjects
 from loki_shared.messages.base import Reply
-from loki_shared.messages.chat import ForwardRequest
+from loki_shared.messages.chat import ConversationKind, ForwardRequest
 
 from .actor import Actor, Shared
 from .conversation import Conversation
@@ -100,9 +100,10 @@ class Ownership:
                 )
             await asyncio.sleep(0.25)
 
-    async def take(self, cid: str, create: bool) -> Actor | None:
+    async def take(self, cid: str, create: bool, kind: ConversationKind = "main") -> Actor | None:
         """The local actor of ``cid``, taking the lock (and loading the blob) when it is
-        free; None when another instance holds it.
+        free; None when another instance holds it. A conversation created here is of
+        ``kind`` from its first write (a task run's never shows in the person's list).
 
         Raises:
             ConversationNotFound: no stored conversation and ``create`` is false.
@@ -124,7 +125,7 @@ class Ownership:
                     if not create:
                         raise ConversationNotFound(f"no conversation {cid}")
                     project = await self.shared.project.project_for_new()
-                    conv = Conversation(id=cid, project=project)
+                    conv = Conversation(id=cid, project=project, kind=kind)
                     await self.store.save(conv, value)
             except BaseException:
                 await self.store.release(cid, value)

@@ -31,7 +31,6 @@ from loki_shared.lease import LeaseError
 from loki_shared.messages.chat import ChatMessage
 from loki_shared.messages.engine import Lease
 from loki_shared.messages.perf import PerfRecord
-from loki_shared.perf_publish import build_record
 
 from .compaction import layout
 from .engine import EngineClient
@@ -130,20 +129,7 @@ async def run_prewarm(
                 log.info("[prewarm] %s: pre-empted by a real request", job.cid)
                 return "preempted"
             if result.responded:
-                publish(
-                    build_record(
-                        kind="prewarm",
-                        messages=wire,
-                        conversation=job.cid,
-                        model=lease.model,
-                        slot=lease.id_slot,
-                        timings=result.acc.raw_timings,
-                        usage=result.acc.raw_usage,
-                        ttft_ms=result.ttft_ms,
-                        total_ms=result.total_ms,
-                        finish_reason=result.acc.finish_reason,
-                    )
-                )
+                publish(result.perf_record("prewarm", job.cid, lease, wire))
             return "error" if result.error is not None else "done"
     except LeaseError as exc:
         log.info("[prewarm] %s: no lease (%s)", job.cid, exc)

@@ -83,7 +83,6 @@ from loki_shared.messages.chat import (
 )
 from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.perf import PerfRecord
-from loki_shared.perf_publish import build_record
 
 from .compaction import layout
 from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
@@ -938,25 +937,10 @@ class TurnRunner:
         return None
 
     def publish_perf(self, lease: Lease, wire: list[dict[str, Any]]) -> None:
-        result = self.result
-        assert result is not None
-        record = build_record(
-            # a scheduled task's run is a main turn of a ``task`` conversation
-            kind=self.conv.kind if self.kind == "main" else self.kind,
-            messages=wire,
-            conversation=self.conv.id,
-            model=lease.model,
-            preset="external" if lease.external else "local",
-            slot=lease.id_slot,
-            timings=result.acc.raw_timings,
-            usage=result.acc.raw_usage,
-            ttft_ms=result.ttft_ms,
-            total_ms=result.total_ms,
-            finish_reason=result.acc.finish_reason,
-            cut=result.cut,
-            prefix_unstable=lease.template is not None and lease.template.stable_prefix is False,
-        )
-        self.host.publish_perf(record)
+        assert self.result is not None
+        # a scheduled task's run is a main turn of a ``task`` conversation
+        kind = self.conv.kind if self.kind == "main" else self.kind
+        self.host.publish_perf(self.result.perf_record(kind, self.conv.id, lease, wire))
 
 
 _TOKENS_IN_TEXT = re.compile(r"\d+\s*tokens", re.IGNORECASE)

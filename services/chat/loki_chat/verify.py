@@ -33,7 +33,6 @@ from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import EngineLease, LeaseError, LeaseStopped
 from loki_shared.messages.chat import ChatMessage
 from loki_shared.messages.perf import PerfRecord
-from loki_shared.perf_publish import build_record
 
 from .compaction.rules import is_real_request, text_of
 from .engine import EngineClient
@@ -168,7 +167,7 @@ async def run_verify(
         log.warning("[verify] %s: no lease (%s); the answer stands", conversation, exc)
         return VerifyOutcome(verdict=Verdict(ok=True, reason=f"no lease: {exc}", malformed=True))
     if result.responded:
-        publish_perf(_record(conversation, granted, wire, result))
+        publish_perf(result.perf_record("verify", conversation, granted, wire))
     if result.stopped:
         return VerifyOutcome(verdict=None, stopped=True)
     if result.error is not None:
@@ -184,21 +183,3 @@ async def run_verify(
 
 async def _ignore(_deltas: list[dict[str, Any]]) -> None:
     """The verifier streams nothing to the user."""
-
-
-def _record(conversation: str, lease: Any, wire: list[dict[str, Any]], result: Any) -> PerfRecord:
-    return build_record(
-        kind="verify",
-        messages=wire,
-        conversation=conversation,
-        model=lease.model,
-        preset="external" if lease.external else "local",
-        slot=lease.id_slot,
-        timings=result.acc.raw_timings,
-        usage=result.acc.raw_usage,
-        ttft_ms=result.ttft_ms,
-        total_ms=result.total_ms,
-        finish_reason=result.acc.finish_reason,
-        cut=result.cut,
-        prefix_unstable=lease.template is not None and lease.template.stable_prefix is False,
-    )

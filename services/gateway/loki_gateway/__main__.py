@@ -9,13 +9,11 @@ uvicorn handles SIGTERM/SIGINT: it stops accepting, gives open requests and stre
 from __future__ import annotations
 
 import signal
-import sys
 from types import FrameType
 
 import uvicorn
 
-from loki_shared import lifecycle
-from loki_shared.logsetup import setup_logging
+from loki_shared import lifecycle, service_main
 
 from .app import create_app
 from .settings import Settings
@@ -36,9 +34,9 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def main() -> None:
-    settings = Settings()
-    log = setup_logging("gateway", settings.log_level)
+async def serve(settings: Settings, stop: lifecycle.Stop) -> int:
+    """Serve the app with uvicorn until it stops (after a signal); returns 0."""
+    log = stop.log
     host = settings.listen_host()
     if settings.key() is None and host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no LOKI_API_KEY and listening on %s: anyone who reaches it can use Loki", host)
@@ -59,14 +57,15 @@ def main() -> None:
     # that is a no-op, and the exit status is the gateway's (0), not "killed by SIGTERM".
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _sig, _frame: None)
+    server.stop = stop
+    app.state.stop = stop
+    await server.serve()
+    return 0
 
-    async def serve(stop: lifecycle.Stop) -> int:
-        server.stop = stop
-        app.state.stop = stop
-        await server.serve()
-        return 0
 
-    sys.exit(lifecycle.run(serve, settings.stop_timeout_s, log))
+def main() -> None:
+    settings = Settings()
+    service_main.run("gateway", settings, lambda stop: serve(settings, stop))
 
 
 if __name__ == "__main__":

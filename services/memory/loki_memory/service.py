@@ -23,7 +23,7 @@ from loki_shared import lifecycle, subjects
 from loki_shared.errors import InvalidRequest, Unavailable
 from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply, MemoryStatusRequest
 from loki_shared.messages.projects import ActiveProjectRequest, ProjectChangedEvent
-from loki_shared.nats import broker_client, make_broker, stop_broker
+from loki_shared.nats import broker_client, make_broker, stop_broker, until_routable
 from loki_shared.sealing import load_service_key
 
 from .handlers import Handlers
@@ -147,27 +147,10 @@ class MemoryService:
                 log.warning("Redis not reachable (%s); retrying", exc)
                 await asyncio.sleep(1.0)
         await self.broker.start()
-        await self._until_routable()
+        probe = ActiveProjectRequest().model_dump_json().encode()
+        await until_routable(self.broker.connection, subjects.PROJECTS_ACTIVE, probe, log)
         self._poller = asyncio.create_task(self._poll_memory())
         log.info("memory service serving")
-
-    async def _until_routable(self, tries: int = 100) -> None:
-        """Return once the server routes ``loki.projects.active`` to a memory subscriber, so
-        a caller right after ``start`` is never answered "no responders"."""
-        nc = self.broker.connection
-        await nc.flush()
-        probe = ActiveProjectRequest().model_dump_json().encode()
-        for attempt in range(tries):
-            try:
-                await nc.request(subjects.PROJECTS_ACTIVE, probe, timeout=1.0)
-            except Exception as exc:  # noqa: BLE001 - not routable yet
-                log.debug("subscriptions not routable yet (%s)", type(exc).__name__)
-                await asyncio.sleep(0.05)
-                continue
-            if attempt:
-                log.info("subscriptions routable after %d probes", attempt + 1)
-            return
-        log.warning("subscriptions still not routable after %d probes", tries)
 
     async def stop(self, steps: lifecycle.Steps | None = None) -> None:
         """Stop serving, each step bounded by ``steps`` (default: a budget of

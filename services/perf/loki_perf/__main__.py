@@ -1,14 +1,12 @@
 """``python -m loki_perf``: run the perf service until SIGTERM or SIGINT, then stop within
-``LOKI_STOP_TIMEOUT_S`` (see :mod:`loki_shared.lifecycle`)."""
+``LOKI_STOP_TIMEOUT_S`` (see :mod:`loki_shared.service_main`;
+its start is retried while NATS is not there)."""
 
 from __future__ import annotations
 
-import sys
-
 import nats.errors
 
-from loki_shared import lifecycle
-from loki_shared.logsetup import setup_logging
+from loki_shared import lifecycle, service_main
 
 from .errors import MetricsPortInUse, PerfError
 from .service import PerfService
@@ -46,8 +44,7 @@ async def run(settings: Settings, stop: lifecycle.Stop) -> int:
 
 def main() -> None:
     settings = Settings()
-    log = setup_logging("perf", settings.log_level)
-    sys.exit(lifecycle.run(lambda stop: run(settings, stop), settings.stop_timeout_s, log))
+    service_main.run("perf", settings, lambda stop: run(settings, stop))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from loki_shared.messages.recall import (
     ToolReply,
     ToolRequest,
 )
-from loki_shared.nats import make_broker, stop_broker
+from loki_shared.nats import make_broker, stop_broker, until_routable
 from loki_shared.sealing import service_sealer
 
 from . import tools
@@ -224,28 +224,10 @@ class RecallService:
             time.monotonic() - t0,
         )
         await self.broker.start()
-        await self._until_routable()
+        probe = BlockRequest(seq=0).model_dump_json().encode()
+        await until_routable(self.broker.connection, subjects.RECALL_BLOCK, probe, log)
         self._poller = asyncio.create_task(self._poll_memory())
         log.info("recall service serving")
-
-    async def _until_routable(self, tries: int = 100) -> None:
-        """Return once the server routes ``loki.recall.block`` to a recall subscriber (ours
-        or another instance's), so a caller right after ``start`` is never answered "no
-        responders"."""
-        nc = self.broker.connection
-        await nc.flush()
-        probe = BlockRequest(seq=0).model_dump_json().encode()
-        for attempt in range(tries):
-            try:
-                await nc.request(subjects.RECALL_BLOCK, probe, timeout=1.0)
-            except Exception as exc:  # noqa: BLE001 - not routable yet
-                log.debug("subscriptions not routable yet (%s)", type(exc).__name__)
-                await asyncio.sleep(0.05)
-                continue
-            if attempt:
-                log.info("subscriptions routable after %d probes", attempt + 1)
-            return
-        log.warning("subscriptions still not routable after %d probes", tries)
 
     async def stop(self, steps: lifecycle.Steps | None = None) -> None:
         """Stop serving, each step bounded by ``steps`` (default: a budget of

@@ -226,15 +226,21 @@ class ReplayReply(Reply):
     more: bool = False
 
 
+#: What a conversation is: a person's (``main``) or a scheduled task's run (``task``).
+ConversationKind = Literal["main", "task"]
+
+
 class ConversationInfo(Msg):
     """A conversation in a list; ``project`` is the project it belongs to (the one active
-    when it was created; None: the default project)."""
+    when it was created; None: the default project); ``kind``: ``main`` (a person's) or
+    ``task`` (a scheduled task's run, reached from its task's runs)."""
 
     id: str
     title: str = ""
     created: float = 0.0
     updated: float = 0.0
     project: str | None = None
+    kind: ConversationKind = "main"
 
 
 class ConversationsRequest(Msg):
@@ -247,6 +253,9 @@ class ConversationsRequest(Msg):
     #: one; None: the default project). ``list``: only that project's conversations (None:
     #: all). The others ignore it.
     project: str | None = None
+    #: ``list``: only conversations of that kind (None: all; an index entry written before
+    #: kinds were listed counts as ``main``). The others ignore it.
+    kind: ConversationKind | None = None
 
 
 class ConversationsReply(Reply):

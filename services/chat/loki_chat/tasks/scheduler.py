@@ -215,10 +215,9 @@ class Scheduler:
                 )
             await asyncio.sleep(0.25)
         assert run.conversation is not None
-        actor = await self.ownership.take(run.conversation, create=True)
+        actor = await self.ownership.take(run.conversation, create=True, kind="task")
         if actor is None:  # a fresh id: only a clash of random ids lands here
             raise RuntimeError(f"conversation {run.conversation} is owned elsewhere")
-        actor.conv.kind = "task"
         actor.conv.title = f"Task: {task.name or task.prompt[:40]}"
         await actor.enqueue(task_message(task, run.due))
         worker = actor.worker

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
@@ -258,12 +258,16 @@ async def _conversations(bus: Bus, **fields: Any) -> ConversationsReply:
 @router.get("/api/conversations")
 async def conversations_list(
     project: Annotated[str | None, Query(pattern=CONV_PATTERN)] = None,
+    kind: Literal["main", "task", "all"] = "main",
     bus: Bus = Depends(get_bus),
 ) -> Any:
-    """``{"conversations": [{"id", "title", "created", "updated", "project"}]}``;
+    """``{"conversations": [{"id", "title", "created", "updated", "project", "kind"}]}``;
     ``project=<id>``: only that project's (a conversation without one is the default
-    project's)."""
-    reply = await _conversations(bus, action="list", project=project or None)
+    project's); ``kind``: ``main`` (default: the person's, the sidebar's list), ``task``
+    (scheduled tasks' runs, opened from the Tasks dialog) or ``all``."""
+    reply = await _conversations(
+        bus, action="list", project=project or None, kind=None if kind == "all" else kind
+    )
     return {"conversations": [c.model_dump(mode="json") for c in reply.conversations]}
 
 

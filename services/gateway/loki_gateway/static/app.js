@@ -90,7 +90,9 @@
     try { list = (await apiJSON(path)).conversations || []; } catch (e) { return; }
     const ul = $("conversations");
     ul.textContent = "";
-    state.titles = {};
+    // the open conversation keeps its title when the list leaves it out (a task's run)
+    const open = state.conversation;
+    state.titles = open && state.titles[open] ? { [open]: state.titles[open] } : {};
     for (const c of list) {
       state.titles[c.id] = c.title || "";
       const li = document.createElement("li");
@@ -305,14 +307,18 @@
     if (delta.role === "user") {
       state.turn = null;
       for (const b of box().querySelectorAll("button.continue")) b.remove();
-      const text = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
+      const whole = typeof delta.content === "string" ? delta.content : JSON.stringify(delta.content);
+      // inlined text files: a chip each, not their fenced text (attachments.js)
+      const parts = window.LokiAttach ? window.LokiAttach.splitInlined(whole) : { text: whole, files: [] };
+      const text = parts.text;
       dropPending(text);
       if (typeof ev.seq === "number") state.userSeq = ev.seq;
       const el = bubble("user");
       el.textContent = text;
+      if (window.LokiAttach) window.LokiAttach.fileBlocks(el, parts.files);
       if (ev.loki && ev.loki.images && window.LokiAttach) window.LokiAttach.thumbs(el, ev.loki.images);
       add(el);
-      if (!state.titles[state.conversation]) provisionalTitle(text);
+      if (!state.titles[state.conversation]) provisionalTitle(text || parts.files.map((f) => f.name).join(", "));
       setGenerating(true);
       return;
     }
@@ -708,8 +714,8 @@
   window.LokiApi = {
     api: api, apiJSON: apiJSON, refreshEngine: refreshEngine,
     loadConversations: loadConversations, openConversation: openConversation,
-    // the tasks panel opens a run's conversation and shows it in the list
-    openAndList: (id) => { openConversation(id); loadConversations(); },
+    // the tasks panel opens a run's conversation (not in the sidebar's list: kind "task")
+    openTaskRun: (id, title) => { state.titles[id] = title; openConversation(id); },
   };
   window.lokiDebug = state;
   state.renderStats = LokiLive.stats;

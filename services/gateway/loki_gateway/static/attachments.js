@@ -3,7 +3,8 @@
 // message carries, and a refusal (413 too large, 415 type not accepted, no vision on send)
 // is said inline above the composer, never silently dropped.
 // Thumbnails of a message's images are read through the API (the key travels with them);
-// an image the store no longer has shows a marker instead.
+// an image the store no longer has shows a marker instead. A text file the gateway inlined in
+// the message is shown as a chip with its name, its text folded under it.
 (function () {
   "use strict";
   const $ = (id) => document.getElementById(id);
@@ -103,6 +104,59 @@
     parent.appendChild(row);
   }
 
+  // A user message's inlined text files, as the gateway writes them (routes/attachments.py
+  // `fenced`: "Attached file `NAME`:" then the text between two fences longer than any run of
+  // backticks in it, each block after the message and a blank line) -> {text, files: [{name,
+  // text}]}: the message without its blocks. A text without such blocks comes back whole.
+  const HEAD = "Attached file `";
+  const BLOCK = /Attached file `([^\n]*)`:\n(`{3,})\n([\s\S]*?)\n\2(?:\n\n|$)/y;
+
+  function blocksFrom(text, pos) {
+    const files = [];
+    while (pos < text.length) {
+      BLOCK.lastIndex = pos;
+      const m = BLOCK.exec(text);
+      if (!m) return null;
+      files.push({ name: m[1], text: m[3] });
+      pos = BLOCK.lastIndex;
+    }
+    return files.length ? files : null;
+  }
+
+  function splitInlined(text) {
+    const starts = text.startsWith(HEAD) ? [0] : [];
+    for (let i = text.indexOf("\n\n" + HEAD); i >= 0; i = text.indexOf("\n\n" + HEAD, i + 1)) {
+      starts.push(i + 2);
+    }
+    for (const start of starts) {
+      const files = blocksFrom(text, start);
+      if (files) return { text: text.slice(0, Math.max(0, start - 2)), files: files };
+    }
+    return { text: text, files: [] };
+  }
+
+  // The inlined files of a message: one folded block each, its chip (name, lines) to open it.
+  function fileBlocks(parent, files) {
+    for (const f of files || []) {
+      const box = document.createElement("details");
+      box.className = "attached-file";
+      const head = document.createElement("summary");
+      head.className = "file-chip";
+      const name = document.createElement("span");
+      name.className = "name";
+      name.textContent = f.name;
+      const lines = f.text ? f.text.replace(/\n$/, "").split("\n").length : 0;
+      const size = document.createElement("span");
+      size.className = "size";
+      size.textContent = lines + (lines === 1 ? " line" : " lines");
+      head.append(name, size);
+      const body = document.createElement("pre");
+      body.textContent = f.text;
+      box.append(head, body);
+      parent.appendChild(box);
+    }
+  }
+
   function init() {
     $("attach-btn").onclick = () => $("attach-input").click();
     $("attach-input").onchange = async (ev) => { await uploadAll(ev.target.files); ev.target.value = ""; };
@@ -134,6 +188,8 @@
     showError: showError,
     upload: upload,
     thumbs: thumbs,
+    splitInlined: splitInlined,
+    fileBlocks: fileBlocks,
   };
   init();
 })();

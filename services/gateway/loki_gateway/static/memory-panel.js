@@ -1,13 +1,14 @@
 // The memory lock in the sidebar: its state (/api/memory: off, locked, unlocked) and the one
 // action that state allows — set a passphrase (off: the first unlock sets it), unlock with it
 // (locked; a wrong one is refused with the server's message and the dialog stays open), or
-// lock (unlocked). Uses window.LokiApi from app.js.
+// lock (unlocked). Uses window.LokiApi from app.js and window.LokiDialog (dialog.js).
 "use strict";
 
 (function () {
   const $ = (id) => document.getElementById(id);
   const ACTION = { off: "Set passphrase", locked: "Unlock", unlocked: "Lock" };
   let current = null;
+  let dialog = null;
 
   function show(state) {
     current = state;
@@ -25,14 +26,13 @@
   }
 
   function askPassphrase() {
-    const dlg = $("memory-dialog");
     $("memory-prompt").textContent = current === "off"
       ? "Choose the passphrase that will lock your memory."
       : "Your memory is locked. Passphrase:";
     $("memory-ok").textContent = current === "off" ? "Set and unlock" : "Unlock";
     $("memory-pass").value = "";
-    $("memory-error").hidden = true;
-    dlg.showModal();
+    LokiDialog.error("memory-error", "");
+    dialog.open();
   }
 
   async function unlock(ev) {
@@ -42,10 +42,9 @@
     $("memory-ok").disabled = true;
     try {
       show((await LokiApi.apiJSON("/api/memory/unlock", { method: "POST", json: { passphrase } })).state);
-      $("memory-dialog").close();
+      dialog.close();
     } catch (e) {
-      $("memory-error").textContent = e.message;
-      $("memory-error").hidden = false;
+      LokiDialog.error("memory-error", e.message);
     } finally {
       $("memory-ok").disabled = false;
     }
@@ -57,9 +56,9 @@
   }
 
   function init() {
+    dialog = LokiDialog.bind("memory-dialog", "memory-cancel");
     $("memory-btn").onclick = () => (current === "unlocked" ? lock() : askPassphrase());
     $("memory-form").onsubmit = unlock;
-    $("memory-cancel").onclick = () => $("memory-dialog").close();
     refresh();
     setInterval(refresh, 15000);
   }

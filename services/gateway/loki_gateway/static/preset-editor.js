@@ -4,7 +4,7 @@
 // message is shown in the dialog, which stays open. The key is write-only: never shown back,
 // an empty field keeps the stored one. Also the engine's failure box in the sidebar (state
 // "failed": detail, stderr_tail, retry_in_s, and Retry, which switches to the preset again).
-// Uses window.LokiApi from app.js (and its "loki:engine" event).
+// Uses window.LokiApi from app.js (and its "loki:engine" event) and window.LokiDialog.
 "use strict";
 
 (function () {
@@ -14,29 +14,13 @@
   let active = null;
   let editing = null; // the preset being edited (a copy), or {} for a new one
   let engineInfo = null;
-
-  function status(text, isError) {
-    const s = $("presets-status");
-    s.textContent = text || "";
-    s.className = isError ? "hint error" : "hint";
-  }
-
-  function showError(text) {
-    $("preset-error").textContent = text || "";
-    $("preset-error").hidden = !text;
-    if (text) $("preset-error").scrollIntoView({ block: "nearest" });
-  }
+  const D = window.LokiDialog;
+  const button = D.button;
+  let dialog = null;
+  const status = (text, isError) => D.status("presets-status", text, isError);
+  const showError = (text) => D.error("preset-error", text);
 
   // ---- the list --------------------------------------------------------------------------
-  function button(text, onclick, cls) {
-    const b = document.createElement("button");
-    b.type = "button";
-    b.textContent = text;
-    if (cls) b.className = cls;
-    b.onclick = onclick;
-    return b;
-  }
-
   async function loadList() {
     try {
       const r = await LokiApi.apiJSON("/api/presets");
@@ -234,7 +218,7 @@
   function open() {
     status("");
     closeForm();
-    $("presets-dialog").showModal();
+    dialog.open();
     LokiModelPicker.load();
     loadList();
   }
@@ -265,8 +249,8 @@
   }
 
   function init() {
+    dialog = D.bind("presets-dialog", "presets-close");
     $("presets-btn").onclick = open;
-    $("presets-close").onclick = () => $("presets-dialog").close();
     $("preset-new-local").onclick = () => edit(null);
     $("preset-new-external").onclick = () => edit({ external: true });
     $("preset-cancel").onclick = closeForm;

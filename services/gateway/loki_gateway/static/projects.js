@@ -6,7 +6,7 @@
 //   Loki and shown read-only), trackers (the latest values, a chart per tracker drawn with the
 //   vendored uPlot at one of three levels, a form to log a value) and the project's settings
 //   (name, description, instructions, export zip, import zip, delete after a confirmation).
-// Uses window.LokiApi from app.js and window.LokiMarkdown for the preview.
+// Uses window.LokiApi from app.js, window.LokiMarkdown for the preview, window.LokiDialog.
 "use strict";
 
 (function () {
@@ -18,14 +18,11 @@
   let openPage = null;
   let openTracker = null;
   let plot = null;
+  let dialog = null;
 
   function base() { return "/api/projects/" + enc(activeId); }
 
-  function fail(e) {
-    const el = $("project-error");
-    el.textContent = e ? e.message || String(e) : "";
-    el.hidden = !e;
-  }
+  const fail = (e) => LokiDialog.error("project-error", e);
 
   async function refresh() {
     let reply;
@@ -75,7 +72,7 @@
     const project = projects.find((p) => p.id === activeId) || { name: activeId };
     $("project-title").textContent = project.name;
     fail(null);
-    $("project-dialog").showModal();
+    dialog.open();
     showTab("pages");
     fillSettings(project);
     await Promise.all([loadPages(), loadTrackers()]);
@@ -181,7 +178,7 @@
       li.onclick = () => { openTracker = t.slug; drawTracker(t.slug); loadTrackers(); };
       ul.appendChild(li);
     }
-    if (!reply.trackers.length) ul.innerHTML = '<li class="desc">No tracker yet: log a first value below.</li>';
+    if (!reply.trackers.length) LokiDialog.emptyRow(ul, "No tracker yet: log a first value below.", "desc");
   }
 
   function dayOf(period) {
@@ -198,9 +195,10 @@
     $("tracker-view").hidden = false;
     $("tracker-name").textContent = r.tracker.name + (r.tracker.unit ? " (" + r.tracker.unit + ")" : "");
     $("tracker-text").textContent = r.text || "";
+    // [x (Unix s), y, the date as the tracker names it: YYYY-MM-DD, YYYY-MM or YYYY]
     const points = level === "events"
-      ? r.events.map((e) => [dayOf(e.date), e.value])
-      : r.periods.map((p) => [dayOf(p.period), p.mean]);
+      ? r.events.map((e) => [dayOf(e.date), e.value, e.date])
+      : r.periods.map((p) => [dayOf(p.period), p.mean, p.period]);
     const box = $("tracker-chart");
     if (plot) { plot.destroy(); plot = null; }
     box.textContent = "";
@@ -208,13 +206,36 @@
     if (!points.length || $("tab-trackers").hidden) return;
     const width = Math.max(200, box.clientWidth || 300);
     const label = level === "events" ? r.tracker.name : r.tracker.name + " (mean)";
+    const names = new Map(points.map((p) => [p[0], p[2]]));
+    const dateOf = (x) => names.get(x) || new Date(x * 1000).toISOString().slice(0, 10);
+    // the time axis shows the points' own dates (a day, a month, a year), never hours; the
+    // labels drawn are kept in data-ticks
+    const labels = (u, splits) => {
+      const out = splits.map(dateOf);
+      box.dataset.ticks = JSON.stringify(out);
+      return out;
+    };
     plot = new uPlot({
       width: width,
       height: 220,
-      series: [{}, { label: label, stroke: "#3b5bdb", width: 2, points: { show: true, size: 6 } }],
-      axes: [{ stroke: "#6b7385" }, { stroke: "#6b7385" }],
+      series: [
+        { value: (u, x) => (x == null ? "–" : dateOf(x)) },
+        { label: label, stroke: "#3b5bdb", width: 2, points: { show: true, size: 6 } },
+      ],
+      axes: [
+        { stroke: "#6b7385", splits: () => dateTicks(points, width), values: labels },
+        { stroke: "#6b7385" },
+      ],
       scales: { x: { time: true } },
     }, [points.map((p) => p[0]), points.map((p) => p[1])], box);
+  }
+
+  // The x axis's ticks: the points' distinct x, every k-th so that labels about 90 px wide
+  // fit in `width`, the first always kept.
+  function dateTicks(points, width) {
+    const xs = [...new Set(points.map((p) => p[0]))];
+    const step = Math.ceil(xs.length / Math.max(1, Math.floor(width / 90)));
+    return xs.filter((_, i) => i % step === 0);
   }
 
   async function logValue(ev) {
@@ -278,7 +299,7 @@
     });
     const body = await resp.json().catch(() => null);
     if (!resp.ok) { fail(new Error(body && body.error ? body.error.message : "import failed")); return; }
-    $("project-dialog").close();
+    dialog.close();
     await activate(body.project.id);
   }
 
@@ -288,7 +309,7 @@
     try {
       await LokiApi.apiJSON(base() + "?confirm=" + enc(typed), { method: "DELETE" });
     } catch (e) { fail(e); return; }
-    $("project-dialog").close();
+    dialog.close();
     await refresh();
     LokiApi.openConversation(null);
     await LokiApi.loadConversations();
@@ -296,8 +317,8 @@
 
   function init() {
     $("project-picker").onchange = onPick;
+    dialog = LokiDialog.bind("project-dialog", "project-close");
     $("project-btn").onclick = openDialog;
-    $("project-close").onclick = () => $("project-dialog").close();
     for (const b of document.querySelectorAll("#project-dialog .tabs button")) {
       b.onclick = () => showTab(b.dataset.tab);
     }

@@ -1,14 +1,18 @@
 // Scheduled tasks: the tasks dialog (list, create, edit, switch on/off, delete) against
 // /api/tasks, and a task's runs (/api/tasks/{id}/runs: due time, status, detail), each run's
-// conversation opened in the main view like any other. A schedule is a cron expression or an
-// interval in seconds, in a time zone (the browser's by default); the server's validation
-// message is shown in the dialog, which stays open. Uses window.LokiApi from app.js.
+// conversation opened in the main view from here (the sidebar lists only the person's). A
+// schedule is a cron expression or an interval in seconds, in a time zone (the browser's by
+// default); the server's validation message is shown in the dialog, which stays open. Uses
+// window.LokiApi from app.js and window.LokiDialog (dialog.js).
 "use strict";
 
 (function () {
   const $ = (id) => document.getElementById(id);
   const form = () => $("task-form");
   const field = (name) => form().elements[name];
+  const D = window.LokiDialog;
+  const button = D.button;
+  let dialog = null;
   let tasks = [];
   let editing = null; // the task being edited, or {} for a new one
   let showingRuns = null; // the task whose runs are shown
@@ -17,26 +21,8 @@
     try { return Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC"; } catch (e) { return "UTC"; }
   }
 
-  function status(text, isError) {
-    const s = $("tasks-status");
-    s.textContent = text || "";
-    s.className = isError ? "hint error" : "hint";
-  }
-
-  function showError(text) {
-    $("task-error").textContent = text || "";
-    $("task-error").hidden = !text;
-    if (text) $("task-error").scrollIntoView({ block: "nearest" });
-  }
-
-  function button(text, onclick, cls) {
-    const b = document.createElement("button");
-    b.type = "button";
-    b.textContent = text;
-    if (cls) b.className = cls;
-    b.onclick = onclick;
-    return b;
-  }
+  const status = (text, isError) => D.status("tasks-status", text, isError);
+  const showError = (text) => D.error("task-error", text);
 
   function schedule(t) {
     return (t.cron ? "cron " + t.cron : "every " + t.interval_s + " s") + " · " + t.tz;
@@ -54,12 +40,7 @@
     catch (e) { status("tasks: " + e.message, true); return; }
     const ul = $("tasks-list");
     ul.textContent = "";
-    if (!tasks.length) {
-      const li = document.createElement("li");
-      li.className = "hint";
-      li.textContent = "No task yet.";
-      ul.appendChild(li);
-    }
+    if (!tasks.length) D.emptyRow(ul, "No task yet.");
     for (const t of tasks) {
       const li = document.createElement("li");
       li.dataset.id = t.id;
@@ -161,12 +142,7 @@
     catch (e) { status(e.message, true); return; }
     const ul = $("task-runs-list");
     ul.textContent = "";
-    if (!runs.length) {
-      const li = document.createElement("li");
-      li.className = "hint";
-      li.textContent = "No run yet.";
-      ul.appendChild(li);
-    }
+    if (!runs.length) D.emptyRow(ul, "No run yet.");
     for (const r of runs) {
       const li = document.createElement("li");
       li.dataset.status = r.status;
@@ -179,8 +155,8 @@
       li.append(when, st);
       if (r.conversation) {
         li.appendChild(button("Open", () => {
-          $("tasks-dialog").close();
-          LokiApi.openAndList(r.conversation);
+          dialog.close();
+          LokiApi.openTaskRun(r.conversation, "Task: " + (t.name || t.prompt.slice(0, 40)));
         }));
       }
       if (r.detail) {
@@ -197,13 +173,13 @@
     closeForm();
     closeRuns();
     status("");
-    $("tasks-dialog").showModal();
+    dialog.open();
     await loadList();
   }
 
   function init() {
+    dialog = D.bind("tasks-dialog", "tasks-close");
     $("tasks-btn").onclick = open;
-    $("tasks-close").onclick = () => $("tasks-dialog").close();
     $("task-new").onclick = () => edit(null);
     $("task-cancel").onclick = closeForm;
     $("task-runs-close").onclick = closeRuns;
