@@ -82,13 +82,21 @@ class Scheduler:
         self.instance = instance
         self.runs: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def start(self) -> None:
         """Start ticking (every ``task_tick_s``; call from a running event loop)."""
+        self._stopping.clear()
         self._loop = asyncio.create_task(self._tick_forever(), name="task-scheduler")
 
     async def stop_ticking(self) -> None:
-        """Claim no more due times (runs already started go on)."""
+        """Claim no more due times (runs already started go on).
+
+        The loop is told by an event as well as cancelled: a cancellation that lands inside a
+        tick can be swallowed on Python 3.11 (a timeout racing it inside the Redis client turns
+        it into ``TimeoutError``, which the tick logs), and the loop would then tick on and
+        this wait would never end (seen as a hung test teardown)."""
+        self._stopping.set()
         if self._loop is not None:
             self._loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -103,12 +111,13 @@ class Scheduler:
             await asyncio.wait(set(self.runs), timeout=timeout)
 
     async def _tick_forever(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self.tick(time.time())
             except Exception:  # Redis away: logged; the next tick claims what is due
                 log.warning("task scheduler tick failed", exc_info=True)
-            await asyncio.sleep(self.settings.task_tick_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.settings.task_tick_s)
 
     async def tick(self, now: float) -> None:
         """Record the orphaned runs, then claim (and start or skip) every due time of every
