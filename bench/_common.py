@@ -281,7 +281,8 @@ def engine_build(engine_url: str, timeout: float = 5.0) -> dict[str, Any]:
         "build_info": props.get("build_info"),
         "total_slots": props.get("total_slots"),
         "n_ctx": settings.get("n_ctx"),
-        "model_path": props.get("model_path"),
+        # the file name only: a results file must not carry the machine's own paths
+        "model_path": Path(str(props.get("model_path") or "")).name or None,
     }
 
 

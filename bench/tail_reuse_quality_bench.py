@@ -54,12 +54,10 @@ counted in ``outside_top``); ``identical``: conversations whose free-running gre
 continuations are the same 32 tokens; ``first_divergence``: median position of the first
 different token (32 = none).
 
-Status (2026-12-01, quick mode, 4 conversations, llama-server b11434): (a) KV shift: top-1
-agreement 0.914, mean |Δ logprob| 0.156; (c) control: 0.992, 0.000; (b) layout: 0.875, 0.381 —
-the section ``tail_reuse_quality`` of BENCHMARKS.md; what they mean for a user:
-docs/behaviour.md (``COMPACT_TAIL_REUSE``). Only the quick mode has run: the full
-mode (20 conversations, about 15 minutes on 2 cores) is still to be run; that run's control
-counted one tie of two equally likely tokens as a disagreement (ties count as agreement since).
+Status (2026-12-01, full mode, 20 conversations, llama-server b11434, 911 s on 2 cores): (a)
+KV shift: top-1 agreement 0.952, mean |Δ logprob| 0.107; (c) control: 0.994, 0.007; (b)
+layout: 0.897, 0.275 — the section ``tail_reuse_quality`` of BENCHMARKS.md; what they mean
+for a user: docs/behaviour.md (``COMPACT_TAIL_REUSE``).
 
 A first version (before this harness module) asked ``/v1/chat/completions`` for ``logprobs``
 and read no ``choices[0].logprobs.content``. Probed again on b11434 (2026-12-01), this build

@@ -314,8 +314,11 @@ def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
             "document.getElementById('tracker-chart').dataset.ticks === '[\"2026-11\"]'"
         )
         page.select_option("#tracker-level", "overview")
-        page.wait_for_function("document.getElementById('tracker-chart').dataset.points === '1'")
-        assert page.get_attribute("#tracker-chart", "data-ticks") == '["2026"]'
+        # the year level has one point too: wait for the overview's own tick
+        page.wait_for_function(
+            "document.getElementById('tracker-chart').dataset.ticks === '[\"2026\"]'"
+        )
+        assert page.get_attribute("#tracker-chart", "data-points") == "1"
         page.click("#project-close")
 
         # what the UI wrote is in the project, and in the next conversation's first request
