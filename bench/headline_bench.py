@@ -977,11 +977,7 @@ def run_loki(
                 tempfile.TemporaryDirectory(prefix="loki-bench-") as home,
                 _common.stack(Path(home), env) as stack,
             ):
-                client = LokiClient(
-                    f"http://127.0.0.1:{stack.config.web_port}",
-                    stack.nats_url,
-                    stack.nats_login("bench"),
-                )
+                client = stack_client(stack)
                 start = time.monotonic()
                 done, pauses = drive(client, turns, config.name, deadline)
                 wall = time.monotonic() - start
@@ -1016,6 +1012,14 @@ NO_COALESCE = 1_000_000_000
 #: side work and the next message (what PREWARM uses; after other turns nothing runs in
 #: the background, so the script goes on at once there).
 READ_S = 3.0
+
+
+def stack_client(stack: Any) -> LokiClient:
+    """A bench client of ``stack`` (a running :func:`bench._common.stack`): its web port, and
+    NATS as the ``bench`` user."""
+    return LokiClient(
+        f"http://127.0.0.1:{stack.config.web_port}", stack.nats_url, stack.nats_login("bench")
+    )
 
 
 def stack_env(ctx: int, config: LokiConfig) -> dict[str, str]:
@@ -1121,11 +1125,7 @@ def run_restart(
         tempfile.TemporaryDirectory(prefix="loki-bench-") as home,
         _common.stack(Path(home), env) as stack,
     ):
-        client = LokiClient(
-            f"http://127.0.0.1:{stack.config.web_port}",
-            stack.nats_url,
-            stack.nats_login("bench"),
-        )
+        client = stack_client(stack)
         start = time.monotonic()
         done, _ = drive(client, turns[:RESTART_AFTER], config.name)
         before = turn_timeline(client.display_log())[-1]

@@ -167,15 +167,19 @@ class CompactionPolicy:
         st = self.state(conv.id)
         await conv.meter.prime(self.settings.system_prompt, conv.messages)
         n_ctx = await self.window(view)
-        decision = D.decide(
-            view.trigger,
-            view.ctx_used,
-            n_ctx,
-            threshold=self.settings.compact_threshold,
-            since_step=st.since_step,
-            refused_at=st.refused_at,
-            generations=st.generations,
-        )
+
+        def decide() -> D.Decision:
+            return D.decide(
+                view.trigger,
+                view.ctx_used,
+                n_ctx,
+                threshold=self.settings.compact_threshold,
+                since_step=st.since_step,
+                refused_at=st.refused_at,
+                generations=st.generations,
+            )
+
+        decision = decide()
         if decision.forget_refusal:
             st.refused_at = None
         if decision.why is None:
@@ -195,18 +199,8 @@ class CompactionPolicy:
             log.info("[compact] %s: kept images dropped first (%d tokens)", conv.id, freed)
             if view.trigger == "reactive":
                 return True  # replayed without them; still refused, compaction goes on
-            if view.trigger != "manual":
-                again = D.decide(
-                    view.trigger,
-                    view.ctx_used,
-                    n_ctx,
-                    threshold=self.settings.compact_threshold,
-                    since_step=st.since_step,
-                    refused_at=st.refused_at,
-                    generations=st.generations,
-                )
-                if again.why is None:
-                    return True
+            if view.trigger != "manual" and decide().why is None:
+                return True
         return await self.compact(view, n_ctx, st)
 
     async def compact(self, view: ContextView, n_ctx: int, st: ConvState) -> bool:
