@@ -288,6 +288,11 @@ async def test_a_run_whose_instance_is_killed_mid_run_is_recorded_and_none_is_lo
     await asyncio.sleep(1.0)
     await chat_runner.start(**fast)  # the restart, beside the instance that went on
     await asyncio.sleep(3.0)
+    # at least 6 due times before the task is turned off (a loaded machine runs fewer a second)
+    deadline = time.monotonic() + 30
+    while len((await tasks_req(client, action="runs", task=task.id)).runs) < 6:
+        assert time.monotonic() < deadline, "fewer than 6 due times in 30 s"
+        await asyncio.sleep(0.2)
     spec = TaskSpec(**task.model_dump()).model_copy(update={"enabled": False})
     assert (await tasks_req(client, action="update", task=task.id, spec=spec)).error is None
     runs = await settled_runs(client, task)
