@@ -50,6 +50,9 @@ async def test_prewarm_sends_the_next_requests_prefix_after_a_compaction(
     cid = await five_points(client, fake_engine, [warm_reply])  # compacted at the fifth's end
     await until(lambda: any(r.kind == "prewarm" for r in records))
     assert len(prewarm_leases(supervisor)) == 1
+    # named by this process like its other leases: an unclaimed grant drops its other waiters
+    [warm] = prewarm_leases(supervisor)
+    assert warm.holder and warm.holder == next(r.holder for r in supervisor.requests)
     warm = fake_engine.requests[-1].json
     assert warm["stream"] is True and warm["max_tokens"] == 1
     fake_engine.push(reply("Sure.", 900))

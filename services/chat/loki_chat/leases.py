@@ -99,7 +99,13 @@ class EngineLeases:
         wait = PREWARM_WAIT_S if wait_s is None else wait_s
         return lease(
             self.bus.broker,
-            LeaseRequest(kind="prewarm", conversation=cid, wait_s=wait, ttl_s=PREWARM_TTL_S),
+            LeaseRequest(
+                kind="prewarm",
+                conversation=cid,
+                wait_s=wait,
+                ttl_s=PREWARM_TTL_S,
+                holder=self.holder,
+            ),
             timeout=wait + 3.0,
         )
 
