@@ -12,6 +12,7 @@ from loki_chat.compaction.decide import (
     continuation_fits,
     continued,
     decide,
+    lookahead_tokens,
     overflow_factor,
     plan_cut,
     shrink_target,
@@ -46,6 +47,43 @@ def test_threshold_and_generation_guard():
     assert why("start", 2000, generations=[1800]) is None  # below half: never
     assert why("start", 2200, generations=[100, 1800]) == "generation"
     assert why("start", 2200, generations=[1500]) is None  # 1800 fits in 1896
+
+
+def test_turn_end_lookahead_compacts_what_the_next_message_would_push_past_the_threshold():
+    # 3072 is the threshold of 4096: 2900 + 200 passes it at turn end only
+    assert why("end", 2900, lookahead=200) == "lookahead"
+    assert why("end", 2900, lookahead=100) is None
+    for trigger in ("start", "mid"):
+        assert why(trigger, 2900, lookahead=200) is None
+    # never below half the window, however big the look-ahead
+    assert why("end", 2000, lookahead=1200) is None
+    assert why("end", 2100, lookahead=1200) == "lookahead"
+    # no look-ahead: the rules as they were; past the threshold it stays "threshold"
+    assert why("end", 2900) is None and why("end", 3100, lookahead=200) == "threshold"
+    # the refusal hold-off applies to it as to the threshold
+    assert why("end", 2900, lookahead=400, refused_at=2800) is None
+
+
+def test_lookahead_expects_the_largest_recent_request_capped_at_a_tenth_of_the_window():
+    def count(m: ChatMessage) -> int:
+        return len(str(m.content))
+
+    def conv(*sizes: int) -> list[ChatMessage]:
+        out: list[ChatMessage] = []
+        for size in sizes:
+            out += [U("x" * size), A("ok")]
+        return out
+
+    assert lookahead_tokens(conv(50, 300, 120), 4096, count) == 300
+    # only the last six real requests count
+    assert lookahead_tokens(conv(300, 10, 10, 10, 10, 10, 10), 4096, count) == 10
+    # reminders and summaries are not requests
+    injected = [U("y" * 900, "summary"), A("ok"), U("z" * 900, "budget"), *conv(40)]
+    assert lookahead_tokens(injected, 4096, count) == 40
+    # capped at a tenth of the window; nothing without a window or a request
+    assert lookahead_tokens(conv(3000), 4096, count) == 409
+    assert lookahead_tokens(conv(300), 0, count) == 0
+    assert lookahead_tokens([A("hi")], 4096, count) == 0
 
 
 def test_manual_and_reactive_always_try_the_rest_never_without_a_window_or_past_the_cap():

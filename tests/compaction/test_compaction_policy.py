@@ -174,6 +174,32 @@ async def test_generation_guard_never_below_half_window(harness, fake_engine, su
     assert h.markers[0]["path"] == "summary"
 
 
+async def test_turn_end_lookahead_only_with_prewarm_on_a_local_engine(
+    harness, fake_engine, supervisor, recall
+):
+    # long_conv's requests are ~750-token files: the look-ahead expects 409 (a tenth of 4096);
+    # 2700 + 409 passes the 3072 threshold at turn end, never at turn start
+    local = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
+    external = local.model_copy(update={"external": True})
+    off = harness()
+    conv = long_conv()
+    before = list(conv.messages)
+    off.policy.note_step(conv.id, local, b"{}", {"completion_tokens": 10}, len(conv.messages))
+    assert not await off.policy.maybe_compact(off.view(conv, "end", ctx_used=2700))
+    on = harness(prewarm=True)
+    on.policy.note_step(conv.id, external, b"{}", {"completion_tokens": 10}, len(conv.messages))
+    assert not await on.policy.maybe_compact(on.view(conv, "end", ctx_used=2700))
+    on.policy.note_step(conv.id, local, b"{}", {"completion_tokens": 10}, len(conv.messages))
+    assert not await on.policy.maybe_compact(on.view(conv, "start", ctx_used=2700))
+    assert not await on.policy.maybe_compact(on.view(conv, "end", ctx_used=2600))
+    assert conv.messages == before and not fake_engine.requests
+    fake_engine.push(text_reply(SUMMARY))
+    assert await on.policy.maybe_compact(on.view(conv, "end", ctx_used=2700))
+    assert conv.messages[0].loki.injected == "summary"
+    [marker] = on.markers
+    assert (marker["trigger"], marker["path"]) == ("end", "summary")
+
+
 async def test_refusal_without_reduction_and_hold_off(harness, fake_engine, supervisor, nc):
     events = await collect(nc, subjects.EVENTS_COMPACTION)
     h = harness()

@@ -15,7 +15,8 @@ from fakes.fake_engine import text_reply
 from loki_shared import subjects
 from loki_shared.messages.perf import PerfRecord
 
-from .test_compaction_tail_reuse import five_points, reply
+from .conftest import summary_requests
+from .test_compaction_tail_reuse import SUMMARY, five_points, point, reply
 
 
 async def until(pred, timeout: float = 10.0) -> None:
@@ -120,3 +121,45 @@ async def test_no_prewarm_request_when_off_or_external(
     assert not any(r.json.get("max_tokens") == 1 for r in fake_engine.requests)
     fake_engine.push(reply("Sure.", 900))
     await client.turn("Thanks", cid)
+
+
+def compaction_turns(client, cid: str) -> list[tuple[int, str]]:
+    """Each compaction marker of ``cid``'s display log as (user turns before it, trigger)."""
+    out, users = [], 0
+    for event in client.tap.events[cid]:
+        loki = event.loki or {}
+        if loki.get("event") == "user":
+            users += 1
+        elif loki.get("event") == "compaction":
+            out.append((users, loki.get("trigger")))
+    return out
+
+
+@pytest.mark.parametrize("on", [False, True])
+async def test_with_prewarm_the_turn_end_looks_ahead_at_the_next_message(
+    chat_runner, supervisor, client, fake_engine, nc, on
+):
+    # five ~200-token points; the fifth ends at 2,905 of 4,096 (threshold 3,072): the next
+    # point would pass it. Off: the sixth turn compacts at its start, its user waiting for the
+    # summary. On: the fifth compacts at its end (look-ahead) and the prewarm follows.
+    await chat_runner.start(system_prompt="S.", prewarm=on)
+    fake_engine.push(*(reply(f"Noted {i}.", 560 * i) for i in range(1, 5)), reply("Noted 5.", 2900))
+    cid, _ = await client.turn(point(1))
+    for i in range(2, 5):
+        await client.turn(point(i), cid)
+    if on:
+        fake_engine.push(text_reply(SUMMARY), text_reply("warm"))
+    await client.turn(point(5), cid)
+    if on:
+        await until(lambda: len(prewarm_leases(supervisor)) == 1)
+        await until(lambda: fake_engine.requests[-1].json.get("max_tokens") == 1)
+        assert compaction_turns(client, cid) == [(5, "end")]
+        fake_engine.push(reply("Noted 6.", 1200))
+    else:
+        assert compaction_turns(client, cid) == []
+        fake_engine.push(text_reply(SUMMARY), reply("Noted 6.", 1200))
+    _, end = await client.turn(point(6), cid)
+    assert end.finish_reason == "stop"
+    assert compaction_turns(client, cid) == ([(5, "end")] if on else [(6, "start")])
+    assert len(summary_requests(fake_engine)) == 1
+    assert len(prewarm_leases(supervisor)) == (1 if on else 0)

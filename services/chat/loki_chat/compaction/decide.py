@@ -47,13 +47,17 @@ SHRINK_SHARE = 0.6
 #: Past this share of the window a refused summary goes on to archive-then-drop (the
 #: request would not fit, or would leave no room to answer).
 FULL_SHARE = 0.9
+#: The turn-end look-ahead (with PREWARM): real user requests it looks back at ...
+LOOKAHEAD_REQUESTS = 6
+#: ... and the most it expects of the next one, as a share of the window.
+LOOKAHEAD_SHARE = 0.10
 
 
 @dataclass(frozen=True)
 class Decision:
-    """Why to compact now (``threshold``, ``generation``, ``manual``, ``reactive``; None:
-    not now), and whether the remembered refusal is to be forgotten (the context dropped
-    below it)."""
+    """Why to compact now (``threshold``, ``generation``, ``lookahead``, ``manual``,
+    ``reactive``; None: not now), and whether the remembered refusal is to be forgotten (the
+    context dropped below it)."""
 
     why: str | None
     forget_refusal: bool = False
@@ -68,6 +72,7 @@ def decide(
     since_step: int,
     refused_at: int | None,
     generations: Iterable[int] = (),
+    lookahead: int = 0,
 ) -> Decision:
     """Whether to compact at ``trigger`` with ``used`` tokens of an ``n_ctx`` window.
 
@@ -77,7 +82,12 @@ def decide(
     - after a refusal at ``refused_at`` tokens, no new try before the context grows 10%
       more, except at 90% of the window; the refusal is forgotten when the context drops;
     - compact past ``threshold`` × ``n_ctx``, or when 1.2 × the longest of the recent
-      ``generations`` no longer fits in what is left — never below half the window.
+      ``generations`` no longer fits in what is left — never below half the window;
+    - at turn end only, the look-ahead (``lookahead`` tokens expected of the user's next
+      message, :func:`lookahead_tokens`; 0: none): compact when ``used + lookahead`` passes
+      the threshold — never below half the window. The compaction the next message would
+      have set off at turn start, with the user waiting for its summary, runs while the user
+      reads, and PREWARM fills the slot behind it.
     """
     if trigger in ("manual", "reactive"):
         return Decision(trigger)
@@ -91,10 +101,33 @@ def decide(
             return Decision(None)
     if used > threshold * n_ctx:
         return Decision("threshold", forget)
+    half = used >= 0.5 * n_ctx
+    if trigger == "end" and lookahead > 0 and half and used + lookahead > threshold * n_ctx:
+        return Decision("lookahead", forget)
     longest = max(generations, default=0)
-    if used >= 0.5 * n_ctx and 1.2 * longest > n_ctx - used:
+    if half and 1.2 * longest > n_ctx - used:
         return Decision("generation", forget)
     return Decision(None, forget)
+
+
+def lookahead_tokens(
+    messages: Iterable[ChatMessage], n_ctx: int, count: Callable[[ChatMessage], int]
+) -> int:
+    """What the turn-end look-ahead expects of the user's next message (tokens): the largest
+    of the last :data:`LOOKAHEAD_REQUESTS` real user requests of ``messages`` (the model
+    view; reminders and summaries are not requests), sized by ``count``, and never more than
+    :data:`LOOKAHEAD_SHARE` of an ``n_ctx`` window (a rare huge paste still compacts at turn
+    start rather than cutting every turn short). 0 when there is none or the window is
+    unknown."""
+    if n_ctx <= 0:
+        return 0
+    recent: list[int] = []
+    for message in reversed(list(messages)):
+        if is_real_request(message):
+            recent.append(count(message))
+            if len(recent) == LOOKAHEAD_REQUESTS:
+                break
+    return min(max(recent, default=0), int(LOOKAHEAD_SHARE * n_ctx))
 
 
 def generation_tokens(usage: dict[str, Any] | None, generated_chars: int) -> int:

@@ -4,8 +4,9 @@ Implements :class:`loki_chat.context.ContextPolicy`. The rules live in the modul
 together (tests named in docs/behaviour.md (compaction)):
 
 - when, what, which path fits: :mod:`.decide` (pure) — thresholds, the generation guard, the
-  refusal memory, at most two compactions between two completion steps; the cut (about the
-  last 20% verbatim, from an assistant message) and the 20% gain re-measured first;
+  turn-end look-ahead (with PREWARM on a local engine), the refusal memory, at most two
+  compactions between two completion steps; the cut (about the last 20% verbatim, from an
+  assistant message) and the 20% gain re-measured first;
 - archive first: :mod:`.archive` — every torso part of at least 800 characters, verbatim,
   through ``loki.recall.archive``; the summariser sees its first 400 characters and its id;
 - the summary: :mod:`.summary_client` — continuation path (``COMPACT_CONTINUATION``) when
@@ -141,6 +142,7 @@ class CompactionPolicy:
         st.since_step = 0
         st.reactive_done = False
         st.generations.append(D.generation_tokens(usage, generated_chars))
+        st.external = lease.external
         if lease.n_ctx:
             self.n_ctx = lease.n_ctx
         if self.settings.max_tokens is None:
@@ -167,6 +169,11 @@ class CompactionPolicy:
         st = self.state(conv.id)
         await conv.meter.prime(self.settings.system_prompt, conv.messages)
         n_ctx = await self.window(view)
+        lookahead = 0
+        if view.trigger == "end" and self.settings.prewarm and not st.external:
+            # PREWARM's look-ahead: what the next message would push past the threshold is
+            # compacted now, while the user reads, and the prewarm fills the slot behind it
+            lookahead = D.lookahead_tokens(conv.messages, n_ctx, conv.meter.tokens)
 
         def decide() -> D.Decision:
             return D.decide(
@@ -177,6 +184,7 @@ class CompactionPolicy:
                 since_step=st.since_step,
                 refused_at=st.refused_at,
                 generations=st.generations,
+                lookahead=lookahead,
             )
 
         decision = decide()

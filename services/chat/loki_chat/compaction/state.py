@@ -38,8 +38,9 @@ class ConvState:
     """One conversation's memory: the last generations' sizes (tokens), the context size at
     the last refusal (for lack of reduction, or a failed summary: the hold-off of
     :func:`~.decide.decide`), compactions since the last accepted step, whether a reactive
-    compaction already ran since, the slot stamp, and the fingerprints of the summaries that
-    failed (:mod:`.failures`)."""
+    compaction already ran since, the slot stamp, the fingerprints of the summaries that
+    failed (:mod:`.failures`), and whether its last step went to an external preset (no
+    PREWARM there, so no turn-end look-ahead)."""
 
     generations: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_GENERATIONS))
     refused_at: int | None = None
@@ -48,3 +49,4 @@ class ConvState:
     stamp: Stamp | None = None
     failed: FailedSummaries = field(default_factory=FailedSummaries)
     summary_model: str | None = None  # the model of the last summary that failed
+    external: bool = False  # the last step's lease was an external preset's
