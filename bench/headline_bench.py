@@ -9,7 +9,8 @@ configuration:
   (as many chat front-ends do) and, when the window fills, the oldest exchanges dropped;
 - ``loki-default``: the whole Loki stack with default keys;
 - ``loki-side-slot``, ``loki-cache-ram``, ``loki-continuation``: one key on each;
-- ``loki-best``: every key this machine allows (the seeds' keys);
+- ``loki-best``: every key this machine allows (the seeds' keys), PREWARM off (the
+  reference for the time to first token after a compaction);
 - ``loki-reuse``: loki-best + COMPACT_TAIL_REUSE + PREWARM (issue 21), the engine with
   ``--cache-reuse`` as the supervisor gives it for the key;
 - ``loki-restart`` (:func:`run_restart`): the engine restart step with SLOT_PERSIST.
@@ -603,27 +604,41 @@ def turn_timeline(events: Sequence[dict[str, Any]]) -> list[TurnTiming]:
     return turns
 
 
-def ttft_after_compaction(turns: Sequence[TurnTiming]) -> dict[str, Any]:
+def ttft_after_compaction(
+    turns: Sequence[TurnTiming], kinds: Sequence[str] | None = None
+) -> dict[str, Any]:
     """Time to first token of the first turn after each compaction against the median of
     the session's ordinary turns: ``{"ordinary_median_s", "ordinary_n", "after": [{"turn",
-    "ttft_s", "ratio", "triggers"}], "worst_ratio", "median_ratio"}``. Ordinary turns: every
-    turn with a first token but the session's first (a cold prompt) and those after a
+    "ttft_s", "ratio", "triggers", "kind", "same_kind_median_s", "same_kind_ratio"}],
+    "worst_ratio", "median_ratio", "worst_same_kind_ratio"}``. Ordinary turns: every turn
+    with a first token but the session's first (a cold prompt) and those after a
     compaction; a compaction whose path is ``refused`` changed nothing and is not one.
     ``after_summary_s`` / ``after_summary_ratio``: for a compaction inside the turn (turn
     start), the part of its TTFT after the summary was made (a prewarm cannot cover the
-    summary itself). Ratios are None when there is no ordinary turn."""
+    summary itself). ``kinds``: the scripted kind of each turn (``short``, ``long``,
+    ``paste``, ``tool``; :func:`script_session`); the same-kind ratio divides by the median
+    of the ordinary turns of the same kind — what the compaction added, without the prefill
+    of the new message itself (a pasted block after a compaction is as slow as any pasted
+    block). Ratios are None when there is no ordinary turn (of that kind)."""
     import statistics
+
+    def kind_of(t: TurnTiming) -> str | None:
+        return kinds[t.index] if kinds is not None and t.index < len(kinds) else None
 
     def compacted(t: TurnTiming) -> bool:
         return any(c.get("path") != "refused" for c in t.compactions)
 
-    ordinary = [t.ttft_s for t in turns[1:] if t.ttft_s is not None and not compacted(t)]
+    plain = [t for t in turns[1:] if t.ttft_s is not None and not compacted(t)]
+    ordinary = [t.ttft_s for t in plain if t.ttft_s is not None]
     median = statistics.median(ordinary) if ordinary else None
     after = []
     for t in turns:
         if not compacted(t) or t.ttft_s is None:
             continue
         rest = t.after_summary_s
+        kind = kind_of(t)
+        same = [o.ttft_s for o in plain if o.ttft_s is not None and kind and kind_of(o) == kind]
+        same_median = statistics.median(same) if same else None
         after.append(
             {
                 "turn": t.index + 1,
@@ -632,15 +647,21 @@ def ttft_after_compaction(turns: Sequence[TurnTiming]) -> dict[str, Any]:
                 "triggers": [c.get("trigger") for c in t.compactions],
                 "after_summary_s": None if rest is None else round(rest, 3),
                 "after_summary_ratio": rest / median if median and rest is not None else None,
+                "kind": kind,
+                "same_kind_n": len(same),
+                "same_kind_median_s": None if same_median is None else round(same_median, 3),
+                "same_kind_ratio": t.ttft_s / same_median if same_median else None,
             }
         )
     ratios = [a["ratio"] for a in after if a["ratio"] is not None]
+    same_ratios = [a["same_kind_ratio"] for a in after if a["same_kind_ratio"] is not None]
     return {
         "ordinary_median_s": None if median is None else round(median, 3),
         "ordinary_n": len(ordinary),
         "after": after,
         "worst_ratio": max(ratios, default=None),
         "median_ratio": statistics.median(ratios) if ratios else None,
+        "worst_same_kind_ratio": max(same_ratios, default=None),
     }
 
 
@@ -754,6 +775,17 @@ class LokiConfig:
     cache_reuse: int | None = None
 
 
+def prewarm_on(keys: dict[str, str]) -> bool:
+    """Whether a configuration's stack runs PREWARM: its ``LOKI_PREWARM`` key, else the chat
+    service's default (on)."""
+    value = keys.get("LOKI_PREWARM")
+    if value is None:
+        from loki_chat.settings import Settings
+
+        return bool(Settings.model_fields["prewarm"].default)
+    return value.strip().lower() in ("1", "true", "on", "yes")
+
+
 def loki_configs(quick: bool) -> list[LokiConfig]:
     """Configurations measured. CACHE_RAM: on a CPU-only machine the supervisor's auto value
     is llama-server's own default (it only ever raises it for an all-GPU model), so the
@@ -767,6 +799,8 @@ def loki_configs(quick: bool) -> list[LokiConfig]:
         "LOKI_SIDE_SLOT": "on",
         "LOKI_CACHE_RAM": str(cram),
         "LOKI_COMPACT_CONTINUATION": "on",
+        # the reference without PREWARM (on by default): what a compaction costs the user
+        "LOKI_PREWARM": "false",
     }
     reuse = {**best, "LOKI_COMPACT_TAIL_REUSE": "true", "LOKI_PREWARM": "true"}
     every = [
@@ -993,7 +1027,7 @@ def run_loki(
             perf_service=perf,
             compactions=sum(n for path, n in paths.items() if path != "refused"),
             compaction_paths=dict(paths),
-            ttft=ttft_after_compaction(timeline),
+            ttft=ttft_after_compaction(timeline, [t.kind for t in turns]),
             turn_ttft_s=[None if t.ttft_s is None else round(t.ttft_s, 3) for t in timeline],
             reading_pauses=pauses,
             summary_requests=figures["by_kind"].get("compact", {}).get("requests", 0),
@@ -1317,9 +1351,9 @@ def run(quick: bool) -> dict[str, Any]:
             issue="21",
         ),
         _common.target(
-            "TTFT of the first turn after a compaction ÷ ordinary-turn median, with prewarm "
-            "(loki-reuse, worst compaction)",
-            (reuse.get("ttft") or {}).get("worst_ratio") if reuse else None,
+            "TTFT of the first turn after a compaction ÷ median of the ordinary turns of the "
+            "same kind, with prewarm (loki-reuse, worst compaction)",
+            (reuse.get("ttft") or {}).get("worst_same_kind_ratio") if reuse else None,
             "<=",
             1.5,
             "×",
@@ -1360,13 +1394,20 @@ def run(quick: bool) -> dict[str, Any]:
         ttft_rows.append(
             [
                 name,
-                "on" if fig.get("keys", {}).get("LOKI_PREWARM") else "off",
+                "on" if prewarm_on(fig.get("keys", {})) else "off",
                 ttft["ordinary_median_s"],
                 ttft["ordinary_n"],
                 "; ".join(
-                    f"turn {a['turn']} ({'/'.join(str(t) for t in a['triggers'])}): "
-                    f"{a['ttft_s']:.2f} s"
+                    f"turn {a['turn']} ({'/'.join(str(t) for t in a['triggers'])}"
+                    + (f", {a['kind']}" if a.get("kind") else "")
+                    + f"): {a['ttft_s']:.2f} s"
                     + (f" = {a['ratio']:.2f}×" if a["ratio"] is not None else "")
+                    + (
+                        f" (÷ {a['kind']} median {a['same_kind_median_s']:.2f} s: "
+                        f"{a['same_kind_ratio']:.2f}×)"
+                        if a.get("same_kind_ratio") is not None
+                        else ""
+                    )
                     + (
                         f", after the summary {a['after_summary_s']:.2f} s"
                         + (
@@ -1381,6 +1422,7 @@ def run(quick: bool) -> dict[str, Any]:
                 )
                 or "no compaction",
                 ttft["worst_ratio"],
+                ttft.get("worst_same_kind_ratio"),
                 fig.get("reading_pauses"),
             ]
         )
@@ -1492,16 +1534,22 @@ def run(quick: bool) -> dict[str, Any]:
                     "prewarm",
                     "ordinary turns: median TTFT s",
                     "ordinary turns",
-                    "first turn after each compaction (trigger): TTFT, ÷ median; for a "
-                    "turn-start compaction, the part after the summary",
+                    "first turn after each compaction (trigger, kind): TTFT, ÷ median (÷ the "
+                    "median of ordinary turns of its kind); for a turn-start compaction, the "
+                    "part after the summary",
                     "worst ÷ median",
+                    "worst ÷ same-kind median",
                     "reading pauses",
                 ],
                 ttft_rows,
                 notes="TTFT: from the user message's event to the first assistant delta in "
                 "the conversation's display log (both stamped by the chat service: lease "
                 "waits, a turn-start compaction and the prefill included). Ordinary turns: "
-                "all but the session's first and the first after each compaction. After a "
+                "all but the session's first and the first after each compaction. Kind: the "
+                "scripted message (short question, long message, pasted code, pasted tool "
+                "output); a turn's TTFT includes the prefill of its own new message, so the "
+                "target divides by the ordinary turns of the same kind (what the compaction "
+                "adds); ÷ median of all ordinary turns is shown beside it. After a "
                 "turn that ended with a compaction the scripted user reads for "
                 f"{READ_S:g} s (what PREWARM uses) before the side work and the next "
                 "message.",

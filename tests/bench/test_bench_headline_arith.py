@@ -13,7 +13,9 @@ from bench.headline_bench import (
     exact_floor,
     exact_prefill,
     held_tokens,
+    loki_configs,
     new_tokens,
+    prewarm_on,
     recomputation,
     recomputed_share,
     script_session,
@@ -300,3 +302,35 @@ def test_recomputed_share_of_a_completion() -> None:
     assert recomputed_share({"prompt_n": 40}) == 1.0
     assert recomputed_share(None) is None
     assert recomputed_share({"cache_n": 3}) is None
+
+
+def test_prewarm_is_on_by_default_and_off_only_for_the_reference() -> None:
+    assert prewarm_on({}) is True  # the chat service's default
+    assert prewarm_on({"LOKI_PREWARM": "false"}) is False
+    assert prewarm_on({"LOKI_PREWARM": "true"}) is True
+    configs = {c.name: c for c in loki_configs(quick=False)}
+    assert not prewarm_on(configs["loki-best"].keys)
+    assert prewarm_on(configs["loki-reuse"].keys) and prewarm_on(configs["loki-default"].keys)
+
+
+def test_ttft_after_compaction_against_ordinary_turns_of_the_same_kind() -> None:
+    # turns: short 0.2 (cold first), paste 1.5, short 0.3, paste 1.3, [compaction] paste 1.4,
+    # short 0.4: all ordinary turns' median 0.85, the pastes' 1.4
+    events, seq = [], 0
+    times = [0.2, 1.5, 0.3, 1.3, 1.4, 0.4]
+    for i, ttft in enumerate(times):
+        t0 = 100.0 * (i + 1)
+        events.append(_user(seq := seq + 1, t0))
+        if i == 4:
+            events.append(_mark(seq := seq + 1, t0 + 0.01, "start"))
+        events.append(_ev(seq := seq + 1, t0 + ttft, {"content": "x"}))
+    kinds = ["short", "paste", "short", "paste", "paste", "short"]
+    figures = ttft_after_compaction(turn_timeline(events), kinds)
+    [after] = figures["after"]
+    assert after["kind"] == "paste" and after["same_kind_n"] == 2
+    assert after["same_kind_median_s"] == pytest.approx(1.4)
+    assert after["same_kind_ratio"] == pytest.approx(1.0)
+    assert after["ratio"] == pytest.approx(1.4 / 0.85)
+    assert figures["worst_same_kind_ratio"] == pytest.approx(1.0)
+    # without the kinds: no same-kind figure
+    assert ttft_after_compaction(turn_timeline(events))["worst_same_kind_ratio"] is None

@@ -1,4 +1,4 @@
-"""PREWARM (``LOKI_PREWARM``, off by default until measured; issue 21 §2): after a compaction
+"""PREWARM (``LOKI_PREWARM``, on by default; issue 21 §2): after a compaction
 at turn end, while the user reads, the next request's prefix (system, tools, summary, tail, as
 the next turn will send them) goes to the conversation's slot, so the engine has it in its
 cache before the user writes.

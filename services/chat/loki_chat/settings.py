@@ -55,7 +55,9 @@ class Settings(LokiSettings):
       tail's cache (off by default, grey zone; see docs/behaviour.md (compaction)).
     - ``LOKI_PREWARM`` — after a compaction at turn end, send the next request's prefix to
       the conversation's slot while the user reads (a low-priority lease any real request
-      pre-empts; never on an external preset; off by default until measured).
+      pre-empts; never on an external preset; on by default since the headline bench measured
+      it; it also makes turn end look ahead at the next message, see docs/behaviour.md
+      (compaction)).
     - ``LOKI_COMPACT_THRESHOLD`` — share of the window past which the context is compacted
       (0.75).
     - ``LOKI_NUDGE_IN_TOOL`` — the budget reminder goes at the end of the last tool result
@@ -113,7 +115,7 @@ class Settings(LokiSettings):
     instance_id: str | None = None
     compact_continuation: bool = False
     compact_tail_reuse: bool = False
-    prewarm: bool = False
+    prewarm: bool = True
     compact_threshold: float = Field(default=0.75, gt=0.1, le=0.95)
     nudge_in_tool: bool = False
     tokenize_timeout_s: float = Field(default=0.3, ge=0)
