@@ -153,7 +153,7 @@ async def test_threshold_archives_then_summarises(harness, fake_engine, supervis
 
 
 async def test_below_threshold_nothing_happens(harness, fake_engine, supervisor):
-    h = harness()
+    h = harness(prewarm=False)  # PREWARM's turn-end look-ahead has its own test
     conv = long_conv()
     before = list(conv.messages)
     for trigger in ("start", "mid", "end"):
@@ -181,7 +181,7 @@ async def test_turn_end_lookahead_only_with_prewarm_on_a_local_engine(
     # 2700 + 409 passes the 3072 threshold at turn end, never at turn start
     local = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
     external = local.model_copy(update={"external": True})
-    off = harness()
+    off = harness(prewarm=False)
     conv = long_conv()
     before = list(conv.messages)
     off.policy.note_step(conv.id, local, b"{}", {"completion_tokens": 10}, len(conv.messages))
