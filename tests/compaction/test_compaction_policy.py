@@ -494,6 +494,33 @@ async def test_continuation_fit_without_usage_counts_the_demand(
     assert "tools" not in req and h.markers[-1]["path"] == "summary"
 
 
+@pytest.mark.parametrize("second_passes", [True, False])
+async def test_a_looping_continuation_summary_is_asked_once_more_warmer(
+    harness, fake_engine, supervisor, recall, second_passes
+):
+    h = harness(compact_continuation=True)
+    conv = long_conv("c7r")
+    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
+    h.policy.note_step(conv.id, lease, sent_request(h, conv, lease), None, len(conv.messages))
+    looping = "The buffer fails. " * 40
+    fake_engine.push(text_reply(looping), text_reply(SUMMARY if second_passes else looping))
+    if not second_passes:
+        fake_engine.push(text_reply(SUMMARY))  # the transcript path's
+    assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
+    reqs = summary_requests(fake_engine)
+    first, again = reqs[0], reqs[1]
+    # the same request, warmer: the slot holds its prompt, only the answer is computed again
+    assert first["temperature"] == 0.2 and again["temperature"] == 0.6
+    assert {**again, "temperature": 0.2} == first
+    if second_passes:
+        assert len(reqs) == 2 and h.markers[-1]["path"] == "continuation"
+        assert conv.messages[0].content == SUMMARY_HEADER + SUMMARY
+    else:  # then the transcript path, as after any failed continuation (one failure counted)
+        assert len(reqs) == 3 and "tools" not in reqs[2] and reqs[2]["temperature"] == 0.2
+        assert h.markers[-1]["path"] == "summary"
+        assert h.policy.failures == {"fake-model": 1} and not h.policy.suspended
+
+
 async def test_continuation_falls_back_and_suspends_on_tool_call(
     harness, fake_engine, supervisor, recall
 ):
