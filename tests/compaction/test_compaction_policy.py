@@ -390,6 +390,14 @@ def sent_request(h: Any, conv: Conversation, lease: Lease) -> bytes:
     return encode(build_payload(h.settings, lease, wire, box.schemas()))
 
 
+def stamped(h: Any, fake_engine: Any, cid: str) -> Conversation:
+    """A long conversation whose last request the slot holds (as sent, no usage reported)."""
+    conv = long_conv(cid)
+    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
+    h.policy.note_step(conv.id, lease, sent_request(h, conv, lease), None, len(conv.messages))
+    return conv
+
+
 async def test_continuation_is_the_sent_request_plus_one_demand(
     harness, fake_engine, supervisor, recall
 ):
@@ -484,9 +492,7 @@ async def test_continuation_fit_without_usage_counts_the_demand(
     """No usage from the engine: the view's count stands for the slot's prompt, and the
     demand and the summary budget still have to fit beside it."""
     h = harness(compact_continuation=True)
-    conv = long_conv("c17")
-    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
-    h.policy.note_step(conv.id, lease, sent_request(h, conv, lease), None, len(conv.messages))
+    conv = stamped(h, fake_engine, "c17")
     fake_engine.push(text_reply(SUMMARY))
     # 3,780 + 256 (budget) fits 4,096, but not with the demand on top
     assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3780))
@@ -499,9 +505,7 @@ async def test_a_looping_continuation_summary_is_asked_once_more_warmer(
     harness, fake_engine, supervisor, recall, second_passes
 ):
     h = harness(compact_continuation=True)
-    conv = long_conv("c7r")
-    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
-    h.policy.note_step(conv.id, lease, sent_request(h, conv, lease), None, len(conv.messages))
+    conv = stamped(h, fake_engine, "c7r")
     looping = "The buffer fails. " * 40
     fake_engine.push(text_reply(looping), text_reply(SUMMARY if second_passes else looping))
     if not second_passes:
@@ -544,9 +548,7 @@ async def test_continuation_void_after_another_request(
     harness, fake_engine, supervisor, recall, nc
 ):
     h = harness(compact_continuation=True)
-    conv = long_conv("c10")
-    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
-    h.policy.note_step(conv.id, lease, sent_request(h, conv, lease), None, len(conv.messages))
+    conv = stamped(h, fake_engine, "c10")
     js = nc.jetstream()
     await ensure_perf_stream(js)
     await h.policy.slots.start()
@@ -564,9 +566,7 @@ async def test_continuation_void_after_another_request(
 
 async def test_key_off_never_continues(harness, fake_engine, supervisor, recall):
     h = harness()  # COMPACT_CONTINUATION off
-    conv = long_conv("c11")
-    lease = Lease(model="fake-model", n_ctx=4096, base_url=fake_engine.url)
-    h.policy.note_step(conv.id, lease, sent_request(h, conv, lease), None, len(conv.messages))
+    conv = stamped(h, fake_engine, "c11")
     fake_engine.push(text_reply(SUMMARY))
     assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
     [req] = summary_requests(fake_engine)
