@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from typing import Any
 
 import pytest
 from fakes.fake_engine import default_usage, text_reply
 
 from loki_chat.compaction.decide import SUMMARY_HEADER
+from loki_chat.compaction.digest import INTRO
 from loki_chat.compaction.layout import TAIL_FIRST_HEADER
+from loki_chat.compaction.rules import budget_tokens
 from loki_chat.compaction.summariser import EARLIER_SUMMARY_FIRST, TRANSCRIPT_HEADER
+from loki_shared import subjects
 from loki_shared.messages.engine import TemplateProbe
 
 from .conftest import summary_requests
@@ -198,3 +203,58 @@ async def test_tail_first_not_applied_sends_the_summary_first(
     await client.turn("Thanks", cid)
     sent = fake_engine.requests[-1].json["messages"]
     assert sent[1]["content"] == SUMMARY_HEADER + SUMMARY and sent[-1]["content"] == "Thanks"
+
+
+async def recall_text(nc: Any, block_id: str) -> str:
+    raw = await nc.request(
+        subjects.RECALL_TOOL,
+        json.dumps({"name": "recall", "arguments": {"id": block_id}}).encode(),
+        timeout=5,
+    )
+    return json.loads(raw.data)["text"]
+
+
+def long_point(i: int) -> str:
+    """A user message of about 1,400 characters (a big block: archived verbatim)."""
+    return f"Long point {i}: " + " ".join(f"v{i}{k}" for k in range(300))[:1380]
+
+
+async def test_a_failed_summary_leaves_an_index_after_the_tail(
+    chat_runner, supervisor, client, fake_engine, recall, nc
+):
+    """With the key on, a failed summary's fallback keeps the tail first: an index of the torso
+    (each message's start, cut texts named by recall id, everything archived first) takes the
+    summary's place, no longer than a summary's budget; the next request keeps the tail's bytes
+    right after the system prompt. (PREWARM off: its look-ahead would compact a turn earlier.)"""
+    await chat_runner.start(system_prompt="S.", compact_tail_reuse=True, prewarm=False)
+    fake_engine.push(
+        reply("Noted 1.", 700),
+        reply("Noted 2.", 1400),
+        reply("Noted 3.", 2100),
+        reply("Noted 4.", 2800),
+        reply("Noted 5.", 3300),
+        text_reply(""),  # the transcript summary comes back empty: it failed
+    )
+    cid, _ = await client.turn(long_point(1))
+    for i in range(2, 6):
+        await client.turn(point(i), cid)
+    assert len(summary_requests(fake_engine)) == 1
+    fifth = fake_engine.requests[-2].json["messages"]
+    stored = (await client.state(cid)).messages
+    index = stored[1]
+    assert index.loki.injected == "summary" and index.loki.sent_after == len(stored) - 2
+    text = index.content
+    assert text.startswith(SUMMARY_HEADER + INTRO)
+    assert len(text) // 4 <= budget_tokens(4096) + 40  # a summary's budget (and its header)
+    # the long first message is cut and named by its id; recall gives it back verbatim
+    ids = re.findall(r"recall:(r\d+)", text)
+    assert ids
+    blocks = [await recall_text(nc, block) for block in ids]
+    assert any(long_point(1) in b for b in blocks) and any(point(2) in b for b in blocks)
+    fake_engine.push(reply("Sure.", 900))
+    await client.turn("Thanks", cid)
+    sent = fake_engine.requests[-1].json["messages"]
+    k = index.loki.sent_after
+    assert sent[1:k] == fifth[len(fifth) - (k - 1) :]  # the tail, right after the system
+    assert sent[k + 1]["content"] == TAIL_FIRST_HEADER + text[len(SUMMARY_HEADER) :] + "\n\nThanks"
+    assert no_two_users(sent)

@@ -15,7 +15,9 @@ together (tests named in docs/behaviour.md (compaction)):
   its big blocks (:func:`~.rules.strip_torso`, ids kept) — raw reasoning is never installed;
 - after: system, the summary message (holding the torso's last request re-injected when the
   tail has no user request), then the tail; with ``COMPACT_TAIL_REUSE`` the summary is
-  marked to be sent after the tail (:mod:`.layout`; stored order unchanged);
+  marked to be sent after the tail (:mod:`.layout`; stored order unchanged), and a failed
+  summary's place is taken by an index of the archived torso (:mod:`.digest`) instead of the
+  stripped torso before the tail;
 - a summary that fails is remembered by its torso's fingerprint (:mod:`.failures`): the
   same summary is never asked again, and the refusal hold-off applies; when the fallback
   leaves the context above the threshold (or strips nothing), or the summary would repeat
@@ -54,8 +56,10 @@ from ..kept_images import drop_kept
 from ..leases import EngineLeases
 from ..settings import Settings
 from . import decide as D
+from . import layout
 from . import summariser as S
 from .archive import Archiver, BlockIds
+from .digest import digest
 from .events import CompactionEvents
 from .failures import torso_fingerprint
 from .rules import big_parts, budget_tokens, strip_torso
@@ -294,6 +298,13 @@ class CompactionPolicy:
         if outcome.model:
             st.summary_model = outcome.model
         system = self.settings.system_prompt
+        tail_first = layout.applies(
+            self.settings.compact_tail_reuse, st.external, self.summaries.template
+        )
+        if tail_first and outcome.failure != "no_lease":
+            indexed = await self._index(view, n_ctx, st, t0, cut, ids, archived, outcome, note)
+            if indexed:
+                return True
         stripped = strip_torso(cut.torso, ids, self.summaries.cite)
         new = [*stripped, *cut.tail]
         after = conv.meter.view_tokens(system, new)
@@ -338,6 +349,56 @@ class CompactionPolicy:
             note=note,
             stripped=stripped != cut.torso,
         )
+
+    async def _index(
+        self,
+        view: ContextView,
+        n_ctx: int,
+        st: ConvState,
+        t0: float,
+        cut: D.Cut,
+        ids: BlockIds,
+        archived: list[str],
+        outcome: SummaryOutcome,
+        note: str | None,
+    ) -> bool:
+        """COMPACT_TAIL_REUSE's fallback (:mod:`.digest`): the failed summary's place taken
+        by an index of the torso, sent after the tail like a summary, so the tail keeps its
+        place (and its cache). False — nothing changed — when an archive request failed or
+        the result would still be above the threshold (the key-off fallback follows)."""
+        conv = view.conversation
+        before = view.ctx_used
+
+        async def archive(role: str, text: str, tool_name: str | None) -> str | None:
+            return await self.archiver.archive(conv.id, role, text, tool_name)
+
+        made = await digest(cut.torso, ids, budget_tokens(n_ctx), archive, self.summaries.cite)
+        if made is None:
+            return False
+        text, more = made
+        summary = D.summary_message(cut, text, ids, self.summaries.cite)
+        if summary.loki is not None:
+            summary.loki.sent_after = len(D.continued(cut.tail))
+        new = [summary, *cut.tail]
+        system = self.settings.system_prompt
+        after = conv.meter.view_tokens(system, new)
+        if after > self.settings.compact_threshold * n_ctx and view.trigger != "reactive":
+            return False
+        log.warning(
+            "[compact] %s: summary failed (%s); torso indexed after the tail (COMPACT_TAIL_REUSE)",
+            conv.id,
+            outcome.failure,
+        )
+        conv.messages[:] = new
+        conv.meter.invalidate()
+        st.since_step += 1
+        if view.trigger == "reactive":
+            st.reactive_done = True
+        await self.events.mark(
+            view, "fallback", before, after, archived + more, t0, failure=outcome.failure, note=note
+        )
+        await self._shrink_if_still_refused(view, n_ctx, st, before, after)
+        return True
 
     async def _shrink_if_still_refused(
         self, view: ContextView, n_ctx: int, st: ConvState, before: int, after: int

@@ -87,6 +87,19 @@ EARLIER_SUMMARY_FIRST = (
 )
 
 
+def head_of(message: ChatMessage) -> str:
+    """How a transcript line names ``message``'s author: ``[tool <name>]`` for a tool
+    result, ``[Loki note]`` for a reminder, ``[earlier summary]`` for a previous summary,
+    else ``[<role>]``."""
+    if message.loki and message.loki.injected == SUMMARY_KIND:
+        return "[earlier summary]"
+    if is_reminder(message):
+        return "[Loki note]"
+    if message.role == "tool":
+        return f"[tool {message.name or 'result'}]"
+    return f"[{message.role}]"
+
+
 def render_transcript(
     torso: list[ChatMessage],
     ids: dict[tuple[int, str], str | None],
@@ -108,16 +121,8 @@ def render_transcript(
         text = text_of(message)
         if (i, text) in big:
             text = excerpt(text, ids.get((i, text)), cite)
-        if message.loki and message.loki.injected == SUMMARY_KIND:
-            head = "[earlier summary]"
-        elif is_reminder(message):
-            head = "[Loki note]"
-        elif message.role == "tool":
-            head = f"[tool {message.name or 'result'}]"
-        else:
-            head = f"[{message.role}]"
         if text:
-            lines.append(f"{head}: {text}")
+            lines.append(f"{head_of(message)}: {text}")
         for call in message.tool_calls or []:
             args = call.function.arguments
             if (i, args) in big:
