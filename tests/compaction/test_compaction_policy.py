@@ -13,6 +13,7 @@ from fakes.fake_engine import HTTPError, text_reply, tool_reply
 from loki_chat.compaction import summariser as S
 from loki_chat.compaction.decide import REQUEST_HEADER, SUMMARY_HEADER, SUMMARY_HEADER_NO_TOOLS
 from loki_chat.compaction.rules import tail_start
+from loki_chat.compaction.summary_client import RETRY_SAMPLING
 from loki_chat.context import OverflowInfo
 from loki_chat.conversation import Conversation
 from loki_chat.request import build_payload, encode, wire_messages
@@ -248,7 +249,7 @@ async def test_failed_summary_falls_back_to_stripped_torso(
     h = harness()
     conv = long_conv()
     tail = list(conv.messages[-1:])
-    fake_engine.push(reply)
+    fake_engine.push(reply, reply)  # a looping or empty answer is asked once more
     assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
     assert h.markers[0]["path"] == "fallback"
     # no summary, no raw reasoning installed; the torso stays, big blocks stripped, ids kept
@@ -513,9 +514,10 @@ async def test_a_looping_continuation_summary_is_asked_once_more_warmer(
     assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
     reqs = summary_requests(fake_engine)
     first, again = reqs[0], reqs[1]
-    # the same request, warmer: the slot holds its prompt, only the answer is computed again
-    assert first["temperature"] == 0.2 and again["temperature"] == 0.6
-    assert {**again, "temperature": 0.2} == first
+    # the same request, warmer and penalising repeats: the slot holds its prompt, only the
+    # answer is computed again
+    assert first["temperature"] == 0.2 and "repeat_penalty" not in first
+    assert again == {**first, "temperature": 0.6, "repeat_penalty": 1.15}
     if second_passes:
         assert len(reqs) == 2 and h.markers[-1]["path"] == "continuation"
         assert conv.messages[0].content == SUMMARY_HEADER + SUMMARY
@@ -523,6 +525,28 @@ async def test_a_looping_continuation_summary_is_asked_once_more_warmer(
         assert len(reqs) == 3 and "tools" not in reqs[2] and reqs[2]["temperature"] == 0.2
         assert h.markers[-1]["path"] == "summary"
         assert h.policy.failures == {"fake-model": 1} and not h.policy.suspended
+
+
+@pytest.mark.parametrize("external", [False, True])
+async def test_a_looping_transcript_summary_is_asked_once_more_on_a_local_engine(
+    harness, fake_engine, supervisor, recall, external
+):
+    """The transcript path's looping answer is asked once more in the same lease with the
+    retry's sampling on the local llama-server; an external API is asked once (each request
+    is billed there, and its models rarely loop): the fallback follows."""
+    supervisor.external = external
+    h = harness()
+    conv = long_conv("c7t")
+    looping = "The buffer fails. " * 40
+    fake_engine.push(text_reply(looping), text_reply(SUMMARY))
+    assert await h.policy.maybe_compact(h.view(conv, "end", ctx_used=3200))
+    reqs = summary_requests(fake_engine)
+    if external:
+        assert len(reqs) == 1 and h.markers[-1]["path"] == "fallback"
+        return
+    first, again = reqs
+    assert again == {**first, **RETRY_SAMPLING} and h.markers[-1]["path"] == "summary"
+    assert conv.messages[0].content == SUMMARY_HEADER + SUMMARY
 
 
 async def test_continuation_falls_back_and_suspends_on_tool_call(
