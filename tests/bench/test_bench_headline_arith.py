@@ -19,9 +19,11 @@ from bench.headline_bench import (
     recomputation,
     recomputed_share,
     script_session,
+    summary_retries,
     ttft_after_compaction,
     turn_timeline,
 )
+from loki_chat.compaction.summary_client import RETRY_SAMPLING
 
 SYS = list(range(100, 140))  # a 40-token system prompt
 
@@ -134,6 +136,17 @@ def test_classify_by_tag_and_summary_shape() -> None:
     assert classify(ex({"messages": [], "stream": True})) == "main"
     assert classify(ex({"messages": [], "stream": True, "max_tokens": 24})) == "main"
     assert classify(ex({"messages": [], "stream": True, "max_tokens": 1})) == "prewarm"
+
+
+def test_summary_retries_are_the_compact_requests_with_the_retry_sampling() -> None:
+    def ex(body: dict) -> _common.Exchange:
+        return _common.Exchange(0.0, "/v1/chat/completions", body)
+
+    first = {"messages": [{"role": "system", "content": "x"}], "temperature": 0.2}
+    again = {**first, **RETRY_SAMPLING}
+    turn = {"messages": [], "stream": True, "repeat_penalty": RETRY_SAMPLING["repeat_penalty"]}
+    assert summary_retries([ex(first), ex(again), ex(first), ex(turn)]) == 1
+    assert summary_retries([ex(first)]) == 0
 
 
 def test_scripted_session_has_the_required_mix() -> None:
