@@ -194,9 +194,19 @@ def harness(broker: Any, http: httpx.AsyncClient, nats_url: str, tmp_path: Path)
     return make
 
 
+async def recall_text(nc: Any, block_id: str) -> str:
+    """The text the recall tool gives back for ``block_id`` (over ``loki.recall.tool``)."""
+    raw = await nc.request(
+        subjects.RECALL_TOOL,
+        json.dumps({"name": "recall", "arguments": {"id": block_id}}).encode(),
+        timeout=5,
+    )
+    return str(json.loads(raw.data)["text"])
+
+
 def summary_requests(engine: FakeEngine) -> list[dict[str, Any]]:
     """The non-streamed (summary) requests the engine received, decoded."""
     return [r.json for r in engine.requests if r.json.get("stream") is False]
 
 
-__all__ = ["SECRET", "json", "summary_requests"]
+__all__ = ["SECRET", "json", "recall_text", "summary_requests"]

@@ -24,7 +24,7 @@ from loki_shared.messages.events import CompactionEvent
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import ensure_perf_stream
 
-from .conftest import summary_requests
+from .conftest import recall_text, summary_requests
 
 SUMMARY = (
     "Goals: the user shares three design files. Decisions: keep the lexer apart "
@@ -83,15 +83,6 @@ async def collect(nc: Any, subject: str) -> list[Any]:
     await nc.subscribe(subject, cb=on)
     await nc.flush()
     return got
-
-
-async def recall_text(nc: Any, block_id: str) -> str:
-    raw = await nc.request(
-        subjects.RECALL_TOOL,
-        json.dumps({"name": "recall", "arguments": {"id": block_id}}).encode(),
-        timeout=5,
-    )
-    return json.loads(raw.data)["text"]
 
 
 async def until(pred, timeout: float = 5.0) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
 
 import pytest
 from fakes.fake_engine import default_usage, text_reply
@@ -19,10 +18,9 @@ from loki_chat.compaction.digest import INTRO
 from loki_chat.compaction.layout import TAIL_FIRST_HEADER
 from loki_chat.compaction.rules import budget_tokens
 from loki_chat.compaction.summariser import EARLIER_SUMMARY_FIRST, TRANSCRIPT_HEADER
-from loki_shared import subjects
 from loki_shared.messages.engine import TemplateProbe
 
-from .conftest import summary_requests
+from .conftest import recall_text, summary_requests
 
 SUMMARY = "Goals: five points were listed. Decisions: none yet. State: points read."
 SUMMARY_2 = "Goals: nine points. State: all read, nothing open."
@@ -37,22 +35,24 @@ def point(i: int) -> str:
     return f"Point {i}: " + " ".join(f"w{i}{k}" for k in range(150))[:740]
 
 
-async def five_points(client, fake_engine, then=()) -> str:
+async def five_points(client, fake_engine, then=(), first: str = "", summaries=()) -> str:
     """Five turns; the fifth ends past 75% of the 4096-token window (compaction at its end,
-    the summary answered by :data:`SUMMARY`); ``then``: answers queued after it."""
+    the summary answered by :data:`SUMMARY`, or by ``summaries``); ``then``: answers queued
+    after it; ``first``: the first message (else the first point)."""
+    answers = summaries or (text_reply(SUMMARY),)
     fake_engine.push(
         reply("Noted 1.", 700),
         reply("Noted 2.", 1400),
         reply("Noted 3.", 2100),
         reply("Noted 4.", 2800),
         reply("Noted 5.", 3300),
-        text_reply(SUMMARY),
+        *answers,
         *then,
     )
-    cid, _ = await client.turn(point(1))
+    cid, _ = await client.turn(first or point(1))
     for i in range(2, 6):
         await client.turn(point(i), cid)
-    assert len(summary_requests(fake_engine)) == 1
+    assert len(summary_requests(fake_engine)) == len(answers)
     return cid
 
 
@@ -205,15 +205,6 @@ async def test_tail_first_not_applied_sends_the_summary_first(
     assert sent[1]["content"] == SUMMARY_HEADER + SUMMARY and sent[-1]["content"] == "Thanks"
 
 
-async def recall_text(nc: Any, block_id: str) -> str:
-    raw = await nc.request(
-        subjects.RECALL_TOOL,
-        json.dumps({"name": "recall", "arguments": {"id": block_id}}).encode(),
-        timeout=5,
-    )
-    return json.loads(raw.data)["text"]
-
-
 def long_point(i: int) -> str:
     """A user message of about 1,400 characters (a big block: archived verbatim)."""
     return f"Long point {i}: " + " ".join(f"v{i}{k}" for k in range(300))[:1380]
@@ -227,19 +218,9 @@ async def test_a_failed_summary_leaves_an_index_after_the_tail(
     summary's place, no longer than a summary's budget; the next request keeps the tail's bytes
     right after the system prompt. (PREWARM off: its look-ahead would compact a turn earlier.)"""
     await chat_runner.start(system_prompt="S.", compact_tail_reuse=True, prewarm=False)
-    fake_engine.push(
-        reply("Noted 1.", 700),
-        reply("Noted 2.", 1400),
-        reply("Noted 3.", 2100),
-        reply("Noted 4.", 2800),
-        reply("Noted 5.", 3300),
-        text_reply(""),  # the transcript summary comes back empty...
-        text_reply(""),  # ...and so does its retry: it failed
-    )
-    cid, _ = await client.turn(long_point(1))
-    for i in range(2, 6):
-        await client.turn(point(i), cid)
-    assert len(summary_requests(fake_engine)) == 2
+    # the transcript summary comes back empty, and so does its retry: it failed
+    empty = (text_reply(""), text_reply(""))
+    cid = await five_points(client, fake_engine, first=long_point(1), summaries=empty)
     fifth = fake_engine.requests[-3].json["messages"]
     stored = (await client.state(cid)).messages
     index = stored[1]

@@ -48,6 +48,7 @@ from typing import Any
 
 import httpx
 
+from loki_shared.messages.chat import ChatMessage
 from loki_shared.messages.engine import Lease
 
 from ..bus import ChatBus
@@ -255,7 +256,6 @@ class CompactionPolicy:
         st.refused_at = None
         ids, archived = await self.archiver.archive_parts(conv.id, big_parts(cut.torso))
         outcome, path = await self._summarise(view, n_ctx, st, cut, ids, archived)
-        system = self.settings.system_prompt
         if outcome.text is None:
             return await self._failed(view, n_ctx, st, t0, cut, ids, archived, outcome, fingerprint)
         self._passed(outcome.model)
@@ -263,14 +263,14 @@ class CompactionPolicy:
         if self.settings.compact_tail_reuse and summary.loki is not None:
             # COMPACT_TAIL_REUSE: sent after the tail (less its trailing user messages)
             summary.loki.sent_after = len(D.continued(cut.tail))
-        conv.messages[:] = [summary, *cut.tail]
-        conv.meter.invalidate()
-        after = conv.meter.used(system, conv.messages)
-        st.since_step += 1
-        if reactive:
-            st.reactive_done = True
-        await self.events.mark(view, path, before, after, archived, t0, summary=outcome.text)
-        await self._shrink_if_still_refused(view, n_ctx, st, before, after)
+        await self._install(
+            view,
+            n_ctx,
+            st,
+            [summary, *cut.tail],
+            (path, before, None, archived, t0),
+            summary=outcome.text,
+        )
         return True
 
     async def _failed(
@@ -286,8 +286,9 @@ class CompactionPolicy:
         fingerprint: str,
     ) -> bool:
         """The summary failed: remember it (never asked again; hold-off), fall back to the
-        torso stripped of its big blocks, and when that leaves the context above the
-        threshold (or strips nothing), archive-then-drop the oldest exchanges."""
+        torso stripped of its big blocks — with COMPACT_TAIL_REUSE applied, first to an
+        index of it after the tail (:meth:`_index`) — and when that leaves the context above
+        the threshold (or strips nothing), archive-then-drop the oldest exchanges."""
         conv = view.conversation
         reactive = view.trigger == "reactive"
         before = view.ctx_used
@@ -302,8 +303,18 @@ class CompactionPolicy:
             self.settings.compact_tail_reuse, st.external, self.summaries.template
         )
         if tail_first and outcome.failure != "no_lease":
-            indexed = await self._index(view, n_ctx, st, t0, cut, ids, archived, outcome, note)
-            if indexed:
+            indexed = await self._index(view, n_ctx, cut, ids)
+            if indexed is not None:
+                new, after, more = indexed
+                log.warning(
+                    "[compact] %s: summary failed (%s); torso indexed after the tail",
+                    conv.id,
+                    outcome.failure,
+                )
+                marked = ("fallback", before, after, archived + more, t0)
+                await self._install(
+                    view, n_ctx, st, new, marked, failure=outcome.failure, note=note
+                )
                 return True
         stripped = strip_torso(cut.torso, ids, self.summaries.cite)
         new = [*stripped, *cut.tail]
@@ -319,15 +330,14 @@ class CompactionPolicy:
                 conv.id,
                 outcome.failure,
             )
-            conv.messages[:] = new
-            conv.meter.invalidate()
-            st.since_step += 1
-            if reactive:
-                st.reactive_done = True
-            await self.events.mark(
-                view, "fallback", before, after, archived, t0, failure=outcome.failure
+            await self._install(
+                view,
+                n_ctx,
+                st,
+                new,
+                ("fallback", before, after, archived, t0),
+                failure=outcome.failure,
             )
-            await self._shrink_if_still_refused(view, n_ctx, st, before, after)
             return True
         log.warning(
             "[compact] %s: summary failed (%s) and stripping %s; archive and drop",
@@ -351,54 +361,55 @@ class CompactionPolicy:
         )
 
     async def _index(
-        self,
-        view: ContextView,
-        n_ctx: int,
-        st: ConvState,
-        t0: float,
-        cut: D.Cut,
-        ids: BlockIds,
-        archived: list[str],
-        outcome: SummaryOutcome,
-        note: str | None,
-    ) -> bool:
-        """COMPACT_TAIL_REUSE's fallback (:mod:`.digest`): the failed summary's place taken
-        by an index of the torso, sent after the tail like a summary, so the tail keeps its
-        place (and its cache). False — nothing changed — when an archive request failed or
-        the result would still be above the threshold (the key-off fallback follows)."""
+        self, view: ContextView, n_ctx: int, cut: D.Cut, ids: BlockIds
+    ) -> tuple[list[ChatMessage], int, list[str]] | None:
+        """COMPACT_TAIL_REUSE's fallback (:mod:`.digest`): the model view with the failed
+        summary's place taken by an index of the torso, sent after the tail like a summary
+        (the tail keeps its place and its cache), its size (tokens) and the ids it archived.
+        None when an archive request failed, or when the result would still be above the
+        threshold (not reactively): the key-off fallback follows."""
         conv = view.conversation
-        before = view.ctx_used
 
         async def archive(role: str, text: str, tool_name: str | None) -> str | None:
             return await self.archiver.archive(conv.id, role, text, tool_name)
 
         made = await digest(cut.torso, ids, budget_tokens(n_ctx), archive, self.summaries.cite)
         if made is None:
-            return False
+            return None
         text, more = made
         summary = D.summary_message(cut, text, ids, self.summaries.cite)
         if summary.loki is not None:
             summary.loki.sent_after = len(D.continued(cut.tail))
         new = [summary, *cut.tail]
-        system = self.settings.system_prompt
-        after = conv.meter.view_tokens(system, new)
+        after = conv.meter.view_tokens(self.settings.system_prompt, new)
         if after > self.settings.compact_threshold * n_ctx and view.trigger != "reactive":
-            return False
-        log.warning(
-            "[compact] %s: summary failed (%s); torso indexed after the tail (COMPACT_TAIL_REUSE)",
-            conv.id,
-            outcome.failure,
-        )
+            return None
+        return new, after, more
+
+    async def _install(
+        self,
+        view: ContextView,
+        n_ctx: int,
+        st: ConvState,
+        new: list[ChatMessage],
+        marked: tuple[str, int, int | None, list[str], float],
+        **extra: str | None,
+    ) -> None:
+        """Install ``new`` as ``view.conversation``'s model view and count the compaction;
+        mark it (``marked``: path, tokens before, tokens after — None: counted now —,
+        archived ids, monotonic start; ``extra``: the marker's ``summary``, ``failure``,
+        ``note``), then archive-then-drop when it left too much."""
+        path, before, after, archived, t0 = marked
+        conv = view.conversation
         conv.messages[:] = new
         conv.meter.invalidate()
+        if after is None:
+            after = conv.meter.used(self.settings.system_prompt, conv.messages)
         st.since_step += 1
         if view.trigger == "reactive":
             st.reactive_done = True
-        await self.events.mark(
-            view, "fallback", before, after, archived + more, t0, failure=outcome.failure, note=note
-        )
+        await self.events.mark(view, path, before, after, archived, t0, **extra)
         await self._shrink_if_still_refused(view, n_ctx, st, before, after)
-        return True
 
     async def _shrink_if_still_refused(
         self, view: ContextView, n_ctx: int, st: ConvState, before: int, after: int
