@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from loki_shared.messages.chat import ChatMessage
 
+from ..meter import estimate_tokens
 from ..project.snapshot import is_update
 from .rules import is_reminder, text_of
 from .shrink import ArchiveFn
@@ -71,11 +72,6 @@ def _parts(torso: list[ChatMessage], ids: dict[tuple[int, str], str | None]) -> 
     return parts
 
 
-def _tokens(text: str) -> int:
-    """The estimate the meter uses for a text (characters / 4)."""
-    return len(text) // 4
-
-
 async def digest(
     torso: list[ChatMessage],
     ids: dict[tuple[int, str], str | None],
@@ -88,7 +84,8 @@ async def digest(
     Args:
         torso: the messages a failed summary should have covered.
         ids: the big parts archived already, ``(torso index, text) -> id`` (None: failed).
-        budget: at most this many tokens (estimated, characters / 4) for the whole index.
+        budget: at most this many tokens for the whole index (the meter's estimate,
+            :func:`~loki_chat.meter.estimate_tokens`).
         archive: ``await archive(role, text, tool_name)`` → the block's id, or None.
         cite: False when the model cannot call ``recall`` (:func:`~.rules.cites_ids`): no id
             is named, only that the text was archived.
@@ -113,7 +110,7 @@ async def digest(
 
     parts = _parts(torso, ids)
     intro = INTRO if cite else INTRO_NO_TOOLS
-    left = budget - _tokens(intro) - 2
+    left = budget - estimate_tokens(intro) - 2
     lines: list[str] = []
     older = len(parts)
     for part in reversed(parts):
@@ -126,9 +123,9 @@ async def digest(
             line = f"{part.head}: {part.text[:LINE_CHARS]} […] ({mark(block)})"
         # room kept for the line that lists the older messages (when there are some)
         reserve = 0 if older == 1 else 12 + 4 * min(older - 1, LISTED_IDS)
-        if _tokens(line) + 1 + reserve > left:
+        if estimate_tokens(line) + 1 + reserve > left:
             break
-        left -= _tokens(line) + 1
+        left -= estimate_tokens(line) + 1
         lines.append(line)
         older -= 1
     earlier = parts[:older]
