@@ -11,10 +11,12 @@ says what failed (:class:`SummaryOutcome`) and the policy falls back.
   stored view rebuilds it (``sent_view_mismatch`` otherwise) and the lease goes to the same
   local engine (``engine_changed`` otherwise); the request carries that request, the messages
   accepted since (less the trailing user messages) and the demand; a summary rejected as
-  degenerate or empty is asked once more in the same lease at temperature 0.6 (the slot
-  holds the prompt: only the answer is computed again) before the policy turns to the
+  degenerate or empty is asked once more in the same lease with :data:`RETRY_SAMPLING` (the
+  slot holds the prompt: only the answer is computed again) before the policy turns to the
   transcript path;
-- transcript path: the summariser prompt and the rendered transcript.
+- transcript path: the summariser prompt and the rendered transcript; on a local
+  llama-server a degenerate or empty answer is asked once more the same way (an external API
+  is asked once).
 
 With COMPACT_TAIL_REUSE (:mod:`.layout`) the turn's request was sent tail first: the sent
 view is rebuilt in that order, the demand numbers messages as they were sent and asks for the
@@ -69,14 +71,8 @@ RETRY_TEMPERATURE = 0.6
 #: names and ids are still copied whole). Measured 2026-12-01 on SmolLM2-135M, five
 #: continuation requests that had looped in the headline session, 8 seeds each: temperature
 #: 0.6 alone passed 19 of 40, with ``repeat_penalty`` 1.15 40 of 40 (DRY, ``dry_multiplier``
-#: 0.8, 37 of 40). llama.cpp-only fields: never sent to an external API.
+#: 0.8, 37 of 40). llama.cpp-only fields: only ever sent to the local llama-server.
 RETRY_SAMPLING: dict[str, Any] = {"temperature": RETRY_TEMPERATURE, "repeat_penalty": 1.15}
-
-
-def retry_body(body: dict[str, Any], local: bool) -> dict[str, Any]:
-    """``body`` asked once more after a looping answer: :data:`RETRY_SAMPLING` on a local
-    llama-server, only the warmer temperature on an external API (its fields are OpenAI's)."""
-    return {**body, **(RETRY_SAMPLING if local else {"temperature": RETRY_TEMPERATURE})}
 
 
 @dataclass
@@ -268,7 +264,8 @@ class SummaryClient:
     ) -> SummaryOutcome:
         """``outcome`` of ``body``, or — when it was rejected as looping or empty
         (:data:`RETRIED`) — the outcome of the same request asked once more in the same lease
-        with :func:`retry_body` (the slot holds its prompt: only the answer is computed)."""
+        with :data:`RETRY_SAMPLING` (the slot holds its prompt: only the answer is computed).
+        Local llama-server only (callers see to it)."""
         if outcome.failure not in RETRIED or outcome.suspend:
             return outcome
         log.info(
@@ -276,9 +273,9 @@ class SummaryClient:
             cid,
             path,
             outcome.failure,
-            ", ".join(f"{k} {v}" for k, v in retry_body({}, not lease.external).items()),
+            ", ".join(f"{k} {v}" for k, v in RETRY_SAMPLING.items()),
         )
-        return await self._send(cid, lease, retry_body(body, not lease.external), budget)
+        return await self._send(cid, lease, {**body, **RETRY_SAMPLING}, budget)
 
     async def _send(
         self, cid: str, lease: Lease, body: dict[str, Any], budget: int
