@@ -16,13 +16,12 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from .backup_cmd import register as register_backup
 from .stack import Stack, StackConfig, StackError
+from .term import console, say
 
 app = typer.Typer(add_completion=False, help="Loki, a self-hosted assistant around a local LLM.")
-console = Console(stderr=True, soft_wrap=True)
 
 #: Exit status of ``loki up`` when Loki cannot start (or cannot go on).
 EXIT_FAILED = 1
@@ -38,7 +37,7 @@ def up(
 ) -> None:
     """Run the whole stack in the foreground until Ctrl-C (or SIGTERM)."""
     config = StackConfig.from_environ()
-    stack = Stack(config, log=lambda line: console.print(f"[bold cyan]loki[/] {line}"))
+    stack = Stack(config, log=lambda line: say(line, "loki", "bold cyan"))
     signals = 0
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -62,15 +61,19 @@ def up(
                 info = stack.wait_engine(lambda: signals > 0)
             if info:
                 model = Path(info.get("model") or "?").name
-                console.print(f"engine ready: {model} (n_ctx {info.get('n_ctx')})")
+                say(f"{model} (n_ctx {info.get('n_ctx')})", "engine ready:")
         if not signals:
             stack.up = True
-            console.print(f"\n[bold green]Loki is up:[/] {stack.url}   (Ctrl-C to stop)\n")
+            console.print()
+            say(f"{stack.url}   (Ctrl-C to stop)\n", "Loki is up:", "bold green")
         while not signals:
             stack.poll()
             time.sleep(0.5)
     except StackError as exc:
-        console.print(f"[red]Loki cannot start:[/] {exc}" if not stack.up else f"[red]{exc}[/]")
+        if stack.up:
+            say(exc, style="red")
+        else:
+            say(exc, "Loki cannot start:", "red")
         status = EXIT_FAILED
     finally:
         if stack.procs or stack.infra:
@@ -92,9 +95,9 @@ def doctor() -> None:
         ("bundled model", servers.find_bundled_model),
     ):
         try:
-            console.print(f"{label:14} {find()}")
+            say(find(), f"{label:14}")
         except servers.ServerNotFound as exc:
-            console.print(f"{label:14} [red]missing[/]: {exc}")
+            say(exc, f"{label:14} missing:", "red")
 
 
 register_backup(app)

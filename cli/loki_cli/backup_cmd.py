@@ -27,7 +27,6 @@ import os
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from loki_shared import credentials, servers
 from loki_shared.backup import (
@@ -40,8 +39,7 @@ from loki_shared.backup import (
 from loki_shared.backup.passphrase import read_passphrase
 
 from . import runfile
-
-console = Console(stderr=True)
+from .term import console, say
 
 PASSPHRASE_FILE = typer.Option(
     None, "--passphrase-file", help="File whose first line is the passphrase."
@@ -90,7 +88,7 @@ def _embedded_login(home: Path, url: str, store: str) -> str:
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]{exc}[/]")
+    say(exc, style="red")
     return typer.Exit(1)
 
 
@@ -121,7 +119,7 @@ def backup(
     except BackupError as exc:
         raise _fail(exc) from exc
     streams = ", ".join(f"{k}: {v}" for k, v in summary.streams.items()) or "none"
-    console.print(
+    say(
         f"backed up {summary.redis_keys} Redis keys, streams ({streams}) and "
         f"{len(summary.files)} files into {path}"
     )
@@ -163,7 +161,7 @@ def restore(
         for proc in reversed(started):
             proc.stop()
     streams = ", ".join(f"{k}: {v}" for k, v in summary.streams.items()) or "none"
-    console.print(
+    say(
         f"restored {summary.redis_keys} Redis keys, streams ({streams}) and "
         f"{len(summary.files)} files into LOKI_HOME={home}"
     )

@@ -147,3 +147,29 @@ async def test_the_owners_running_turn_or_a_step_asked_since_wins(
     service.shared.leases.main_asked += 1
     assert await check(None) == "taken"  # type: ignore[arg-type]
     assert warm_requests(fake_engine) == []
+
+
+async def test_a_turn_that_has_ended_is_waited_for(
+    chat_runner, supervisor, client, fake_engine, nc
+):
+    """The event comes right after the owner's end event, while its worker still writes the
+    conversation's last state (slow here): the prewarm waits for it and is sent."""
+    service = await chat_runner.start(system_prompt="S.", prewarm=True)
+    _, b = await two_conversations(client, fake_engine, service)
+    actor = service.actors[b]
+    written = actor.persist
+
+    async def slow_persist() -> None:  # Redis under load
+        await asyncio.sleep(0.5)
+        await written()
+
+    actor.persist = slow_persist  # type: ignore[method-assign]
+    fake_engine.push(reply("Sure.", 300))
+    await client.turn("Thanks", b)
+    assert actor.busy and not actor.conv.turn_open  # ended, the last write still under way
+    fake_engine.push(text_reply("w"))
+    await ready(nc)
+    await until(lambda: service.restart_prewarm.last is not None)
+    assert service.restart_prewarm.last == "sent"
+    assert await service.restart_prewarm.task == "done"
+    assert len(warm_requests(fake_engine)) == 1

@@ -15,7 +15,9 @@ Rules:
   are erased after). Nothing when this instance ran no such turn since it started;
 - it must still be this instance's (taken again when its lock is free: an idle
   conversation released by the lock keeper is loaded back), not deleted, and no turn of it
-  running or queued (its own request fills the slot);
+  running or queued (its own request fills the slot); a turn that has ended but whose
+  worker is still writing its last state is waited for (at most :data:`SETTLE_S`), so a
+  restart right after a turn's end still prewarms;
 - the request is the prewarm's: the conversation's model view as the next request sends it
   (less the user message to come), the tools, system message, project block and reasoning
   echo of its last turn, ``max_tokens: 1``, a ``prewarm`` lease (pre-empted by any real
@@ -56,6 +58,9 @@ log = logging.getLogger("loki.chat.prewarm")
 #: Seconds the restart prewarm's lease may wait (a SLOT_PERSIST restore pauses the leases
 #: while it reads the slot file; past it, no prewarm).
 RESTART_WAIT_S = 15.0
+#: Longest wait (s) for the owner's worker to finish a turn that has ended (its end event
+#: published, its last state being written) before the prewarm is decided.
+SETTLE_S = 5.0
 #: Bound of the ``loki.engine.info`` request that reads the restore's outcome (s).
 INFO_TIMEOUT_S = 2.0
 
@@ -104,6 +109,9 @@ class RestartPrewarm:
             return "gone"
         if actor is None or actor.lost:
             return "elsewhere"
+        if actor.busy and not actor.conv.pending and not actor.conv.turn_open:
+            # the worker is past the turn's end (writing its last state): wait for it
+            await actor.settle(SETTLE_S)
         if actor.busy or actor.conv.pending or actor.conv.turn_open:
             return "busy"
         mark = self.shared.leases.main_asked

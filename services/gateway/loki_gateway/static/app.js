@@ -40,8 +40,11 @@
     if (keyPrompt) return keyPrompt;
     keyPrompt = new Promise((resolve) => {
       const dlg = $("key-dialog");
+      const typed = () => $("key-input").value.trim();
+      // stored at submit, before the dialog closes (its close event comes a task later)
+      dlg.querySelector("form").onsubmit = () => { if (typed()) localStorage.setItem("lokiKey", typed()); };
       dlg.onclose = () => {
-        const v = $("key-input").value.trim();
+        const v = typed();
         if (v) localStorage.setItem("lokiKey", v);
         keyPrompt = null;
         resolve(!!v);
