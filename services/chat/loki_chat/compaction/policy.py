@@ -264,12 +264,7 @@ class CompactionPolicy:
             # COMPACT_TAIL_REUSE: sent after the tail (less its trailing user messages)
             summary.loki.sent_after = len(D.continued(cut.tail))
         await self._install(
-            view,
-            n_ctx,
-            st,
-            [summary, *cut.tail],
-            (path, before, None, archived, t0),
-            summary=outcome.text,
+            view, n_ctx, st, [summary, *cut.tail], path, archived, t0, summary=outcome.text
         )
         return True
 
@@ -311,9 +306,17 @@ class CompactionPolicy:
                     conv.id,
                     outcome.failure,
                 )
-                marked = ("fallback", before, after, archived + more, t0)
                 await self._install(
-                    view, n_ctx, st, new, marked, failure=outcome.failure, note=note
+                    view,
+                    n_ctx,
+                    st,
+                    new,
+                    "fallback",
+                    archived + more,
+                    t0,
+                    after=after,
+                    failure=outcome.failure,
+                    note=note,
                 )
                 return True
         stripped = strip_torso(cut.torso, ids, self.summaries.cite)
@@ -331,12 +334,7 @@ class CompactionPolicy:
                 outcome.failure,
             )
             await self._install(
-                view,
-                n_ctx,
-                st,
-                new,
-                ("fallback", before, after, archived, t0),
-                failure=outcome.failure,
+                view, n_ctx, st, new, "fallback", archived, t0, after=after, failure=outcome.failure
             )
             return True
         log.warning(
@@ -392,14 +390,18 @@ class CompactionPolicy:
         n_ctx: int,
         st: ConvState,
         new: list[ChatMessage],
-        marked: tuple[str, int, int | None, list[str], float],
+        path: str,
+        archived: list[str],
+        t0: float,
+        after: int | None = None,
         **extra: str | None,
     ) -> None:
         """Install ``new`` as ``view.conversation``'s model view and count the compaction;
-        mark it (``marked``: path, tokens before, tokens after — None: counted now —,
-        archived ids, monotonic start; ``extra``: the marker's ``summary``, ``failure``,
-        ``note``), then archive-then-drop when it left too much."""
-        path, before, after, archived, t0 = marked
+        mark it (``path``, the ``archived`` ids, ``t0`` the monotonic start, ``after`` its
+        tokens — None: counted now —, ``extra`` the marker's ``summary``, ``failure``,
+        ``note``; tokens before: ``view.ctx_used``), then archive-then-drop when it left too
+        much."""
+        before = view.ctx_used
         conv = view.conversation
         conv.messages[:] = new
         conv.meter.invalidate()
