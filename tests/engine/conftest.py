@@ -169,6 +169,14 @@ def port_of(base_url: str) -> int:
     return int(base_url.rsplit(":", 1)[1])
 
 
+def blocked_signals(pid: int) -> int:
+    """The ``SigBlk`` mask of ``pid`` (``/proc/<pid>/status``), as an integer."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigBlk line for {pid}")
+
+
 def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

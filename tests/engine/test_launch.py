@@ -22,7 +22,15 @@ from loki_shared.messages.engine import (
 )
 from loki_shared.messages.health import HealthReply, HealthRequest
 
-from .conftest import chat, collect_states, port_of, process_alive, request, wait_info
+from .conftest import (
+    blocked_signals,
+    chat,
+    collect_states,
+    port_of,
+    process_alive,
+    request,
+    wait_info,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -167,6 +175,7 @@ async def test_crash_is_restarted_with_backoff_and_leases_wait_for_it(
     assert granted.base_url == info.base_url
     new_pids = sup.engine_pids()
     assert len(new_pids) == 1 and new_pids != [pid]
+    assert blocked_signals(new_pids[0]) == 0, "the relaunched engine has signals blocked"
     names = [s["state"] for s in states]
     assert names[:2] == ["starting", "ready"]
     failed = [s for s in states if s["state"] == "failed"]

@@ -57,12 +57,32 @@ try:  # loaded in the parent: the child between fork and exec only calls prctl
 except OSError:  # not glibc Linux: no parent-death signal
     _LIBC = None
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
-    """Child side: get SIGTERM when the supervisor dies (Linux ``prctl(PR_SET_PDEATHSIG)``),
-    so a killed supervisor never leaves an orphan engine holding the model in memory."""
-    if _LIBC is not None:
-        _LIBC.prctl(1, signal.SIGTERM)
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    """The ``preexec_fn`` of an engine child: a clean start whatever the spawning thread held.
+
+    - The signal mask is emptied: a mask survives fork and exec, so a signal blocked in the
+      thread that spawned the engine would stay blocked in llama-server for its whole life
+      (then neither a stop's SIGTERM nor a parent-death signal reaches it).
+    - ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the engine dies with its supervisor. SIGKILL, not
+      SIGTERM: the supervisor's orderly stop already sends SIGTERM first; this signal is for a
+      supervisor that died without stopping it, and llama-server's SIGTERM handler can hang
+      (it takes a lock the interrupted thread may hold), which left orphans holding the port
+      and the VRAM.
+    - A supervisor that died between fork and the prctl is noticed (the parent pid changed)
+      and the child exits at once.
+    """
+
+    def setup() -> None:  # pragma: no cover - runs in the child
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        if _LIBC is not None:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    return setup
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -157,7 +177,7 @@ class EngineProcess:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env=self.env,
-            preexec_fn=_set_pdeathsig,
+            preexec_fn=_child_setup(os.getpid()),
         )
         self._drain = asyncio.create_task(self._read(), name="llama-server-output")
 
