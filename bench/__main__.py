@@ -42,6 +42,7 @@ EXPECTED = [
     "ui_render",
     "chaos",
     "tail_reuse_quality",
+    "long_conversation",
 ]
 
 #: Time limits (s) when a module does not set ``TIMEOUT_S = {"quick": .., "full": ..}``.

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from loki_gateway.sse import BATCH_MAX_BYTES, BATCH_MAX_EVENTS, coalesce, frames_in_batches
+from loki_gateway.sse import BATCH_MAX_BYTES, BATCH_MAX_EVENTS, frames_in_batches
 from loki_shared.messages.chat import ChatEvent
 
 from .sse_client import ended, parse_frames, read_events, render
@@ -310,33 +310,6 @@ def test_send_longer_than_the_limit_is_refused(gateway_factory, peers):
     with gw.client() as c:
         r = c.post("/api/chat/send", json={"content": "y" * 101})
     assert r.status_code == 400 and r.json()["error"]["code"] == "content_too_long"
-
-
-def test_coalesce_merges_only_plain_text_runs():
-    def ev(seq, delta, **kw):
-        return ChatEvent(conversation="c", seq=seq, ts=float(seq), delta=delta, **kw)
-
-    events = [
-        ev(1, {"role": "assistant", "content": ""}),
-        ev(2, {"content": "a"}),
-        ev(3, {"content": "b"}),
-        ev(4, {"reasoning_content": "r1"}),
-        ev(5, {"reasoning_content": "r2"}),
-        ev(6, {"content": "c"}),
-        ev(7, {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}),
-        ev(8, {"content": "d"}),
-        ev(9, {}, finish_reason="stop"),
-    ]
-    out = coalesce(events)
-    assert [(e.seq, e.delta) for e in out] == [
-        (3, {"role": "assistant", "content": "ab"}),
-        (5, {"reasoning_content": "r1r2"}),
-        (6, {"content": "c"}),
-        (7, {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}),
-        (8, {"content": "d"}),
-        (9, {}),
-    ]
-    assert events[1].delta == {"content": "a"}  # inputs untouched
 
 
 def test_batches_hold_at_most_256_events_or_128_kib():

@@ -363,6 +363,9 @@ class Actor:
             await self.stop_prewarm()
             text = self.conv.pending[0]
             ends = self.turn_ends
+            # the turns before this one are over: their deltas merge (written by its first
+            # persist), so the stored log grows by a few events a turn, not one per token
+            self.conv.compact_log()
             try:
                 async with self.person_turn():
                     runner = TurnRunner(self, text)

@@ -1,15 +1,19 @@
 """A conversation's state: model view (Messages), display log (Log), seq, queue.
 
-The whole state is persisted as ONE sealed blob (see :mod:`loki_chat.store`), so Messages,
-Log and seq can never disagree after a crash.
+The state is persisted by :mod:`loki_chat.store` in one atomic, fenced write per persist: a
+small head (seq, queue, meter, title...), the model view's messages and the display log's new
+events, so Messages, Log and seq can never disagree after a crash. What each write must carry
+(only what changed since the last one) is tracked in :class:`Persisted`.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from loki_shared.chat_log import coalesce
 from loki_shared.messages.chat import ChatEvent, ChatMessage, ConversationKind
 from loki_shared.messages.recall import DEFAULT_PROJECT
 
@@ -17,7 +21,34 @@ from .images import PendingItem
 from .meter import ContextMeter
 from .project.snapshot import ProjSnap
 
-BLOB_VERSION = 1
+#: 1: one blob with everything (read, migrated on the first owned load); 2: the head of
+#: :meth:`Conversation.to_head`, with the messages and the log in their own Redis lists.
+BLOB_VERSION = 2
+
+
+@dataclass
+class Persisted:
+    """What the store last wrote of one conversation (runtime state, never stored itself).
+
+    Attributes:
+        messages: the JSON text of each stored model-view message, in order (a persist
+            writes from the first message whose JSON differs).
+        chunks: ``(first seq, last seq)`` of each stored chunk of the display log, in order.
+        rewrite_from: None, or the seq from which the stored log must be rewritten (a log
+            compaction merged events there, or a reset emptied it: 0).
+        legacy: read from a version-1 blob; the next persist writes the whole conversation in
+            the current layout (the owner persists it at once: :meth:`Ownership.take`).
+    """
+
+    messages: list[str] = field(default_factory=list)
+    chunks: list[tuple[int, int]] = field(default_factory=list)
+    rewrite_from: int | None = None
+    legacy: bool = False
+
+    @property
+    def last_seq(self) -> int:
+        """The last seq of the stored log (0: nothing stored)."""
+        return self.chunks[-1][1] if self.chunks else 0
 
 
 @dataclass
@@ -53,6 +84,9 @@ class Conversation:
     kind: ConversationKind = "main"
     project: str = DEFAULT_PROJECT
     proj_snap: ProjSnap | None = None
+    #: the last seq of the display log that :meth:`compact_log` has merged (stored in the head)
+    log_compacted: int = 0
+    persisted: Persisted = field(default_factory=Persisted, compare=False, repr=False)
 
     def new_event(
         self,
@@ -96,30 +130,92 @@ class Conversation:
             return events[:limit], True
         return events, False
 
-    def to_blob(self) -> dict[str, Any]:
-        blob: dict[str, Any] = {
+    def history_page(self, turns: int, before: int | None = None) -> tuple[list[ChatEvent], bool]:
+        """The display events of the last ``turns`` turns logged before seq ``before`` (None:
+        the end of the log): from the ``turns``-th last user message on (a turn's first
+        event), so a page never starts inside a turn; and whether older events exist.
+
+        Args:
+            turns: how many turns (user messages) the page holds, at least 1.
+            before: only events with a smaller seq.
+        """
+        end = len(self.log)
+        if before is not None:
+            end = bisect.bisect_left(self.log, before, key=lambda e: e.seq)
+        start, seen = end, 0
+        while start > 0 and seen < turns:
+            start -= 1
+            if (self.log[start].loki or {}).get("event") == "user":
+                seen += 1
+        return self.log[start:end], start > 0
+
+    def clear_log(self) -> None:
+        """Empty the display log (a reset: seq goes on); the stored log is rewritten."""
+        self.log.clear()
+        self.log_compacted = self.seq
+        self.persisted.rewrite_from = 0
+
+    def compact_log(self) -> int:
+        """Merge the display events logged since the last compaction
+        (:func:`loki_shared.chat_log.coalesce`) and mark the stored log for a rewrite from
+        the first of them. Called when a turn starts, for the turns before it: a client that
+        was streaming them has had them all; one resuming inside a merged run is told by the
+        merged event's ``merged_from`` (docs/behaviour.md, "Long conversations").
+
+        Returns:
+            How many events the merge removed (0: nothing to merge, nothing marked).
+        """
+        start = len(self.log)
+        while start > 0 and self.log[start - 1].seq > self.log_compacted:
+            start -= 1
+        fresh = self.log[start:]
+        self.log_compacted = self.seq
+        if len(fresh) < 2:
+            return 0
+        merged = coalesce(fresh)
+        removed = len(fresh) - len(merged)
+        if removed:
+            self.log[start:] = merged
+            first = fresh[0].seq
+            pending = self.persisted.rewrite_from
+            self.persisted.rewrite_from = first if pending is None else min(pending, first)
+        return removed
+
+    def to_head(self) -> dict[str, Any]:
+        """The stored head: everything but the messages and the display log (their own
+        lists, :mod:`loki_chat.store`)."""
+        head: dict[str, Any] = {
             "v": BLOB_VERSION,
             "id": self.id,
             "title": self.title,
             "created": self.created,
             "updated": self.updated,
-            "messages": [m.model_dump(exclude_none=True) for m in self.messages],
-            "log": [e.model_dump(exclude_none=True) for e in self.log],
             "seq": self.seq,
             "pending": list(self.pending),
             "turn_open": self.turn_open,
             "meter": self.meter.to_dict(),
+            "log_compacted": self.log_compacted,
         }
         if self.kind != "main":
-            blob["kind"] = self.kind
+            head["kind"] = self.kind
         if self.project != DEFAULT_PROJECT:
-            blob["project"] = self.project
+            head["project"] = self.project
         if self.proj_snap is not None:
-            blob["proj_snap"] = self.proj_snap.to_dict()
+            head["proj_snap"] = self.proj_snap.to_dict()
+        return head
+
+    def to_blob(self) -> dict[str, Any]:
+        """The whole state as one JSON object (the head with ``messages`` and ``log``), the
+        shape of a version-1 blob: exports and tests read it."""
+        blob = self.to_head()
+        blob["messages"] = [m.model_dump(exclude_none=True) for m in self.messages]
+        blob["log"] = [e.model_dump(exclude_none=True) for e in self.log]
         return blob
 
     @classmethod
     def from_blob(cls, data: dict[str, Any]) -> Conversation:
+        """A conversation from a head (``messages`` and ``log`` absent: empty) or from a
+        version-1 blob that holds them."""
         return cls(
             id=data["id"],
             title=data.get("title", ""),
@@ -134,6 +230,7 @@ class Conversation:
             kind="task" if data.get("kind") == "task" else "main",
             project=data.get("project") or DEFAULT_PROJECT,
             proj_snap=ProjSnap.from_dict(data["proj_snap"]) if data.get("proj_snap") else None,
+            log_compacted=int(data.get("log_compacted", 0)),
         )
 
     def info(self) -> dict[str, Any]:

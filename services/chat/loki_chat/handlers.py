@@ -184,7 +184,7 @@ class ChatHandlers:
                 actor.conv.pending.clear()
                 await actor.halt()
                 actor.conv.messages.clear()
-                actor.conv.log.clear()
+                actor.conv.clear_log()
                 actor.conv.meter.invalidate()
                 actor.conv.turn_open = False
                 actor.project.reset(actor.conv)
@@ -275,6 +275,8 @@ class ChatHandlers:
         """Events after ``after_seq``, at most ``limit``, and at most about
         :data:`REPLAY_MAX_BYTES` of JSON (NATS caps a message at 1 MiB by default): ``more``
         tells the caller to ask again from the last seq it got."""
+        if req.turns is not None:
+            return self._history_of(conv, req.turns, req.before_seq)
         events, more = conv.events_after(req.after_seq, req.limit)
         page: list[Any] = []
         size = 0
@@ -286,6 +288,21 @@ class ChatHandlers:
             page.append(event)
             size += n
         return ReplayReply(events=page, last_seq=conv.seq, more=more)
+
+    def _history_of(self, conv: Conversation, turns: int, before: int | None) -> ReplayReply:
+        """The last ``turns`` turns before ``before`` (:meth:`Conversation.history_page`),
+        cut from the front to about :data:`REPLAY_MAX_BYTES` of JSON (``older`` then true)."""
+        events, older = conv.history_page(turns, before)
+        size = 0
+        start = len(events)
+        while start > 0:
+            n = len(events[start - 1].model_dump_json())
+            if size + n > REPLAY_MAX_BYTES and start < len(events):
+                older = True
+                break
+            size += n
+            start -= 1
+        return ReplayReply(events=events[start:], last_seq=conv.seq, older=older)
 
     async def _purge_archive(self, cid: str) -> None:
         """Ask the recall service to delete the blocks ``cid`` archived now. The deletion is

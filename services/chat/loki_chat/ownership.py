@@ -127,6 +127,8 @@ class Ownership:
                     project = await self.shared.project.project_for_new()
                     conv = Conversation(id=cid, project=project, kind=kind)
                     await self.store.save(conv, value)
+                elif conv.persisted.legacy:  # a version-1 blob: rewritten in today's layout
+                    await self.store.save(conv, value)
             except BaseException:
                 await self.store.release(cid, value)
                 raise

@@ -1,9 +1,18 @@
-"""Conversations in Redis: one sealed blob each, and one owner at a time.
+"""Conversations in Redis: a head, the messages and the display log of each, one owner at a
+time, and writes proportional to what changed.
 
-Keys (values sealed with :mod:`loki_shared.sealing`, AAD = the Redis key, or
-``<index key>:<id>`` for index entries):
+Keys (values sealed with :mod:`loki_shared.sealing`; the AAD of each value is named):
 
-- ``loki:chat:conv:<id>`` — the conversation blob (Messages + Log + seq + queue + meter);
+- ``loki:chat:conv:<id>`` — the head (seq, queue, meter, title, project...: small and bounded;
+  :meth:`~loki_chat.conversation.Conversation.to_head`), AAD = the key;
+- ``loki:chat:msgs:<id>`` — list, one model-view message per element, AAD = ``<key>:<index>``
+  (a persist rewrites from the first message that changed: usually it only appends; a
+  compaction of the model view rewrites it, and the view is bounded by the context window);
+- ``loki:chat:log:<id>`` — list, one chunk of display events per element, appended once per
+  persist with the events logged since the last one: ``<first seq>-<last seq>|<sealed JSON
+  list>``, AAD = ``<key>:<first>-<last>`` (a chunk cannot be moved to another conversation or
+  another place unnoticed). A log compaction (:meth:`Conversation.compact_log`) rewrites the
+  chunks from the first merged event on, a reset all of them;
 - ``loki:chat:index`` — hash ``id -> {id, title, created, updated}`` (sealed);
 - ``loki:chat:lock:<id>`` — the owner: ``"<instance>|<fencing token>"``, with an expiry
   (``lock_ttl_s``), renewed by the owner;
@@ -14,29 +23,52 @@ Keys (values sealed with :mod:`loki_shared.sealing`, AAD = the Redis key, or
 
 Every write is a Lua script that first checks the lock still holds this owner's exact value
 (instance and token): an instance whose lock expired and was taken over by another can no
-longer write, even if it still believes it owns the conversation.
+longer write, even if it still believes it owns the conversation. The head, the message and
+log changes and the index entry of one persist are written by one script: all or nothing.
+
+A version-1 conversation (one blob holding everything, before the lists) is read as it is and
+rewritten in the new layout by its owner's first persist (:meth:`Store.load` marks it).
+
+Encoding (JSON of the messages and new events, sealing) and decoding run in a worker thread
+(:func:`asyncio.to_thread`): another conversation's turn on the same instance never waits for
+a long conversation's write or load.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
 from loki_shared import recall_purge
+from loki_shared.messages.chat import ChatEvent, ChatMessage
 from loki_shared.sealing import Sealer
 
-from .conversation import Conversation
+from .conversation import Conversation, Persisted
 from .errors import FencedWrite
 
 PREFIX = "loki:chat"
 INDEX = f"{PREFIX}:index"
 
+# KEYS: lock, head, index, msgs, log. ARGV: lock value, head, id, info, messages kept (-1:
+# all, append only), messages to append (n), log chunks kept (-1: all), the n messages, then
+# the log chunks to append (none, one or two).
 _WRITE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+local keep_m = tonumber(ARGV[5])
+local n = tonumber(ARGV[6])
+local keep_l = tonumber(ARGV[7])
+if keep_m == 0 then redis.call('DEL', KEYS[4])
+elseif keep_m > 0 then redis.call('LTRIM', KEYS[4], 0, keep_m - 1) end
+for i = 1, n do redis.call('RPUSH', KEYS[4], ARGV[7 + i]) end
+if keep_l == 0 then redis.call('DEL', KEYS[5])
+elseif keep_l > 0 then redis.call('LTRIM', KEYS[5], 0, keep_l - 1) end
+for i = 8 + n, #ARGV do redis.call('RPUSH', KEYS[5], ARGV[i]) end
 return 1
 """
 _DELETE = """
@@ -47,6 +79,8 @@ redis.call('DEL', KEYS[4])
 redis.call('DEL', KEYS[1])
 redis.call('SADD', KEYS[5], ARGV[3])
 redis.call('SADD', KEYS[6], ARGV[3])
+redis.call('DEL', KEYS[7])
+redis.call('DEL', KEYS[8])
 return 1
 """
 _RESERVE = """
@@ -71,6 +105,14 @@ def conv_key(cid: str) -> str:
     return f"{PREFIX}:conv:{cid}"
 
 
+def msgs_key(cid: str) -> str:
+    return f"{PREFIX}:msgs:{cid}"
+
+
+def log_key(cid: str) -> str:
+    return f"{PREFIX}:log:{cid}"
+
+
 def lock_key(cid: str) -> str:
     return f"{PREFIX}:lock:{cid}"
 
@@ -88,8 +130,25 @@ def new_conversation_id() -> str:
     return uuid.uuid4().hex
 
 
+@dataclass
+class _Write:
+    """One persist, planned on the event loop and encoded in a worker thread."""
+
+    head: dict
+    messages: list[ChatMessage]
+    stored_messages: list[str]
+    keep_chunks: int  # -1: append only
+    events: list[ChatEvent]
+    rewrite_from: int | None
+    compacted: int  # events up to this seq are final: a chunk never mixes them with others
+    # filled by the encoding
+    message_json: list[str] = field(default_factory=list)
+    args: list[bytes | str | int] = field(default_factory=list)
+    chunks: list[tuple[int, int]] = field(default_factory=list)
+
+
 class Store:
-    """Sealed conversation blobs and ownership locks.
+    """Sealed conversations (head, messages, display log) and ownership locks.
 
     Args:
         client: a ``redis.asyncio.Redis`` (bytes responses).
@@ -133,40 +192,138 @@ class Store:
     async def release(self, cid: str, value: str) -> bool:
         return bool(await self._release(keys=[lock_key(cid)], args=[value]))
 
-    # -- blobs ------------------------------------------------------------------------------
+    # -- conversations ----------------------------------------------------------------------
     async def load(self, cid: str) -> Conversation | None:
-        """The stored conversation, or None when absent.
+        """The stored conversation, or None when absent (head, messages and log read in one
+        MULTI transaction; opened and parsed in a worker thread).
 
         Raises:
-            loki_shared.sealing.SealError: the blob does not open with this key.
+            loki_shared.sealing.SealError: a value does not open with this key (or was moved).
+            ValueError: a stored value is not what this layout writes.
         """
-        key = conv_key(cid)
-        blob = await self.r.get(key)
-        if blob is None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.get(conv_key(cid))
+        pipe.lrange(msgs_key(cid), 0, -1)
+        pipe.lrange(log_key(cid), 0, -1)
+        head, msgs, chunks = await pipe.execute()
+        if head is None:
             return None
-        data = json.loads(self.sealer.open(blob, key.encode()))
-        return Conversation.from_blob(data)
+        return await asyncio.to_thread(self._decode, cid, head, msgs, chunks)
+
+    def _decode(
+        self, cid: str, head: bytes, msgs: list[bytes], chunks: list[bytes]
+    ) -> Conversation:
+        key = conv_key(cid)
+        data = json.loads(self.sealer.open(head, key.encode()))
+        if data.get("v", 1) < 2:  # one blob with everything: the owner's next persist rewrites it
+            conv = Conversation.from_blob(data)
+            conv.persisted = Persisted(rewrite_from=0, legacy=True)
+            return conv
+        conv = Conversation.from_blob(data)
+        mkey = msgs_key(cid)
+        texts = [self.sealer.open(m, f"{mkey}:{i}".encode()).decode() for i, m in enumerate(msgs)]
+        conv.messages = [ChatMessage.model_validate_json(t) for t in texts]
+        lkey = log_key(cid)
+        stored: list[tuple[int, int]] = []
+        for raw in chunks:
+            label, _, sealed = raw.partition(b"|")
+            first_s, _, last_s = label.decode().partition("-")
+            first, last = int(first_s), int(last_s)
+            if stored and first <= stored[-1][1]:
+                raise ValueError(f"log chunk {first}-{last} of {cid} is out of order")
+            events = json.loads(self.sealer.open(sealed, f"{lkey}:{first}-{last}".encode()))
+            conv.log.extend(ChatEvent.model_validate(e) for e in events)
+            stored.append((first, last))
+        conv.persisted = Persisted(messages=texts, chunks=stored)
+        return conv
 
     async def save(self, conv: Conversation, lock_value: str) -> None:
-        """Write the whole conversation as one sealed blob, and its index entry, atomically,
-        only while ``lock_value`` still holds the lock.
+        """Write what changed since the last save, atomically, only while ``lock_value``
+        still holds the lock: the head, the messages from the first that changed, the
+        display events logged since (one chunk; from ``rewrite_from`` after a compaction or
+        a reset), and the index entry.
 
         Raises:
-            FencedWrite: the lock is no longer this owner's.
+            FencedWrite: the lock is no longer this owner's (nothing was written).
         """
-        key = conv_key(conv.id)
-        blob = self.sealer.seal(
-            json.dumps(conv.to_blob(), ensure_ascii=False).encode(), key.encode()
+        done = conv.persisted
+        rewrite = done.rewrite_from
+        if rewrite is None:
+            keep = -1
+            after = done.last_seq
+        else:
+            kept = [c for c in done.chunks if c[1] < rewrite]
+            keep = len(kept)
+            after = kept[-1][1] if kept else 0
+        start = len(conv.log)
+        while start > 0 and conv.log[start - 1].seq > after:
+            start -= 1
+        plan = _Write(
+            head=conv.to_head(),
+            messages=list(conv.messages),
+            stored_messages=done.messages,
+            keep_chunks=keep,
+            events=conv.log[start:],
+            rewrite_from=rewrite,
+            compacted=conv.log_compacted,
         )
-        info = self.sealer.seal(json.dumps(conv.info()).encode(), f"{INDEX}:{conv.id}".encode())
+        info = conv.info()
+        await asyncio.to_thread(self._encode, conv.id, plan, info)
         ok = await self._write(
-            keys=[lock_key(conv.id), key, INDEX], args=[lock_value, blob, conv.id, info]
+            keys=[lock_key(conv.id), conv_key(conv.id), INDEX, msgs_key(conv.id), log_key(conv.id)],
+            args=[lock_value, *plan.args],
         )
         if not ok:
             raise FencedWrite(f"lock of {conv.id} lost; write refused")
+        done.messages = plan.message_json
+        if keep >= 0:
+            done.chunks = done.chunks[:keep]
+        done.chunks.extend(plan.chunks)
+        if done.rewrite_from == rewrite:  # not marked again while this write ran
+            done.rewrite_from = None
+        done.legacy = False
+
+    def _encode(self, cid: str, plan: _Write, info: dict) -> None:
+        """JSON and seals of one write (a worker thread): fills ``plan.args``."""
+        key = conv_key(cid)
+        head = self.sealer.seal(json.dumps(plan.head, ensure_ascii=False).encode(), key.encode())
+        sealed_info = self.sealer.seal(json.dumps(info).encode(), f"{INDEX}:{cid}".encode())
+        texts = [
+            json.dumps(m.model_dump(exclude_none=True), ensure_ascii=False) for m in plan.messages
+        ]
+        stored = plan.stored_messages
+        same = 0
+        while same < min(len(texts), len(stored)) and texts[same] == stored[same]:
+            same += 1
+        keep_m = -1 if same == len(stored) else same
+        mkey = msgs_key(cid)
+        new = [
+            self.sealer.seal(texts[i].encode(), f"{mkey}:{i}".encode())
+            for i in range(same, len(texts))
+        ]
+        args: list[bytes | str | int] = [head, cid, sealed_info, keep_m, len(new), plan.keep_chunks]
+        args.extend(new)
+        # compacted events and fresh ones go to separate chunks: the next compaction then
+        # rewrites only the fresh ones
+        final = [e for e in plan.events if e.seq <= plan.compacted]
+        fresh = plan.events[len(final) :]
+        for part in (final, fresh):
+            if not part:
+                continue
+            first, last = part[0].seq, part[-1].seq
+            body = json.dumps(
+                [e.model_dump(exclude_none=True) for e in part], ensure_ascii=False
+            ).encode()
+            label = f"{first}-{last}"
+            sealed = self.sealer.seal(body, f"{log_key(cid)}:{label}".encode())
+            args.append(label.encode() + b"|" + sealed)
+            plan.chunks.append((first, last))
+        plan.message_json = texts
+        plan.args = args
 
     async def delete(self, cid: str, lock_value: str) -> None:
-        """Remove the blob, its index entry and the lock, and record (same atomic script)
+        """Remove the head, the messages, the log, the index entry and the lock, and record
+        (same atomic script)
         that the recall service must delete the blocks it archived
         (:mod:`loki_shared.recall_purge`).
 
@@ -181,6 +338,8 @@ class Store:
                 seq_key(cid),
                 recall_purge.PURGE_KEY,
                 recall_purge.GONE_KEY,
+                msgs_key(cid),
+                log_key(cid),
             ],
             args=[lock_value, cid, recall_purge.member(conversation=cid)],
         )

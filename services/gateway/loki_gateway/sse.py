@@ -45,6 +45,7 @@ from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
 from loki_shared import subjects
+from loki_shared.chat_log import coalesce
 from loki_shared.errors import LokiError
 from loki_shared.messages.chat import ChatEvent, ReplayReply, ReplayRequest
 
@@ -54,7 +55,6 @@ log = logging.getLogger("loki.gateway.sse")
 
 BATCH_MAX_EVENTS = 256
 BATCH_MAX_BYTES = 128 * 1024
-TEXT_KEYS = ("content", "reasoning_content")
 
 
 def encode_event(event: ChatEvent) -> bytes:
@@ -62,48 +62,6 @@ def encode_event(event: ChatEvent) -> bytes:
     (non-ASCII kept as UTF-8; JSON never holds a raw newline, so one line is enough)."""
     data = json.dumps(event.sse_data(), ensure_ascii=False, separators=(",", ":"))
     return f"id: {event.seq}\ndata: {data}\n\n".encode()
-
-
-def _text_key(event: ChatEvent) -> str | None:
-    """The text key of a plain text delta (``content`` or ``reasoning_content``, alone, with
-    no finish_reason, usage, timings or mark), else None."""
-    if event.finish_reason or event.usage or event.timings or event.loki:
-        return None
-    keys = set(event.delta)
-    for key in TEXT_KEYS:
-        if keys == {key} and isinstance(event.delta[key], str):
-            return key
-    return None
-
-
-def coalesce(events: list[ChatEvent]) -> list[ChatEvent]:
-    """Merge consecutive plain text deltas of the same key (``content`` with ``content``,
-    ``reasoning_content`` with ``reasoning_content``) into one event.
-
-    The merged event keeps the seq and ts of the last event it absorbed, so resuming after
-    its id resumes after every event it stands for. A text delta may also be merged into a
-    preceding event that carries the same text key plus ``role`` (the first delta of a
-    message). Events are not modified in place.
-    """
-    out: list[ChatEvent] = []
-    for event in events:
-        key = _text_key(event)
-        if key and out:
-            prev = out[-1]
-            prev_keys = set(prev.delta)
-            mergeable = (
-                not (prev.finish_reason or prev.usage or prev.timings or prev.loki)
-                and key in prev_keys
-                and isinstance(prev.delta[key], str)
-                and prev_keys <= {key, "role"}
-            )
-            if mergeable:
-                delta = dict(prev.delta)
-                delta[key] = delta[key] + event.delta[key]
-                out[-1] = prev.model_copy(update={"delta": delta, "seq": event.seq, "ts": event.ts})
-                continue
-        out.append(event)
-    return out
 
 
 @dataclass
@@ -271,6 +229,25 @@ async def replay_page(bus: Bus, conversation: str, after_seq: int, limit: int) -
     )
 
 
+async def history_page(
+    bus: Bus, conversation: str, turns: int, before_seq: int | None
+) -> ReplayReply:
+    """The last ``turns`` turns of the display log before ``before_seq`` (None: the end),
+    coalesced (``loki.chat.replay`` with ``turns``).
+
+    Raises:
+        ServiceUnavailable, UpstreamError, ServiceError: see :meth:`Bus.request_ok`.
+    """
+    reply = await bus.request_ok(
+        subjects.CHAT_REPLAY,
+        ReplayRequest(conversation=conversation, turns=turns, before_seq=before_seq),
+        ReplayReply,
+        timeout=10.0,
+    )
+    reply.events = coalesce(reply.events)
+    return reply
+
+
 def frames_in_batches(events: list[ChatEvent]) -> list[bytes]:
     """Encode ``events`` and group the frames into writes of at most
     :data:`BATCH_MAX_EVENTS` events / :data:`BATCH_MAX_BYTES` bytes."""
@@ -366,6 +343,10 @@ async def conversation_stream(
     state = StreamState(after_seq)
     try:
         yield b"retry: 2000\n\n"
+        if first_page.older and first_page.events:
+            # a tail page: where the older history begins (GET /api/chat/history)
+            data = json.dumps({"before": first_page.events[0].seq})
+            yield f"event: history\ndata: {data}\n\n".encode()
         async for chunk in _replay_from(
             bus, feed.conversation, state, page, first_page, coalesce_min
         ):

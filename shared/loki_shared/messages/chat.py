@@ -111,10 +111,14 @@ class ChatEvent(Msg):
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     loki: dict[str, Any] | None = None
+    #: set on an event that stands for a merged run of text deltas
+    #: (:func:`loki_shared.chat_log.coalesce`): the seq of the first event it absorbed.
+    merged_from: int | None = None
 
     def sse_data(self) -> dict[str, Any]:
         """The SSE ``data`` object: ``{"seq", "ts", "choices": [{"index": 0, "delta",
-        "finish_reason"}]}`` plus ``usage``, ``timings`` and ``loki`` when set."""
+        "finish_reason"}]}`` plus ``usage``, ``timings``, ``loki`` and ``merged_from`` when
+        set."""
         data: dict[str, Any] = {
             "seq": self.seq,
             "ts": self.ts,
@@ -126,6 +130,8 @@ class ChatEvent(Msg):
             data["timings"] = self.timings
         if self.loki is not None:
             data["loki"] = self.loki
+        if self.merged_from is not None:
+            data["merged_from"] = self.merged_from
         return data
 
 
@@ -211,19 +217,29 @@ class StateReply(Reply):
 
 
 class ReplayRequest(Msg):
-    """``loki.chat.replay``: display events with ``seq > after_seq``, at most ``limit``."""
+    """``loki.chat.replay``: display events with ``seq > after_seq``, at most ``limit``.
+
+    Paged history (a long conversation opened in the browser): with ``turns`` set, the reply
+    is the events of the last ``turns`` turns before ``before_seq`` (None: the end of the
+    log), starting at a turn's first event (its user message), ``after_seq`` and ``limit``
+    unused; ``older`` in the reply says whether events before the page exist.
+    """
 
     conversation: str
     after_seq: int = 0
     limit: int | None = None
+    turns: int | None = Field(default=None, ge=1, le=1000)
+    before_seq: int | None = Field(default=None, ge=1)
 
 
 class ReplayReply(Reply):
-    """``events`` in increasing seq; ``more`` is true when ``limit`` cut the list."""
+    """``events`` in increasing seq; ``more`` is true when ``limit`` cut the list; ``older``
+    (paged history) is true when events before the first one returned exist."""
 
     events: list[ChatEvent] = Field(default_factory=list)
     last_seq: int = 0
     more: bool = False
+    older: bool = False
 
 
 #: What a conversation is: a person's (``main``) or a scheduled task's run (``task``).

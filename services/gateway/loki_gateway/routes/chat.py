@@ -35,7 +35,7 @@ from ..archive_reader import archived_blocks
 from ..bus import Bus
 from ..deps import get_bus
 from ..errors import BadRequest
-from ..sse import conversation_stream, replay_page
+from ..sse import conversation_stream, history_page, replay_page
 from . import attachments
 
 router = APIRouter(tags=["chat"])
@@ -148,17 +148,27 @@ async def chat_stream(
     conversation: ConvQuery,
     last_event_id: Annotated[int | None, Query(ge=0, le=10**15)] = None,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    tail_turns: Annotated[int | None, Query(ge=1, le=1000)] = None,
     bus: Bus = Depends(get_bus),
 ) -> Any:
     """SSE: the conversation's display log replayed after ``Last-Event-ID`` (header, or the
     ``last_event_id`` query for clients that cannot set it), then live events; ``: ping``
-    every ``LOKI_SSE_PING_S`` seconds. See :mod:`loki_gateway.sse`."""
+    every ``LOKI_SSE_PING_S`` seconds. See :mod:`loki_gateway.sse`.
+
+    ``tail_turns`` (a stream opened from the start, no ``Last-Event-ID``): only the last
+    ``tail_turns`` turns are replayed, after an ``event: history`` frame whose data
+    ``{"before": seq}`` names the first seq sent when older events exist; the client asks for
+    them with ``GET /api/chat/history``. A resume is always exact, whatever was asked first."""
     settings = _settings(request)
     after = _resume_from(last_event_id_header, last_event_id)
     hub = request.app.state.hub
     feed = await hub.attach(conversation)
+    tail = tail_turns if after == 0 else None
     try:
-        first = await replay_page(bus, conversation, after, settings.sse_replay_page)
+        if tail is None:
+            first = await replay_page(bus, conversation, after, settings.sse_replay_page)
+        else:
+            first = await history_page(bus, conversation, tail, None)
     except BaseException:
         await hub.detach(feed)
         raise
@@ -191,6 +201,26 @@ async def chat_stream(
         shutdown_event=shutdown,
         shutdown_grace_period=2.0,
     )
+
+
+@router.get("/api/chat/history")
+async def chat_history(
+    conversation: ConvQuery,
+    before: Annotated[int, Query(ge=1, le=10**15)],
+    turns: Annotated[int, Query(ge=1, le=1000)] = 20,
+    bus: Bus = Depends(get_bus),
+) -> Any:
+    """An older page of the display log (a long conversation scrolled up): the events of the
+    last ``turns`` turns before seq ``before``, text deltas coalesced, each as the SSE data
+    object of its event (``seq`` included); ``before`` is the seq to ask next when ``older``
+    is true."""
+    reply = await history_page(bus, conversation, turns, before)
+    events = reply.events
+    return {
+        "events": [e.sse_data() for e in events],
+        "before": events[0].seq if events else before,
+        "older": reply.older,
+    }
 
 
 @router.get("/api/chat/state")
