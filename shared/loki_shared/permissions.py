@@ -136,6 +136,8 @@ _ENGINE_REQUESTS = (
     subjects.ENGINE_RELEASE,
     subjects.ENGINE_PRESETS,
 )
+#: Measuring the engine (benchmark, optimiser): the gateway and the benchmarks ask it.
+_ENGINE_MEASURE = (subjects.ENGINE_BENCH, subjects.ENGINE_OPTIMISE)
 #: Every request subject the memory service answers (not ``loki.projects.changed``, its event).
 _PROJECTS_REQUESTS = tuple(
     row.subject
@@ -168,6 +170,7 @@ USERS: tuple[Grant, ...] = (
         publish=(
             *_CHAT_REQUESTS,
             *_ENGINE_REQUESTS,
+            *_ENGINE_MEASURE,
             subjects.RECALL_BLOCK,
             subjects.RECALL_BLOCKS,
             subjects.RECALL_PURGE,
@@ -247,6 +250,7 @@ USERS: tuple[Grant, ...] = (
             *js_stream(subjects.STREAM_PERF),
             *js_consume(subjects.STREAM_PERF),
             *js_bucket(subjects.KV_PERF_TOTALS),
+            subjects.ENGINE_BENCH,  # the last benchmark runs, exported on /metrics
             *_health("perf"),
         ),
         subscribe=(
@@ -279,6 +283,7 @@ USERS: tuple[Grant, ...] = (
         publish=(
             *_CHAT_REQUESTS,
             *_ENGINE_REQUESTS,
+            *_ENGINE_MEASURE,
             subjects.RECALL_ARCHIVE,
             subjects.RECALL_TOOL,
             subjects.PERF_RECORD,

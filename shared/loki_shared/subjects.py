@@ -100,6 +100,8 @@ ENGINE_RELEASE = "loki.engine.release"  # ReleaseRequest -> ReleaseReply
 ENGINE_RENEW = "loki.engine.renew"  # RenewRequest -> Lease (extends the lease's TTL)
 ENGINE_STATE = "loki.engine.state"  # EngineState, event on every state change
 ENGINE_PRESETS = "loki.engine.presets"  # PresetsRequest -> PresetsReply
+ENGINE_BENCH = "loki.engine.bench"  # BenchRequest -> BenchReply (benchmark of the preset)
+ENGINE_OPTIMISE = "loki.engine.optimise"  # OptimiseRequest -> OptimiseReply (launch search)
 
 # --- perf service (queue group QUEUE_PERF) -------------------------------------------------
 QUEUE_PERF = "perf"
@@ -196,6 +198,8 @@ EXCHANGES: dict[str, Exchange] = _table(
     Exchange(ENGINE_RENEW, engine.RenewRequest, engine.Lease),
     Exchange(ENGINE_STATE, engine.EngineState, None),
     Exchange(ENGINE_PRESETS, engine.PresetsRequest, engine.PresetsReply),
+    Exchange(ENGINE_BENCH, engine.BenchRequest, engine.BenchReply),
+    Exchange(ENGINE_OPTIMISE, engine.OptimiseRequest, engine.OptimiseReply),
     Exchange(PERF_RECORD, perf.PerfRecord, None),
     Exchange(PERF_SUMMARY, perf.SummaryRequest, perf.PerfSummary),
     Exchange(PERF_LOSSES, perf.LossesRequest, perf.LossesReply),

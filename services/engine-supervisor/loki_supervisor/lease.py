@@ -139,6 +139,13 @@ class LeaseManager:
         """Requests queued for a lease."""
         return len(self._waiting)
 
+    def kind_active(self, kinds: frozenset[str]) -> bool:
+        """A lease of one of ``kinds`` is held or waited for (the optimiser's "a turn runs
+        or waits")."""
+        return any(h.lease.kind in kinds for h in self.held.values()) or any(
+            w.request.kind in kinds and not w.future.done() for w in self._waiting
+        )
+
     # ------------------------------------------------------------------ operations
     async def acquire(self, request: LeaseRequest) -> Lease:
         """Wait (at most ``request.wait_s``) for a lease for one request of ``request.kind``.

@@ -1,6 +1,6 @@
 """The supervisor service: the active preset, the engine runner, the lease manager, and
 their NATS handlers (``loki.engine.info``, ``.lease``, ``.renew``, ``.release``,
-``.presets``; events on ``loki.engine.state``)."""
+``.presets``, ``.bench``, ``.optimise``; events on ``loki.engine.state``)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,15 @@ from redis.asyncio import Redis
 
 from loki_shared import servers, subjects
 from loki_shared.messages.engine import (
+    BenchReply,
+    BenchRequest,
     EngineInfo,
     EngineInfoRequest,
     EngineState,
     Lease,
     LeaseRequest,
+    OptimiseReply,
+    OptimiseRequest,
     Preset,
     PresetsReply,
     PresetsRequest,
@@ -35,11 +39,14 @@ from loki_shared.sealing import Sealer
 
 from . import facts as facts_mod
 from . import model_files, slot_files
+from .bench_job import BenchRunner
+from .bench_store import BenchStore
 from .cache_reuse import chunk_tokens
 from .draft import DraftRequest
 from .engine import EngineRunner, LaunchSpec
 from .errors import InvalidRequest, SupervisorError
 from .lease import LeaseManager, Target
+from .optimise import Optimiser
 from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, tristate, truthy
 from .preflight import check_model_file
 from .presets import ENV_PRESET_ID, PresetStore, public, step_cap, test_connection
@@ -142,6 +149,10 @@ class Supervisor:
         self._advised = False
         self._reuse_logged = False  # COMPACT_TAIL_REUSE on an external preset, said once
         self._advice_notes: list[str] = []
+        self.bench_store = BenchStore(redis, sealer)
+        self.bench = BenchRunner(self)
+        self.optimiser = Optimiser(self)
+        self.closing = False
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -154,6 +165,9 @@ class Supervisor:
     async def close(self) -> None:
         """Save slot 0 when SLOT_PERSIST asks it (a planned stop), stop the engine (SIGTERM)
         and fail waiting lease requests."""
+        self.closing = True
+        await self.bench.cancel()
+        await self.optimiser.cancel()
         if self._apply_task:
             self._apply_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -283,6 +297,42 @@ class Supervisor:
             return cfg, plan_launch(cfg, facts)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
+
+    async def launch_facts(self, preset: Preset) -> Facts:
+        """The facts the launch rules read for a local preset (GGUF headers, GPUs, RAM,
+        the engine's ``--help``), read now."""
+        cfg = self.local_config(preset)
+        draft = Path(cfg.draft.model) if cfg.draft.model else None
+        binary = servers.find_llama_server()
+        return await asyncio.to_thread(collect_facts, cfg.model, binary, draft)
+
+    def bench_n_ctx(self) -> int:
+        """The window a ``bench`` request gets: slot 1's with SIDE_SLOT, else the
+        conversation's (tokens)."""
+        slots = self.runner.props.slot_n_ctx
+        if self.view().two_slots:
+            return slots[1]
+        return self.n_ctx()
+
+    async def launch_and_wait(self, preset: Preset) -> str | None:
+        """Launch ``preset`` (not stored, not made active: the optimiser's candidates and the
+        preset it restores) and wait until its engine is ready. Returns None when ready, else
+        why not (the launch failed, or not ready within the start timeout + 30 s)."""
+        if self.closing:
+            return "the supervisor is stopping"
+        old = self.runner.process
+        await self.apply(preset)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.engine_start_timeout + 30
+        while loop.time() < deadline:
+            runner = self.runner
+            if runner.process is not old or runner.process is None:
+                if runner.state == "ready" and runner.process is not None:
+                    return None
+                if runner.state == "failed":
+                    return runner.detail or "the launch failed"
+            await asyncio.sleep(0.2)
+        return "the engine was not ready in time"
 
     # ------------------------------------------------------------------ applying
     async def apply(self, preset: Preset) -> None:
@@ -537,6 +587,8 @@ class Supervisor:
             InvalidRequest, NotFound: bad request, unknown preset.
         """
         active = await self.store.active_id()
+        if req.action in ("save", "switch") and self.optimiser.running:
+            await self.optimiser.cancel()  # the person's preset wins over a search
         if req.action == "list":
             return PresetsReply(presets=[public(p) for p in await self.store.list()], active=active)
         if req.action == "get":
@@ -672,3 +724,11 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
     @broker.subscriber(subjects.ENGINE_PRESETS, queue=subjects.QUEUE_ENGINE, max_workers=4)
     async def on_presets(req: PresetsRequest) -> PresetsReply:
         return await sup.presets(req)
+
+    @broker.subscriber(subjects.ENGINE_BENCH, queue=subjects.QUEUE_ENGINE, max_workers=4)
+    async def on_bench(req: BenchRequest) -> BenchReply:
+        return await sup.bench.handle(req)
+
+    @broker.subscriber(subjects.ENGINE_OPTIMISE, queue=subjects.QUEUE_ENGINE, max_workers=4)
+    async def on_optimise(req: OptimiseRequest) -> OptimiseReply:
+        return await sup.optimiser.handle(req)

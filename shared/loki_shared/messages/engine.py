@@ -302,3 +302,136 @@ class PresetsReply(Reply):
     preset: dict[str, Any] | None = None
     active: str | None = None
     detail: dict[str, Any] | None = None
+
+
+# --------------------------------------------------------------------------- measuring
+class BenchPoint(Msg):
+    """One measured point of a benchmark: ``test`` ``pp`` (prompt processing: ``n`` new
+    tokens after ``depth`` cached ones) or ``tg`` (generation: ``n`` tokens after a prompt of
+    ``depth`` tokens), as llama-bench's ``pp N @ d D`` / ``tg N @ d D`` but measured through
+    llama-server (``timings.prompt_per_second`` / ``predicted_per_second`` of its
+    ``/completion`` responses). ``tps``: each repetition's tokens per second;
+    ``median``, ``low``, ``high``: their median and spread (min, max)."""
+
+    test: Literal["pp", "tg"]
+    depth: int
+    n: int
+    tps: list[float] = Field(default_factory=list)
+    median: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+class BenchRun(Msg):
+    """One benchmark run of a preset: ``preset_id``, ``model`` (``/props`` model alias or
+    path), ``build`` (``/props`` ``build_info``), ``settings`` (the launch settings it ran
+    with: ``ubatch``, ``ngl``, ``extra_args``, draft fields), ``points``, ``started``/
+    ``finished`` (Unix seconds), ``reps`` (repetitions per point), ``id_slot`` (the slot it
+    ran in; None: one slot), ``slot_erased`` (CACHE_ISOLATE erased slot 0 after it),
+    ``erase_skipped`` (why not)."""
+
+    run_id: str = ""
+    preset_id: str = ""
+    model: str = ""
+    build: str = ""
+    settings: dict[str, Any] = Field(default_factory=dict)
+    points: list[BenchPoint] = Field(default_factory=list)
+    reps: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+    id_slot: int | None = None
+    slot_erased: bool = False
+    erase_skipped: str | None = None
+
+
+class BenchJob(Msg):
+    """A benchmark or optimiser job as it runs: ``state`` (``idle``, ``running``, ``done``,
+    ``failed``, ``cancelled``), ``done``/``total`` (steps measured of those planned: the
+    progress), ``step`` (what runs now, for a person), ``error`` (why it failed), ``run``
+    (a finished benchmark's :class:`BenchRun`)."""
+
+    job_id: str = ""
+    kind: Literal["bench", "optimise"] = "bench"
+    state: Literal["idle", "running", "done", "failed", "cancelled"] = "idle"
+    done: int = 0
+    total: int = 0
+    step: str = ""
+    error: str | None = None
+    run: BenchRun | None = None
+
+
+class BenchRequest(Msg):
+    """``loki.engine.bench``: ``start`` a benchmark of the preset in service (``depths``:
+    context depths in tokens; ``n_pp``/``n_tg``: tokens per pp/tg test; ``reps``:
+    repetitions; each None: the supervisor's defaults), ``status`` (the job and the stored
+    runs of the preset in service), ``cancel`` the running job, or ``latest`` (the newest run
+    of every preset, model and build: what ``/metrics`` exports)."""
+
+    action: Literal["start", "status", "cancel", "latest"]
+    depths: list[int] | None = None
+    n_pp: int | None = None
+    n_tg: int | None = None
+    reps: int | None = None
+
+
+class BenchReply(Reply):
+    """``job``: the benchmark job (``start``, ``status``, ``cancel``); ``runs``: stored
+    runs, newest last (``status``: the preset in service's; ``latest``: one per preset,
+    model and build)."""
+
+    job: BenchJob | None = None
+    runs: list[BenchRun] = Field(default_factory=list)
+
+
+class OptimiseCandidate(Msg):
+    """One row of the optimiser's table: ``settings`` (the preset fields it changes),
+    ``verdict`` (``measured``, ``refused`` by the memory rules or the plan, ``failed`` to
+    launch or measure, ``pending``), ``reason`` (why refused or failed), ``pp``/``tg``
+    (median tokens per second over the benchmark's points), ``score`` (what is compared:
+    the mean of the pp and tg medians' ratios to the baseline's; the baseline scores 1)."""
+
+    settings: dict[str, Any] = Field(default_factory=dict)
+    verdict: Literal["pending", "measured", "refused", "failed"] = "pending"
+    reason: str | None = None
+    pp: float | None = None
+    tg: float | None = None
+    score: float | None = None
+
+
+class OptimiseResult(Msg):
+    """An optimiser search: ``preset_id``, ``model``, ``build``, ``table`` (the baseline
+    first, then each candidate), ``best`` (the index in ``table`` of the fastest measured
+    row), ``diff`` (the preset fields to change to get it: ``{}`` when the preset as it is
+    was fastest; never applied by the supervisor), ``finished`` (Unix seconds)."""
+
+    search_id: str = ""
+    preset_id: str = ""
+    model: str = ""
+    build: str = ""
+    table: list[OptimiseCandidate] = Field(default_factory=list)
+    best: int | None = None
+    diff: dict[str, Any] = Field(default_factory=dict)
+    finished: float = 0.0
+
+
+class OptimiseRequest(Msg):
+    """``loki.engine.optimise``: ``start`` a search over the preset in service (opt-in;
+    ``candidates``: the settings to try, each a dict of preset fields; None: the search the
+    engine's ``--help`` allows; ``depths``/``n_pp``/``n_tg``/``reps``: the benchmark of each
+    candidate), ``status`` (the job and the last search), or ``cancel`` it (the preset in
+    service is launched again as it was)."""
+
+    action: Literal["start", "status", "cancel"]
+    candidates: list[dict[str, Any]] | None = None
+    depths: list[int] | None = None
+    n_pp: int | None = None
+    n_tg: int | None = None
+    reps: int | None = None
+
+
+class OptimiseReply(Reply):
+    """``job``: the optimiser job; ``result``: the last search of the preset in service
+    (its table, the best row, the diff to apply)."""
+
+    job: BenchJob | None = None
+    result: OptimiseResult | None = None
