@@ -98,7 +98,16 @@ GAUGES: dict[str, str] = {
     "cache_hit_ratio": "Prompt-cache hit ratio over the ring, by kind.",
     "cache_ram_advice_events": "CACHE_RAM advice events in the ring.",
     "perf_rejected_records": "Records refused since start (payload not a JSON object).",
+    "bench_tokens_per_second": (
+        "Median speed of the newest engine benchmark of each preset, model and build, by test "
+        "(pp: prompt processing, tg: generation) and context depth."
+    ),
+    "bench_spread_tokens_per_second": (
+        "Spread (max - min over the repetitions) of the same benchmark points."
+    ),
 }
+#: Labels of the benchmark gauges.
+BENCH_LABELS = ["preset", "model", "build", "test", "depth"]
 
 
 def exported_names() -> set[str]:
@@ -257,12 +266,16 @@ class PerfCollector(Collector):
         ring_summary: callable returning :meth:`loki_perf.ring.Ring.summary`'s dict; the
             service makes it run on its event loop (the scrape runs in another thread).
         rejected: callable returning the count of refused payloads.
+        bench_runs: callable returning the newest benchmark run of each preset, model and
+            build (``BenchRun`` dumps: the supervisor's ``loki.engine.bench`` ``latest``);
+            an empty list when unknown.
     """
 
-    def __init__(self, totals_ref, ring_summary, rejected=lambda: 0) -> None:
+    def __init__(self, totals_ref, ring_summary, rejected=lambda: 0, bench_runs=list) -> None:
         self._totals_ref = totals_ref
         self._ring_summary = ring_summary
         self._rejected = rejected
+        self._bench_runs = bench_runs
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -339,3 +352,32 @@ class PerfCollector(Collector):
             GAUGES["perf_rejected_records"],
             value=self._rejected(),
         )
+        yield from bench_families(self._bench_runs())
+
+
+def bench_families(runs: list[dict[str, Any]]) -> Iterator[Metric]:
+    """The benchmark gauges of ``runs`` (``BenchRun`` dumps): one sample per point."""
+    speed = GaugeMetricFamily(
+        PREFIX + "bench_tokens_per_second", GAUGES["bench_tokens_per_second"], labels=BENCH_LABELS
+    )
+    spread = GaugeMetricFamily(
+        PREFIX + "bench_spread_tokens_per_second",
+        GAUGES["bench_spread_tokens_per_second"],
+        labels=BENCH_LABELS,
+    )
+    for run in runs:
+        for p in run.get("points", []):
+            if p.get("median") is None:
+                continue
+            labels = [
+                str(run.get("preset_id", "")),
+                str(run.get("model", "")),
+                str(run.get("build", "")),
+                str(p["test"]),
+                str(p["depth"]),
+            ]
+            speed.add_metric(labels, float(p["median"]))
+            if p.get("low") is not None and p.get("high") is not None:
+                spread.add_metric(labels, float(p["high"]) - float(p["low"]))
+    yield speed
+    yield spread

@@ -33,6 +33,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from loki_shared import lifecycle, perf_checkpoint, subjects
 from loki_shared.errors import InvalidRequest
+from loki_shared.messages.engine import BenchReply, BenchRequest
 from loki_shared.messages.perf import (
     CacheRamAdviceReply,
     CacheRamAdviceRequest,
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
     from nats.js.kv import KeyValue
 
 CHECKPOINT_KEY = perf_checkpoint.CHECKPOINT_KEY
+#: Seconds a scrape waits for the supervisor's benchmark runs.
+BENCH_ASK_S = 1.0
 
 
 def perf_line(e: Entry) -> str:
@@ -301,13 +304,43 @@ class PerfService:
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(compute(), self._loop).result(timeout=5)
 
+    def _bench_runs_threadsafe(self) -> list[dict[str, Any]]:
+        """The newest benchmark runs, asked of the supervisor (``loki.engine.bench``
+        ``latest``) on the event loop from the scrape thread; [] when it does not answer
+        within :data:`BENCH_ASK_S`."""
+
+        async def ask() -> list[dict[str, Any]]:
+            nc = broker_client(self.broker)
+            if nc is None or not nc.is_connected:
+                return []
+            msg = await nc.request(
+                subjects.ENGINE_BENCH,
+                BenchRequest(action="latest").model_dump_json().encode(),
+                timeout=BENCH_ASK_S,
+            )
+            reply = BenchReply.model_validate_json(msg.data)
+            return [r.model_dump(mode="json") for r in reply.runs]
+
+        assert self._loop is not None
+        try:
+            return asyncio.run_coroutine_threadsafe(ask(), self._loop).result(
+                timeout=BENCH_ASK_S + 1
+            )
+        except Exception:  # noqa: BLE001 - no supervisor, no benchmark gauges this scrape
+            return []
+
     def _start_metrics(self) -> None:
         port = self.settings.perf_metrics_port
         if not port:
             return
         registry = CollectorRegistry(auto_describe=False)
         registry.register(
-            PerfCollector(lambda: self.totals, self._ring_summary_threadsafe, lambda: self.rejected)
+            PerfCollector(
+                lambda: self.totals,
+                self._ring_summary_threadsafe,
+                lambda: self.rejected,
+                self._bench_runs_threadsafe,
+            )
         )
         try:
             self._http = start_http_server(port, self.settings.perf_metrics_host, registry)
