@@ -283,6 +283,7 @@ class Optimiser:
         assert self.result is not None
         table = self.result.table
         launched = False
+        state, error, step = "done", None, "done"
         try:
             self.job.step = "the preset as it is"
             run = await sup.bench.measure(plan, self._progress(0, plan))
@@ -310,23 +311,23 @@ class Optimiser:
                 row.pp, row.tg = bench_mod.summary(run.points)
                 row.verdict = "measured"
             self._finish(table)
-            self.job.state = "done"
-            self.job.step = "done"
         except asyncio.CancelledError:
-            self.job.state = "cancelled"
-            self.job.step = (
-                "stopped: a turn asked for the engine" if self._stopped_by_turn else "cancelled"
-            )
+            state = "cancelled"
+            step = "stopped: a turn asked for the engine" if self._stopped_by_turn else "cancelled"
             raise
         except Exception as exc:  # noqa: BLE001 - the job's verdict, shown to the person
             log.warning("optimiser failed: %s", exc)
-            self.job.state = "failed"
-            self.job.error = str(exc)
+            state, error = "failed", str(exc)
         finally:
-            if launched:
-                await asyncio.shield(sup.launch_and_wait(preset))
-            if self.result is not None and self.job.state == "done":
+            if launched:  # the preset in service comes back before the job says it ended
+                self.job.step = "launching the preset again"
+                why = await asyncio.shield(sup.launch_and_wait(preset))
+                if why is not None:
+                    log.warning("the preset in service did not come back: %s", why)
+            if state == "done":
+                self.job.done = self.job.total
                 await sup.bench_store.save_search(self.result)
+            self.job.state, self.job.error, self.job.step = state, error, step  # type: ignore[assignment]
 
     def _progress(self, row: int, plan: bench_mod.BenchPlan) -> Any:
         """Progress of row ``row``'s benchmark, landing in the search's job."""
