@@ -233,3 +233,43 @@ def test_model_label_values_are_bounded():
         totals.add(decode({"ts": 1.0, "kind": "bench", "model": f"model-{i}"}, i + 1, 0.0))
     models = {k[1] for k in totals.counters["completions"]}
     assert len(models) == 17 and "other" in models
+
+
+def test_bench_runs_become_gauges() -> None:
+    """The newest benchmark run of each preset, model and build: one gauge sample per point
+    (median) and its spread; a point without a median is left out."""
+    run = {
+        "preset_id": "env",
+        "model": "smol",
+        "build": "b1-x",
+        "points": [
+            {"test": "pp", "depth": 0, "n": 64, "median": 500.0, "low": 480.0, "high": 530.0},
+            {"test": "tg", "depth": 512, "n": 16, "median": 40.0, "low": 39.0, "high": 41.5},
+            {"test": "tg", "depth": 1024, "n": 16, "median": None, "low": None, "high": None},
+        ],
+    }
+    registry = CollectorRegistry(auto_describe=False)
+    ring = Ring(capacity=10)
+    registry.register(PerfCollector(lambda: Totals(), ring.summary, lambda: 0, lambda: [run]))
+    text = generate_latest(registry).decode()
+    samples = {
+        (s.name, s.labels.get("test"), s.labels.get("depth")): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name.startswith(PREFIX + "bench")
+    }
+    speed, spread = PREFIX + "bench_tokens_per_second", PREFIX + "bench_spread_tokens_per_second"
+    assert samples == {
+        (speed, "pp", "0"): 500.0,
+        (speed, "tg", "512"): 40.0,
+        (spread, "pp", "0"): 50.0,
+        (spread, "tg", "512"): 2.5,
+    }
+    assert {speed, spread} <= exported_names()
+    labels = next(
+        s.labels
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == speed
+    )
+    assert labels == {"preset": "env", "model": "smol", "build": "b1-x", "test": "pp", "depth": "0"}
