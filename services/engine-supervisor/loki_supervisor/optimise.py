@@ -174,7 +174,9 @@ class Optimiser:
         self.job = BenchJob(kind="optimise")
         self.result: OptimiseResult | None = None
         self._task: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._stopped_by_turn = False
+        self._restore = True
 
     @property
     def running(self) -> bool:
@@ -255,12 +257,15 @@ class Optimiser:
             total=len(table) * plan.steps,
         )
         self._stopped_by_turn = False
+        self._restore = True
         ctx = {"preset": preset, "base_plan": base_plan, "facts": facts, "plan": plan}
         self._task = asyncio.create_task(self._run(candidates, ctx), name="optimise")
-        asyncio.create_task(self._watch(self._task), name="optimise-watch")
+        self._watcher = asyncio.create_task(self._watch(self._task), name="optimise-watch")
 
-    async def cancel(self) -> None:
-        """Stop the search (the preset in service is launched again as it was)."""
+    async def cancel(self, restore: bool = True) -> None:
+        """Stop the search; the preset in service is launched again as it was unless
+        ``restore`` is False (a preset switch or save that launches one itself follows)."""
+        self._restore = restore
         task = self._task
         if task is not None and not task.done():
             task.cancel()
@@ -319,7 +324,7 @@ class Optimiser:
             log.warning("optimiser failed: %s", exc)
             state, error = "failed", str(exc)
         finally:
-            if launched:  # the preset in service comes back before the job says it ended
+            if launched and self._restore:  # the preset in service comes back before the job says it ended
                 self.job.step = "launching the preset again"
                 why = await asyncio.shield(sup.launch_and_wait(preset))
                 if why is not None:

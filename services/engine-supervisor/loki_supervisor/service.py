@@ -587,8 +587,9 @@ class Supervisor:
             InvalidRequest, NotFound: bad request, unknown preset.
         """
         active = await self.store.active_id()
-        if req.action in ("save", "switch") and self.optimiser.running:
-            await self.optimiser.cancel()  # the person's preset wins over a search
+        handover = req.action in ("save", "switch") and self.optimiser.running
+        if handover:  # the person's preset wins over a search (no candidate left running)
+            await self.optimiser.cancel(restore=False)
         if req.action == "list":
             return PresetsReply(presets=[public(p) for p in await self.store.list()], active=active)
         if req.action == "get":
@@ -606,6 +607,8 @@ class Supervisor:
             if saved.id == active:
                 detail["applied"] = True
                 self.apply_in_background(saved)
+            elif handover:
+                self.apply_in_background(await self.store.get(active))
             return PresetsReply(preset=public(saved), active=active, detail=detail)
         if req.action == "delete":
             pid = self._need_id(req)
