@@ -324,7 +324,8 @@ class Optimiser:
             log.warning("optimiser failed: %s", exc)
             state, error = "failed", str(exc)
         finally:
-            if launched and self._restore:  # the preset in service comes back before the job says it ended
+            # the preset in service comes back before the job says it ended
+            if launched and self._restore:
                 self.job.step = "launching the preset again"
                 why = await asyncio.shield(sup.launch_and_wait(preset))
                 if why is not None:
