@@ -50,7 +50,7 @@ async def test_measure_sends_exact_depths_fresh_tokens_and_the_slot():
     assert all(b["id_slot"] == 1 and b["cache_prompt"] for b in sent)
     # depth 0: pp, tg, pp, tg; depth 64: the depth prefilled, then pp, tg, pp, tg
     assert [len(b["prompt"]) for b in sent] == [16, 1, 16, 1, 64, 80, 65, 80, 65]
-    assert [b["n_predict"] for b in sent] == [0, 4, 0, 4, 0, 0, 4, 0, 4]
+    assert [b["n_predict"] for b in sent] == [1, 4, 1, 4, 1, 1, 4, 1, 4]
     depth = sent[4]["prompt"]
     assert all(b["prompt"][:64] == depth for b in sent[5:])
     assert sent[5]["prompt"][64:] != sent[7]["prompt"][64:]  # each repetition's new tokens

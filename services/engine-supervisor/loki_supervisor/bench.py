@@ -5,8 +5,8 @@ measured through llama-server itself (pure measuring; the job, its lease and its
 Like llama-bench's ``pp N @ d D`` and ``tg N @ d D``, but through the server a person runs, so
 what is measured includes the server's batching, slots and prompt cache:
 
-- a *depth* prompt of ``D`` tokens is sent first (``n_predict`` 0: prefill only; cached);
-- ``pp``: the same ``D`` tokens plus ``N`` new ones (``n_predict`` 0); llama-server reuses the
+- a *depth* prompt of ``D`` tokens is sent first (``n_predict`` 1: a prefill; cached);
+- ``pp``: the same ``D`` tokens plus ``N`` new ones (``n_predict`` 1); llama-server reuses the
   cached ``D`` and prefills the ``N``: ``timings.prompt_n`` is ``N`` and
   ``timings.prompt_per_second`` the pp speed at depth ``D``;
 - ``tg``: the depth prompt again (fully cached) with ``n_predict`` ``N`` and ``ignore_eos``:
@@ -137,13 +137,13 @@ async def measure(
     for depth in plan.depths:
         base = _tokens(rng, depth, high)
         if depth:
-            await send(body(base, 0))  # the depth, prefilled and cached
+            await send(body(base, 1))  # the depth, prefilled and cached
         pp: list[float] = []
         tg: list[float] = []
         for rep in range(plan.reps):
             if progress:
                 progress(done, plan.steps, f"pp {plan.n_pp} @ depth {depth} ({rep + 1})")
-            answer = await send(body(base + _tokens(rng, plan.n_pp, high), 0))
+            answer = await send(body(base + _tokens(rng, plan.n_pp, high), 1))
             pp.append(_timing(answer, "prompt_per_second"))
             done += 1
             if progress:
