@@ -9,8 +9,8 @@ what is measured includes the server's batching, slots and prompt cache:
 - ``pp``: the same ``D`` tokens plus ``N`` new ones (``n_predict`` 1); llama-server reuses the
   cached ``D`` and prefills the ``N``: ``timings.prompt_n`` is ``N`` and
   ``timings.prompt_per_second`` the pp speed at depth ``D``;
-- ``tg``: the depth prompt again (fully cached) with ``n_predict`` ``N`` and ``ignore_eos``:
-  ``timings.predicted_per_second`` is the tg speed at depth ``D``.
+- ``tg``: the depth prompt again (cached) plus one fresh token, with ``n_predict`` ``N`` and
+  ``ignore_eos``: ``timings.predicted_per_second`` is the tg speed at depth ``D``.
 
 Prompts are lists of token ids (llama-server's ``/completion`` accepts them), so depths are
 exact; each repetition's ``N`` new tokens differ (nothing of them is cached). Token ids are
