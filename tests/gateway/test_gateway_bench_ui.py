@@ -199,3 +199,24 @@ def test_benchmark_progress_chart_refusal_and_optimiser(
     finally:
         peers.presets["env"].ubatch = None
         page.close()
+
+
+def test_measure_routes_answer_openai_shaped_errors(gateway, peers, measure):
+    """Bad fields are a 400 naming them; a refusal is the supervisor's 409 with its reason;
+    nothing is started by either."""
+    measure.job = BenchJob(kind="bench")
+    measure.refusal = None
+    with gateway.client() as http:
+        bad = http.post("/api/engine/bench", json={"depth": [0]})
+        assert bad.status_code == 400
+        err = bad.json()["error"]
+        assert "depth" in err["message"] and err["code"] == "unknown_field"
+        assert http.post("/api/engine/bench", json={"reps": "many"}).status_code == 400
+        assert measure.job.state == "idle"  # nothing started
+        measure.refusal = "the preset in service is external (an API elsewhere)"
+        refused = http.post("/api/engine/bench", json={"reps": 2})
+        assert refused.status_code == 409
+        assert refused.json()["error"]["message"] == measure.refusal
+        assert refused.json()["error"]["code"] == "conflict"
+        assert http.post("/api/engine/optimise", json={"candidates": "x"}).status_code == 400
+    measure.refusal = None
