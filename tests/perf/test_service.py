@@ -178,3 +178,36 @@ async def test_losses_on_an_unstable_prefix_template_are_labelled_template(perf_
         assert m[conv + '"model": "smol"}'] == 0
     finally:
         svc.stop()
+
+
+async def test_metrics_carry_the_supervisors_newest_benchmark_runs(perf_nats, nc, tmp_path):
+    """At each scrape the perf service asks ``loki.engine.bench`` ``latest`` and exports the
+    runs as gauges; without an answer the scrape still succeeds, without them."""
+    from loki_shared.messages.engine import BenchPoint, BenchReply, BenchRequest, BenchRun
+
+    asked: list[str] = []
+
+    async def answer(msg) -> None:
+        asked.append(BenchRequest.model_validate_json(msg.data).action)
+        run = BenchRun(
+            preset_id="env",
+            model="smol",
+            build="b1-x",
+            points=[BenchPoint(test="tg", depth=512, n=16, median=40.0, low=39.0, high=41.0)],
+        )
+        await msg.respond(BenchReply(runs=[run]).model_dump_json().encode())
+
+    svc = PerfProc(perf_nats, tmp_path / "home")
+    try:
+        before = await asyncio.to_thread(svc.scrape)
+        assert "lokiassist_bench_tokens_per_second" not in before  # no supervisor: none
+        sub = await nc.subscribe(subjects.ENGINE_BENCH, cb=answer)
+        await nc.flush()
+        m = await asyncio.to_thread(svc.scrape)
+        await sub.unsubscribe()
+        labels = '{"build": "b1-x", "depth": "512", "model": "smol", "preset": "env", "test": "tg"}'
+        assert m["lokiassist_bench_tokens_per_second" + labels] == 40.0
+        assert m["lokiassist_bench_spread_tokens_per_second" + labels] == 2.0
+        assert asked == ["latest"]
+    finally:
+        svc.stop()
