@@ -140,7 +140,7 @@ async def test_benchmark_keeps_the_conversation_cache_and_is_refused_on_an_exter
     assert opt.error is not None and "external" in opt.error.message
 
 
-async def test_optimiser_proposes_the_measured_fastest_of_two_ubatch_values(
+async def test_optimiser_proposes_the_measured_fastest_of_two_ubatch_values_and_yields_to_a_turn(
     engine_env, supervisor_factory, nc
 ):
     sup = supervisor_factory(engine_env)
@@ -185,3 +185,30 @@ async def test_optimiser_proposes_the_measured_fastest_of_two_ubatch_values(
         nc, subjects.ENGINE_OPTIMISE, OptimiseRequest(action="status"), OptimiseReply
     )
     assert kept.result.search_id == result.search_id  # the table is kept
+
+    # a turn that asks for the engine during a search stops it; the preset comes back first
+    again = OptimiseRequest(
+        action="start", candidates=[{"ubatch": 64}], depths=[0], n_pp=32, n_tg=4, reps=1
+    )
+    started = await request(nc, subjects.ENGINE_OPTIMISE, again, OptimiseReply, 30)
+    assert started.job.state == "running"
+    await asyncio.sleep(1.0)
+    async with engine_lease(nc, LeaseRequest(kind="main", conversation="c1", wait_s=300)) as held:
+        assert held.lease.base_url
+    stopped = await _until_done(
+        nc, subjects.ENGINE_OPTIMISE, OptimiseRequest(action="status"), OptimiseReply, 120
+    )
+    assert stopped.job.state == "cancelled"
+    assert stopped.job.step == "stopped: a turn asked for the engine"
+    info = await wait_info(nc, lambda i: i.state == "ready", 120, sup)
+    assert "--ubatch-size" not in info.argv
+
+    # and cancel stops it too
+    started = await request(nc, subjects.ENGINE_OPTIMISE, again, OptimiseReply, 30)
+    assert started.job.state == "running"
+    cancelled = await request(
+        nc, subjects.ENGINE_OPTIMISE, OptimiseRequest(action="cancel"), OptimiseReply, 300
+    )
+    assert cancelled.job.state == "cancelled" and cancelled.job.step == "cancelled"
+    info = await wait_info(nc, lambda i: i.state == "ready", 120, sup)
+    assert "--ubatch-size" not in info.argv
