@@ -8,11 +8,10 @@ import json
 import nats
 import pytest
 
+from loki_perf.decode import CAUSES
 from loki_shared import subjects
 from loki_shared.nats import make_broker
 from loki_shared.perf_publish import publish_record
-
-from loki_perf.decode import CAUSES
 
 from .perf_helpers import PerfProc, record, request, reset_stream, wait_summary
 

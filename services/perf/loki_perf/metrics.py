@@ -6,8 +6,8 @@ only (``cause`` is added on the two loss counters, from the fixed set
 :data:`loki_perf.decode.CAUSES`). Every label value comes from a bounded set Loki controls:
 ``kind`` from :data:`loki_perf.decode.KINDS` (anything else reads ``unknown``), ``cause`` from
 ``CAUSES``, ``model`` from the lease's model (a local engine's always its own label; external
-ones at most :data:`_MAX_MODELS`, then ``other``, counted afresh at each start); gauges computed from the ring carry ``depth`` (fixed bucket
-names) or nothing.
+ones at most :data:`_MAX_MODELS`, then ``other``, counted afresh at each start); gauges
+computed from the ring carry ``depth`` (fixed bucket names) or nothing.
 
 Counters are *derived from the records*: :class:`Totals` is a pure function of a checkpoint
 (totals up to stream sequence ``seq``, kept in a JetStream key-value bucket) plus the records
