@@ -115,6 +115,57 @@ def test_refused_uploads(gateway_factory, peers) -> None:
         assert scan.status_code == 415 and "images" in scan.json()["error"]["message"]
 
 
+def _broken_png() -> bytes:
+    good = bytearray(png(64, 64))
+    start = good.index(b"IDAT") + 4
+    good[start : start + 12] = b"\x00" * 12  # the compressed pixels no longer inflate
+    return bytes(good)
+
+
+def test_every_parser_failure_is_a_4xx_naming_the_file(gateway, peers, redis_url) -> None:
+    """Issue 38 §7: whatever parser fails on an upload (pypdf on a filter it cannot decode or
+    a broken file, the text decoder, Pillow on a broken image) the answer is 415 or 422 in
+    OpenAI's shape naming the file, and nothing is stored."""
+    r = redis.Redis.from_url(redis_url)
+    before = set(r.scan_iter("loki:chat:att:*"))
+    cases = [
+        ("jbig2.pdf", pdf("Scanned page", filter="JBIG2Decode"), 422),
+        ("unknown-filter.pdf", pdf("Text", filter="NoSuchDecode"), 422),
+        ("broken-flate.pdf", pdf("Text", filter="FlateDecode"), 415),  # no text comes out
+        ("cut.pdf", pdf("Cut short")[:300], 422),
+        ("broken.png", _broken_png(), 422),
+        ("cut.png", png(64, 64)[:60], 422),
+        ("cut.jpg", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x00" * 40, 422),
+        ("junk.gif", b"GIF89a" + b"\xff" * 40, 422),
+        ("junk.webp", b"RIFF\x20\x00\x00\x00WEBPVP8 " + b"\x00" * 30, 422),
+        ("odd.txt", b"\xff\xfeh\x00i\x00\x00", 422),  # UTF-16 with a byte cut off
+        ("bad-utf32.txt", b"\xff\xfe\x00\x00" + b"\xff\xff\xff\xff", 422),
+        ("latin1.txt", "café crème".encode("latin-1"), 415),
+        ("nul.txt", b"abc\x00def", 415),
+    ]
+    with gateway.client() as c:
+        for name, data, status in cases:
+            resp = _upload(c, name, data)
+            assert resp.status_code == status, (name, resp.status_code, resp.text)
+            error = resp.json()["error"]
+            assert {"message", "type", "code"} <= set(error), error
+            assert error["type"] == "invalid_request_error"
+            assert error["code"] == (
+                "unreadable_file" if status == 422 else "unsupported_file_type"
+            )
+            assert repr(name) in error["message"], error
+        assert set(r.scan_iter("loki:chat:att:*")) == before  # nothing stored
+        # text with a byte order mark is read in its encoding and kept as UTF-8
+        for name, data in (
+            ("utf16.txt", "Здоровье 日記".encode("utf-16")),
+            ("utf8-bom.txt", "\ufeffZdravo".encode()),
+        ):
+            ok = _upload(c, name, data)
+            assert ok.status_code == 201, ok.text
+            back = c.get(f"/api/chat/attachment/{ok.json()['id']}").content.decode("utf-8")
+            assert back in ("Здоровье 日記", "Zdravo")
+
+
 def test_behind_the_key(gateway_factory, peers) -> None:
     gw = gateway_factory(key="attach-key")
     with gw.client() as c:

@@ -122,7 +122,7 @@ def _next_wall(cron: str, wall: datetime) -> datetime:
     Raises:
         CroniterError: no match (croniter looks 50 years ahead).
     """
-    return croniter(cron, wall).get_next(datetime)  # type: ignore[no-any-return]
+    return croniter(cron, wall).get_next(datetime)
 
 
 def _exists(wall: datetime, zone: ZoneInfo) -> bool:

@@ -18,7 +18,7 @@ from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
 from loki_shared.permissions import MAX_PAYLOAD
 from loki_shared.sealing import service_sealer
 
-from ..attachments import ID_PATTERN, AttachmentStore, TooLarge, fenced
+from ..attachments import ID_PATTERN, AttachmentStore, TooLarge, clean_name, fenced
 from ..bus import Bus
 from ..errors import BadRequest, ServiceUnavailable
 
@@ -58,17 +58,19 @@ def store(request: Request) -> AttachmentStore:
 @router.post("/api/chat/upload", status_code=201)
 async def upload(request: Request, file: UploadFile) -> Any:
     """Store one file (multipart field ``file``): 201 with ``{"id", "name", "kind", "mime",
-    "size"}``. 413 over ``LOKI_UPLOAD_MAX_MB``, 415 for a type not accepted (by content),
-    423 while an encrypted memory is locked."""
+    "size"}``. 413 over ``LOKI_UPLOAD_MAX_MB``, 415 for a type not accepted (by content), 422
+    for an accepted type its parser cannot read (every refusal names the file; nothing is
+    stored), 423 while an encrypted memory is locked."""
     limit = int(request.app.state.settings.upload_max_mb * 1024 * 1024)
     raw = await file.read(limit + 1)
+    name = clean_name(file.filename)
     if len(raw) > limit:
         raise TooLarge(
-            f"the file is over the upload limit of {request.app.state.settings.upload_max_mb:g} "
-            "MB (LOKI_UPLOAD_MAX_MB)"
+            f"{name!r} is over the upload limit of "
+            f"{request.app.state.settings.upload_max_mb:g} MB (LOKI_UPLOAD_MAX_MB)"
         )
     if not raw:
-        raise BadRequest("the file is empty", code="empty_file")
+        raise BadRequest(f"{name!r} is empty", code="empty_file")
     att = await store(request).put(file.filename or "", raw)
     return att.meta()
 
