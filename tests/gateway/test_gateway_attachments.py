@@ -166,6 +166,52 @@ def test_every_parser_failure_is_a_4xx_naming_the_file(gateway, peers, redis_url
             assert back in ("Здоровье 日記", "Zdravo")
 
 
+def test_an_attachment_belongs_to_the_conversation_it_was_sent_in(gateway, peers) -> None:
+    """Advisory (issue 38): an attachment id from one conversation cannot be read through
+    another: neither sent again in another conversation (nor in a new one) nor read as
+    another conversation's; its own conversation keeps using it."""
+    peers.supervisor.vision = True
+    with gateway.client() as c:
+        att = _upload(c, "plan.txt", b"the secret plan").json()["id"]
+        first = c.post("/api/chat/send", json={"content": "read this", "attachments": [att]})
+        assert first.status_code == 202, first.text
+        conv_a = first.json()["conversation"]
+        n = len(peers.sends)
+        assert "the secret plan" in peers.sends[-1].content
+        other = c.post("/api/chat/send", json={"content": "hi"}).json()["conversation"]
+        for body in (
+            {"content": "and this?", "attachments": [att], "conversation": other},
+            {"content": "and this?", "attachments": [att]},  # a new conversation
+        ):
+            refused = c.post("/api/chat/send", json=body)
+            assert refused.status_code == 404, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "attachment_not_found"
+            assert "does not exist in this conversation" in error["message"]
+        assert len(peers.sends) == n + 1  # only the plain "hi" went on
+        again = c.post(
+            "/api/chat/send",
+            json={"content": "once more", "attachments": [att], "conversation": conv_a},
+        )
+        assert again.status_code == 202
+        # read as another conversation's: 404; as its own: the content
+        read = c.get(f"/api/chat/attachment/{att}", params={"conversation": other})
+        assert read.status_code == 404
+        own = c.get(f"/api/chat/attachment/{att}", params={"conversation": conv_a})
+        assert own.content == b"the secret plan"
+        # an image sent into an existing conversation is bound to it at once
+        img = _upload(c, "red.png", png()).json()["id"]
+        sent = c.post(
+            "/api/chat/send", json={"content": "see", "attachments": [img], "conversation": other}
+        )
+        assert sent.status_code == 202
+        stolen = c.post(
+            "/api/chat/send",
+            json={"content": "see", "attachments": [img], "conversation": conv_a},
+        )
+        assert stolen.status_code == 404
+
+
 def test_behind_the_key(gateway_factory, peers) -> None:
     gw = gateway_factory(key="attach-key")
     with gw.client() as c:

@@ -23,6 +23,12 @@ Rules:
   every read (a send, a thumbnail) sets that expiry again.
 - An id is 32 hex characters (random); a missing or expired one is :class:`AttachmentGone`
   (404), saying to upload again.
+- **One conversation's.** The first send that carries an attachment binds it to that
+  conversation (``loki:chat:att:<id>:conv``, ``SET NX``, the same 24 h expiry); a send in
+  another conversation, or a read that names another, gets :class:`AttachmentGone` (404) as
+  if it did not exist (:meth:`AttachmentStore.claim`). An image the model saw stays on its
+  conversation's own shelf (``loki:chat:img:<conversation>``), which only that conversation
+  reads.
 """
 
 from __future__ import annotations
@@ -270,6 +276,18 @@ def redis_key(att_id: str) -> str:
     return _KEY_PREFIX + att_id
 
 
+def owner_key(att_id: str) -> str:
+    """The Redis key naming the conversation attachment ``att_id`` belongs to."""
+    return _KEY_PREFIX + att_id + ":conv"
+
+
+def _elsewhere(att_id: str) -> AttachmentGone:
+    return AttachmentGone(
+        f"attachment {att_id[:40]!r} does not exist in this conversation (an attachment "
+        "belongs to the conversation it was first sent in): upload the file again here"
+    )
+
+
 class AttachmentStore:
     """Attachments in Redis, sealed (see the module rules).
 
@@ -333,6 +351,40 @@ class AttachmentStore:
             inner = _PLAIN + record
         await self.redis.set(key, self.sealer.seal(inner, key.encode()), ex=TTL_S)
         return att
+
+    async def claim(self, att_id: str, conversation: str | None) -> None:
+        """Bind ``att_id`` to ``conversation`` on its first use; its expiry starts again.
+        ``conversation`` None (a send that makes a new conversation) only checks that the
+        attachment belongs to none yet (:meth:`bind` binds it once the id is known).
+
+        Raises:
+            AttachmentGone: it belongs to another conversation.
+        """
+        key = owner_key(att_id)
+        if conversation is not None and await self.redis.set(key, conversation, nx=True, ex=TTL_S):
+            return
+        owner = await self.redis.get(key)
+        if owner is None and conversation is None:
+            return
+        if owner is None or owner.decode() != conversation:
+            raise _elsewhere(att_id)
+        await self.redis.expire(key, TTL_S)
+
+    async def bind(self, att_ids: list[str], conversation: str) -> None:
+        """Bind each of ``att_ids`` not yet bound to ``conversation`` (after a send made it)."""
+        for att_id in att_ids:
+            await self.redis.set(owner_key(att_id), conversation, nx=True, ex=TTL_S)
+
+    async def check_owner(self, att_id: str, conversation: str) -> None:
+        """Refuse a read of ``att_id`` that names another ``conversation`` than its own (one
+        not bound yet is anyone's: it sits in the composer's tray).
+
+        Raises:
+            AttachmentGone: it belongs to another conversation.
+        """
+        owner = await self.redis.get(owner_key(att_id))
+        if owner is not None and owner.decode() != conversation:
+            raise _elsewhere(att_id)
 
     async def get(self, att_id: str) -> Attachment:
         """The attachment ``att_id``; its 24 h expiry starts again.
