@@ -140,9 +140,9 @@ class Scheduler:
 
     async def record_failure(self, task: Task, exc: Exception, now: float) -> None:
         """Record ``task``'s tick failure as its own ``error`` run (once: at the task's
-        anchor, by the same claim as a due time) and log it; the other tasks go on."""
+        anchor, by the same claim as a due time; logged when first recorded); the other
+        tasks go on."""
         detail = f"{BROKEN}: {exc}"
-        log.warning("task %s: %s", task.id, detail)
         run = TaskRun(
             task=task.id,
             due=task.anchor,
@@ -153,9 +153,14 @@ class Scheduler:
             ended=now,
         )
         try:
-            await self.store.claim(run)
-        except Exception:  # noqa: BLE001 - Redis away: logged above, recorded at a later tick
-            log.warning("task %s: failure not recorded", task.id)
+            recorded = await self.store.claim(run) is not None
+        except Exception:  # noqa: BLE001 - Redis away: recorded at a later tick
+            log.warning("task %s: %s (not recorded: the store is away)", task.id, detail)
+            return
+        if recorded:
+            log.warning("task %s: %s", task.id, detail)
+        else:
+            log.debug("task %s: %s (recorded before)", task.id, detail)
 
     async def recover(self, now: float) -> int:
         """Record ``error`` (:data:`ORPHANED`) every run whose lease ended before ``now``;
