@@ -182,6 +182,7 @@ async def test_missed_due_times_run_the_latest_once_and_skip_the_rest(
         (dict(prompt="x", interval_s=5, tz="Mars/Olympus"), "'tz' is not a known time zone"),
         (dict(prompt="x"), "exactly one of 'cron'"),
         (dict(prompt="x", cron="* * * * *", interval_s=5), "exactly one of 'cron'"),
+        (dict(prompt="x", interval_s=10**15), "'interval_s' must be at most"),
         (dict(prompt="x", cron="0 0 30 2 *"), "can never fire"),
         (dict(prompt="x", cron="0 0 31 4,6,9,11 *"), "can never fire"),
         (dict(prompt="x", cron="0 0 9 * * 1"), "has 6 fields, not 5"),

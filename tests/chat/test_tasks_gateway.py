@@ -156,6 +156,9 @@ async def test_preview_checks_a_schedule_and_gives_its_next_three_runs(
         ({"cron": "0 0 30 2 *"}, "can never fire"),
         ({"cron": "0 0 9 * * 1"}, "has 6 fields, not 5"),
         ({"interval_s": 5, "tz": "Mars/Olympus"}, "'tz' is not a known time zone"),
+        ({"interval_s": 10**15}, "'interval_s' must be at most"),
+        ({"cron": "0 9 * * 1", "tz": "../../etc/passwd"}, "'tz' is not a known time zone"),
+        ({"cron": "0 9 * * 1\u0000"}, "'cron'"),
     ):
         assert_openai_error(await call(gw, "POST", "/api/tasks/preview", json=bad), 400, says)
     assert (await call(gw, "GET", "/api/tasks")).json()["tasks"] == []

@@ -36,6 +36,9 @@ from loki_shared.messages.tasks import Task
 
 #: The most due times one look at a span returns (older ones are not enumerated).
 MAX_DUE = 1000
+#: The longest interval (ten years, seconds): the next runs of a longer one would lie past
+#: the dates Python's calendar holds.
+MAX_INTERVAL_S = 10 * 366 * 24 * 3600
 #: croniter's nicknames accepted in place of five fields.
 NICKNAMES = frozenset(
     {"@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually"}
@@ -58,7 +61,7 @@ def check(spec: Schedule) -> None:
 
     Raises:
         InvalidRequest: neither or both of ``cron`` and ``interval_s``; an interval under
-            1 s; a cron expression that is not exactly five fields (or a nickname), that
+            1 s or over :data:`MAX_INTERVAL_S`; a cron expression that is not exactly five fields (or a nickname), that
             ``croniter`` refuses, or that can never fire; an unknown time zone. The message
             says what to resend.
     """
@@ -66,6 +69,11 @@ def check(spec: Schedule) -> None:
         raise InvalidRequest("give exactly one of 'cron' (a cron expression) or 'interval_s'")
     if spec.interval_s is not None and spec.interval_s < 1:
         raise InvalidRequest(f"'interval_s' must be at least 1 (seconds), not {spec.interval_s}")
+    if spec.interval_s is not None and spec.interval_s > MAX_INTERVAL_S:
+        raise InvalidRequest(
+            f"'interval_s' must be at most {MAX_INTERVAL_S} (ten years, in seconds), not "
+            f"{spec.interval_s}: use a cron expression for a yearly task"
+        )
     zone = _zone(spec.tz)
     if spec.cron is not None:
         cron_fields(spec.cron)
