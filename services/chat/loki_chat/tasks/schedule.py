@@ -61,9 +61,9 @@ def check(spec: Schedule) -> None:
 
     Raises:
         InvalidRequest: neither or both of ``cron`` and ``interval_s``; an interval under
-            1 s or over :data:`MAX_INTERVAL_S`; a cron expression that is not exactly five fields (or a nickname), that
-            ``croniter`` refuses, or that can never fire; an unknown time zone. The message
-            says what to resend.
+            1 s or over :data:`MAX_INTERVAL_S`; a cron expression that is not exactly five
+            fields (or a nickname), that ``croniter`` refuses, or that can never fire; an
+            unknown time zone. The message says what to resend.
     """
     if (spec.cron is None) == (spec.interval_s is None):
         raise InvalidRequest("give exactly one of 'cron' (a cron expression) or 'interval_s'")
