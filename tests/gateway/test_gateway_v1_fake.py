@@ -356,9 +356,7 @@ def test_non_streamed_answer_is_assembled_from_an_upstream_stream(oai, engine):
     assert r.choices[0].message.tool_calls is None
 
 
-def test_perf_records_name_the_leases_model_never_the_clients_or_the_upstreams(
-    oai, engine, peers
-):
+def test_perf_records_name_the_leases_model_never_the_clients_or_the_upstreams(oai, engine, peers):
     """Issue 38 §6: a perf record's model (a Prometheus label value) is the lease's, whatever
     model name the client sends and whatever name the upstream answers with; streamed and
     not."""
