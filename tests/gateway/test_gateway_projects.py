@@ -162,6 +162,31 @@ def test_a_page_and_tracker_values_reach_the_next_conversation_block(
         api.put("/api/projects/active", json={"project": "default"})
 
 
+def test_names_in_any_script_through_the_gateway(api: httpx.Client) -> None:
+    """Issue 38 §4: a project named in Cyrillic, a page named in Japanese and a tracker named
+    in Devanagari are made and read back through ``/api`` with their names as written."""
+    r = api.post("/api/projects", json={"name": "Здоровье"})
+    assert r.status_code == 201, r.text
+    project = r.json()["project"]
+    assert project["name"] == "Здоровье"
+    pid = project["id"]
+    assert api.get(f"/api/projects/{pid}").json()["project"]["name"] == "Здоровье"
+    page = {"content": "# 日記\n今日は晴れ。", "description": "毎日のこと"}
+    r = api.put(f"/api/projects/{pid}/pages/日記", json=page)
+    assert r.status_code == 201, r.text
+    assert r.json()["page"]["file"] == "日記.md"
+    assert api.get(f"/api/projects/{pid}/pages/日記.md").json()["content"] == page["content"]
+    assert (
+        api.get(f"/api/projects/{pid}/pages").json()["index"] == "- [日記](日記.md) — 毎日のこと\n"
+    )
+    r = api.post(f"/api/projects/{pid}/trackers/नींद/values", json={"value": 7.5, "unit": "घंटे"})
+    assert r.status_code == 201, r.text
+    trackers = api.get(f"/api/projects/{pid}/trackers").json()["trackers"]
+    assert [(t["name"], t["slug"]) for t in trackers] == [("नींद", "नींद")]
+    assert error_of(api.put(f"/api/projects/{pid}/pages/MEMORY", json=page), 400)
+    assert error_of(api.post("/api/projects", json={"name": "🙂"}), 400)
+
+
 def test_export_import_round_trips_a_project(api: httpx.Client) -> None:
     api.post("/api/projects", json={"name": "Trip", "instructions": "Be brief."})
     api.put("/api/projects/trip/pages/plan", json={"content": "# Plan\nOslo.", "description": "d"})

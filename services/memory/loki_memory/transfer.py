@@ -87,8 +87,15 @@ def _unpack(zip_b64: str) -> dict[str, bytes]:
             if sum(i.file_size for i in infos) > UNPACKED_MAX:
                 raise InvalidRequest(f"the zip unpacks to over {UNPACKED_MAX} bytes")
             return {i.filename: zf.read(i) for i in infos}
+    except InvalidRequest:
+        raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
         raise InvalidRequest("zip_b64 is not a zip: resend a zip made by export") from exc
+    except Exception as exc:
+        # a member compressed by a method zipfile lacks, encrypted, or whose data is broken
+        raise InvalidRequest(
+            f"the zip cannot be read ({type(exc).__name__}: {exc}): resend a zip made by export"
+        ) from exc
 
 
 def _manifest(files: dict[str, bytes]) -> dict[str, Any]:
@@ -98,6 +105,9 @@ def _manifest(files: dict[str, bytes]) -> dict[str, Any]:
         raise InvalidRequest("the zip has no readable project.json: not a Loki export") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise InvalidRequest(f"project.json is not of format {FORMAT!r}: not a Loki export")
+    for field in ("pages", "trackers"):
+        if not isinstance(manifest.get(field) or {}, dict):
+            raise InvalidRequest(f"project.json's {field!r} is not an object: not a Loki export")
     return manifest
 
 

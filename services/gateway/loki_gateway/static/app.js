@@ -719,6 +719,8 @@
     loadConversations: loadConversations, openConversation: openConversation,
     // the tasks panel opens a run's conversation (not in the sidebar's list: kind "task")
     openTaskRun: (id, title) => { state.titles[id] = title; openConversation(id); },
+    // the open conversation (attachments.js reads its thumbnails as that conversation's)
+    conversation: () => state.conversation,
   };
   window.lokiDebug = state;
   state.renderStats = LokiLive.stats;

@@ -90,7 +90,10 @@
       fig.className = "thumb";
       fig.title = im.name + " (seen by the model in this turn only)";
       row.appendChild(fig);
-      window.LokiApi.api("/api/chat/attachment/" + encodeURIComponent(im.id)).then(async (r) => {
+      const conv = window.LokiApi.conversation ? window.LokiApi.conversation() : null;
+      const path = "/api/chat/attachment/" + encodeURIComponent(im.id) +
+        (conv ? "?conversation=" + encodeURIComponent(conv) : "");
+      window.LokiApi.api(path).then(async (r) => {
         if (!r.ok) throw new Error(String(r.status));
         const img = document.createElement("img");
         img.alt = im.name;

@@ -250,7 +250,9 @@ class Exchange(Response):
         record = build_record(
             kind="foreign",
             messages=messages,
-            model=str(figures.model or lease_.model or ""),
+            # the lease's model (the preset's, set by the supervisor): never the name the
+            # client sent nor the one the upstream answered with, which become metric labels
+            model=str(lease_.model or ""),
             preset="external" if lease_.external else "local",
             slot=lease_.id_slot,
             timings=figures.timings,
