@@ -43,6 +43,7 @@ EXPECTED = [
     "chaos",
     "tail_reuse_quality",
     "long_conversation",
+    "headline_long",
 ]
 
 #: Time limits (s) when a module does not set ``TIMEOUT_S = {"quick": .., "full": ..}``.

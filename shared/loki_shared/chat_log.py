@@ -11,9 +11,10 @@ The rule (:func:`coalesce`): consecutive plain text deltas of the same key (``co
 ``content``, ``reasoning_content`` with ``reasoning_content``; nothing else in the delta, no
 ``finish_reason``, ``usage``, ``timings`` or ``loki`` mark) become one event. A text delta may
 also be merged into a preceding event that carries the same key plus ``role`` (a message's
-first delta). The merged event keeps the ``seq`` and ``ts`` of the LAST event it absorbed, so
-resuming after its id resumes after every event it stands for, and ``merged_from`` = the seq
-of the FIRST: a client whose last seen seq lies in ``[merged_from, seq)`` has seen part of the
+first delta). The merged event keeps the ``seq`` of the LAST event it absorbed, so resuming
+after its id resumes after every event it stands for; its ``ts`` is when its text began (the
+first absorbed event with text: the time to first token stays readable from a compacted log);
+``merged_from`` = the seq of the FIRST: a client whose last seen seq lies in ``[merged_from, seq)`` has seen part of the
 merged text and must reload the conversation instead of appending it (the rule of
 docs/behaviour.md, "Long conversations"). Seqs are never reused: the seqs a merged event
 absorbed simply no longer appear.
@@ -61,10 +62,11 @@ def coalesce(events: list[ChatEvent]) -> list[ChatEvent]:
             )
             if mergeable:
                 delta = dict(prev.delta)
+                began = prev.ts if delta[key] else event.ts  # the text began with its first piece
                 delta[key] = delta[key] + event.delta[key]
                 first = prev.merged_from if prev.merged_from is not None else prev.seq
                 out[-1] = prev.model_copy(
-                    update={"delta": delta, "seq": event.seq, "ts": event.ts, "merged_from": first}
+                    update={"delta": delta, "seq": event.seq, "ts": began, "merged_from": first}
                 )
                 continue
         out.append(event)
