@@ -173,13 +173,9 @@ def test_a_long_conversation_opens_at_its_latest_message_and_pages_older_ones(
     page.fill("#input", "one more")
     page.press("#input", "Enter")
     page.wait_for_function(
-        "document.querySelectorAll('.badge').length > 0 && "
-        "document.querySelector('.msg.user:last-of-type') !== null"
+        "Array.from(document.querySelectorAll('.msg.assistant')).pop().textContent"
+        ".trim() === 'more text' && !window.lokiDebug.generating"
     )
-    page.wait_for_function(
-        "Array.from(document.querySelectorAll('.msg.user')).pop().textContent === 'one more'"
-    )
-    page.wait_for_function("!window.lokiDebug.generating")
     page.wait_for_function(AT_BOTTOM)
 
 
@@ -514,18 +510,21 @@ def test_the_engine_pill_says_it_plainly_and_follows_the_engine_without_polling(
 def test_new_chat_reuses_the_empty_one_and_an_image_without_vision_is_refused_at_attach(
     page_at, gateway, peers, width, height
 ):
+    peers.convs.clear()  # no empty conversation left by an earlier test
     page = page_at(width, height)
     page.goto(gateway.url + "/")
     page.wait_for_function("window.LokiApi.engine() !== null")
     before = len(peers.convs)
     _open_drawer(page)
     page.click("#new-chat")
-    page.wait_for_function("window.lokiDebug.conversation !== null")
+    page.wait_for_selector("#new-chat:not([aria-busy])", state="attached")
     made = page.evaluate("window.lokiDebug.conversation")
+    assert made
     for _ in range(3):
         _open_drawer(page)
         page.click("#new-chat")
-        page.wait_for_function(f"window.lokiDebug.conversation === '{made}'")
+        page.wait_for_selector("#new-chat:not([aria-busy])", state="attached")
+        assert page.evaluate("window.lokiDebug.conversation") == made
     assert len(peers.convs) == before + 1
     # once it has a message, "+ New chat" makes another
     peers.reply_pieces = ["ok"]

@@ -159,6 +159,7 @@
     for (const other of deleting.values()) other();
     deleting.set(c.id, commit);
     if (wasOpen) openConversation(null);
+    setDrawer(false); // the Undo shows in the main view (a phone's drawer would cover it)
     loadConversations();
     notice("Deleted “" + (c.title || "Untitled") + "”", "ok", 6000, {
       label: "Undo",
@@ -189,6 +190,7 @@
     $("messages").textContent = "";
     $("messages").dataset.conversation = id || "";
     $("messages").dataset.lastSeq = "0";
+    $("messages").dataset.settled = "";
     setDrawer(false);
     setGenerating(false);
     state.ctxBase = 0; state.streamed = 0;
@@ -915,6 +917,12 @@
     // "+ New chat" opens the empty Untitled conversation there is, if any, rather than a
     // second one.
     $("new-chat").onclick = async () => {
+      const btn = $("new-chat");
+      if (btn.getAttribute("aria-busy") === "true") return; // a double click makes one chat
+      btn.setAttribute("aria-busy", "true");
+      try { await newChat(); } finally { btn.removeAttribute("aria-busy"); }
+    };
+    async function newChat() {
       await loadConversations();
       // untitled (the chat service titles a conversation by its first message) and, as its
       // state says, nothing in its log yet
@@ -928,7 +936,7 @@
         await loadConversations();
         openConversation(r.conversation.id);
       } catch (e) { openConversation(null); }
-    };
+    }
     box().addEventListener("scroll", onScroll, { passive: true });
     // an image drawn late (a thumbnail) keeps the view on the latest message
     box().addEventListener("load", () => { if (state.pinned) toBottom(); }, true);
