@@ -184,14 +184,15 @@
     if (!reply.trackers.length) LokiDialog.emptyRow(ul, "No tracker yet: log a first value below.", "desc");
   }
 
-  // A list row that opens something: reached by Tab, opened by a click, Enter or Space.
+  // A list row that opens something: its content in a button (reached by Tab, opened by a
+  // click, Enter or Space).
   function rowButton(li, open) {
-    li.tabIndex = 0;
-    li.setAttribute("role", "button");
-    li.onclick = open;
-    li.onkeydown = (ev) => {
-      if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); open(); }
-    };
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "row-open";
+    b.append(...li.childNodes);
+    b.onclick = open;
+    li.appendChild(b);
   }
 
   function dayOf(period) {
@@ -357,6 +358,7 @@
     refresh();
   }
 
-  window.LokiProjects = { active: () => activeId, refresh: refresh };
+  // plot(): the tracker's uPlot chart (null: none drawn), for the browser tests
+  window.LokiProjects = { active: () => activeId, refresh: refresh, plot: () => plot };
   init();
 })();
