@@ -22,6 +22,7 @@ Screenshots of the views under ``tests/artifacts/``."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -558,3 +559,20 @@ def test_new_chat_reuses_the_empty_one_and_an_image_without_vision_is_refused_at
     )
     page.wait_for_selector(".attach-chip.image")
     assert page.is_hidden("#attach-error")
+
+
+def test_engine_events_need_the_key_and_start_with_the_info(gateway_factory, peers):
+    gw = gateway_factory(key="engine-events-key")
+    with gw.client() as c:
+        assert c.get("/api/engine/events", headers={"Authorization": ""}).status_code == 401
+        with c.stream("GET", "/api/engine/events") as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            lines = []
+            for line in r.iter_lines():
+                lines.append(line)
+                if line.startswith("data:"):
+                    break
+        assert "event: engine" in lines
+        info = json.loads(lines[-1][len("data:") :])
+        assert info == c.get("/api/engine").json() and "api_key" not in info
