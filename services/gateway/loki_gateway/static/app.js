@@ -186,6 +186,7 @@
     state.settled = false;
     state.pinned = true;
     clearTimeout(settleTimer);
+    settleFirst = 0;
     dropAnswers();
     $("messages").textContent = "";
     $("messages").dataset.conversation = id || "";
@@ -282,10 +283,15 @@
   }
 
   // ---- a long conversation: opened at its latest message, older items drawn on scroll up --
+  // Settled once the stream has been quiet SETTLE_MS, or a second after its first events at
+  // the latest (a reply streaming as the conversation opens never pauses that long).
   let settleTimer = null;
+  let settleFirst = 0;
   function settleSoon(id) {
     clearTimeout(settleTimer);
-    settleTimer = setTimeout(() => { if (state.conversation === id) settle(); }, SETTLE_MS);
+    if (!settleFirst) settleFirst = performance.now();
+    const wait = performance.now() - settleFirst > 1000 ? 0 : SETTLE_MS;
+    settleTimer = setTimeout(() => { if (state.conversation === id && !state.settled) settle(); }, wait);
   }
 
   // The items of the conversation drawn in #messages (not the queue's holder, nor the
