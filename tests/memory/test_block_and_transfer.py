@@ -80,17 +80,23 @@ async def test_export_then_import_round_trips_a_project(client: ProjectsClient) 
             "tools.md": "",
         }
 
+    # beside a project of the same name: imported as "Garden (imported)", never a second
+    # "Garden" (issue 41)
     imported = await client.import_project(exported.zip_b64)
-    assert (imported.id, imported.name) == ("garden-2", "Garden")
+    assert (imported.id, imported.name) == ("garden-imported", "Garden (imported)")
     assert (imported.description, imported.instructions) == ("Veg patch", "Use metric")
     for kind in ("pages", "trackers"):
         a = await _dump(client, "garden", kind)
-        b = await _dump(client, "garden-2", kind)
+        b = await _dump(client, "garden-imported", kind)
         assert a == b and a, kind
-    one, two = await client.block("garden"), await client.block("garden-2")
+    one, two = await client.block("garden"), await client.block("garden-imported")
     assert (one.index, one.trackers) == (two.index, two.trackers)
     renamed = await client.import_project(exported.zip_b64, name="Allotment")
     assert (renamed.id, renamed.name) == ("allotment", "Allotment")
+    again = await client.import_project(exported.zip_b64)
+    assert (again.id, again.name) == ("garden-imported-2", "Garden (imported 2)")
+    names = [p.name.casefold() for p in (await client.list_projects()).projects]
+    assert len(names) == len(set(names))
 
 
 async def _dump(client: ProjectsClient, pid: str, kind: str) -> list[object]:

@@ -121,8 +121,28 @@ def _rows(slug: str, data: bytes) -> list[dict[str, str]]:
     return rows
 
 
+IMPORTED = " (imported)"
+
+
+async def _free_name(store: Store, exported: str) -> str:
+    """The exported name, or, when a project already has it (case and spacing aside),
+    ``"<name> (imported)"`` (then ``"(imported 2)"``, ``"(imported 3)"``...), cut to fit the
+    80 characters a name may have: an import never puts two projects of one name side by
+    side in the switcher."""
+    taken = {" ".join(p.name.split()).casefold() for p in await store.projects.all()}
+    base = " ".join(exported.split())
+    candidate, n = base, 1
+    while candidate.casefold() in taken:
+        suffix = IMPORTED if n == 1 else f" (imported {n})"
+        candidate = base[: names.NAME_MAX - len(suffix)].rstrip() + suffix
+        n += 1
+    return candidate
+
+
 async def import_(store: Store, zip_b64: str, name: str | None) -> Project:
-    """A new project from an export; ``name`` None takes the exported name (made unique).
+    """A new project from an export; ``name`` None takes the exported name, as
+    ``"<name> (imported)"`` when a project has that name already (:func:`_free_name`; the id
+    is derived from the name, ``-2``, ``-3``... when taken).
     Everything is checked before the project is created.
 
     Raises:
@@ -158,8 +178,10 @@ async def import_(store: Store, zip_b64: str, name: str | None) -> Project:
             )
         info = info if isinstance(info, dict) else {}
         trackers.append((str(info.get("name") or slug), str(info.get("unit") or ""), entries))
+    if name is None:
+        name = await _free_name(store, str(manifest.get("name") or "Imported"))
     project = await store.projects.create(
-        name if name is not None else str(manifest.get("name") or "Imported"),
+        name,
         str(manifest.get("description") or ""),
         str(manifest.get("instructions") or ""),
         None,
