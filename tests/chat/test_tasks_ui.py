@@ -67,7 +67,8 @@ async def test_tasks_dialog_creates_runs_opens_and_deletes(
     page = await browser.new_page(viewport=viewport)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("dialog", lambda d: asyncio.ensure_future(d.accept()))  # the delete's confirm()
+    popups: list[str] = []  # a browser pop-up (alert, confirm, prompt) is never used
+    page.on("dialog", lambda d: (popups.append(d.message), asyncio.ensure_future(d.dismiss())))
     name = f"shot-tasks-{'phone' if viewport is PHONE else 'laptop'}"
     try:
         await page.goto(gw.url + "/")
@@ -134,9 +135,10 @@ async def test_tasks_dialog_creates_runs_opens_and_deletes(
             .get_by_role("button", name="Delete")
             .click()
         )
+        await page.click("#ask-ok")  # Loki's own dialog asks first
         await page.wait_for_selector("#tasks-list li.hint")
         assert (await gw_json(gw, "/api/tasks"))["tasks"] == []
-        assert errors == []
+        assert errors == [] and popups == []
     finally:
         await page.close()
 

@@ -73,7 +73,9 @@
   }
 
   async function remove(t) {
-    if (!confirm("Delete the task " + (t.name || t.prompt.slice(0, 40)) + "?")) return;
+    const ok = await D.ask({ title: "Delete the task " + (t.name || t.prompt.slice(0, 40)) + "?",
+                             ok: "Delete", danger: true });
+    if (!ok) return;
     try {
       await LokiApi.apiJSON("/api/tasks/" + t.id, { method: "DELETE" });
       status("Deleted " + (t.name || "the task"));
