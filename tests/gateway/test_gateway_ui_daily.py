@@ -87,7 +87,8 @@ def _long_conversation(peers, title: str, turns: int) -> str:
     conv = peers.new_conv(title)
     cid = conv.info.id
     for i in range(turns):
-        peers.call(peers.emit(cid, {"role": "user", "content": f"question {i}"}))
+        user = {"role": "user", "content": f"question {i}"}
+        peers.call(peers.emit(cid, user, loki={"event": "user"}))  # as the chat service logs it
         peers.call(peers.emit(cid, {"role": "assistant"}, loki={"event": "turn_start"}))
         answer = f"answer {i}\n\n" + "\n".join(f"- point {k} of answer {i}" for k in range(3))
         peers.call(peers.emit(cid, {"content": answer}))
@@ -128,10 +129,14 @@ def test_a_long_conversation_opens_at_its_latest_message_and_pages_older_ones(
     cid = _long_conversation(peers, f"long {width}", turns)
     other = _long_conversation(peers, f"short {width}", 2)
     page = page_at(width, height)
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url))
     page.goto(gateway.url + f"/#c={cid}")
     page.wait_for_selector("#messages[data-settled='1']")
     page.wait_for_function(AT_BOTTOM)
     assert page.inner_text(".msg.user >> nth=-1") == f"question {turns - 1}"
+    # the server sends only the last turns (issue 37's paged replay); older pages on demand
+    assert any("/api/chat?" in u and "tail_turns=" in u for u in asked), asked
     assert _visible_in_messages(page, ".badge")  # the last reply's end is in view
     drawn = page.locator(".msg.user").count()
     assert drawn < turns  # only the latest page is drawn
@@ -159,6 +164,11 @@ def test_a_long_conversation_opens_at_its_latest_message_and_pages_older_ones(
         )
     assert page.locator(".msg.user").count() == turns
     assert page.inner_text(".msg.user >> nth=0") == "question 0"
+    assert any("/api/chat/history?" in u for u in asked), asked
+    # every turn drawn once, in order, with its reply
+    users = page.locator(".msg.user").all_inner_texts()
+    assert users == [f"question {i}" for i in range(turns)]
+    assert page.locator(".msg.assistant").count() == turns
 
     # switching away and back lands at the latest message again
     _open_drawer(page)

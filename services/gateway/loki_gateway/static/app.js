@@ -34,6 +34,8 @@
   // A long conversation opens on its latest PAGE items (bubbles, markers, badges); the
   // earlier ones are drawn PAGE at a time as the view is scrolled up to them.
   const PAGE = 40;
+  // A conversation opens on its last TAIL_TURNS turns; older ones come a page at a time.
+  const TAIL_TURNS = 30;
   // The replay that opens a conversation is over once the stream has been quiet this long (ms).
   const SETTLE_MS = 150;
 
@@ -183,6 +185,7 @@
     state.userSeq = 0;
     state.turn = null;
     state.older = [];
+    state.historyBefore = 0;
     state.settled = false;
     state.pinned = true;
     clearTimeout(settleTimer);
@@ -216,7 +219,9 @@
         const usedKey = localStorage.getItem("lokiKey");
         const headers = Object.assign({ Accept: "text/event-stream" }, authHeaders());
         if (state.lastSeq) headers["Last-Event-ID"] = String(state.lastSeq);
-        const resp = await fetch("/api/chat?conversation=" + encodeURIComponent(id), { headers, signal: ctrl.signal });
+        // a fresh open asks only for the last TAIL_TURNS turns (older pages: GET /api/chat/history)
+        const tail = state.lastSeq ? "" : "&tail_turns=" + TAIL_TURNS;
+        const resp = await fetch("/api/chat?conversation=" + encodeURIComponent(id) + tail, { headers, signal: ctrl.signal });
         if (resp.status === 401) { if (localStorage.getItem("lokiKey") === usedKey) await askKey(); continue; }
         if (resp.status === 404) { openConversation(null); loadConversations(); return; }
         if (!resp.ok || !resp.body) throw new Error("stream " + resp.status);
@@ -235,18 +240,26 @@
             buf = buf.slice(cut + 2);
             const f = parseFrame(block);
             if (f.event === "reconnect") { reconnectNow = true; break; }
+            if (f.event === "history") { try { state.historyBefore = JSON.parse(f.data).before || 0; } catch (e) { /* none */ } olderButton(); continue; }
             if (f.data) batch.push(f);
           }
+          let reopen = false;
           for (const f of batch) {
             let data;
             try { data = JSON.parse(f.data); } catch (e) { continue; }
             if (typeof data.seq === "number" && data.seq <= state.lastSeq) continue; // never twice
+            if (typeof data.merged_from === "number" && state.lastSeq && data.merged_from <= state.lastSeq) {
+              // resumed inside a run the server has merged since: part of its text is drawn
+              // already; reload the conversation rather than append it twice
+              reopen = true; break;
+            }
             handleEvent(data);
             if (typeof data.seq === "number") state.lastSeq = data.seq;
           }
           $("messages").dataset.lastSeq = String(state.lastSeq);
           scheduleRender();
           if (!state.settled) settleSoon(id);
+          if (reopen) { reader.cancel().catch(() => {}); openConversation(id); return; }
           if (reconnectNow) { reader.cancel().catch(() => {}); break; }
         }
       } catch (e) {
@@ -272,10 +285,11 @@
   }
 
   // ---- drawing events ------------------------------------------------------------------
-  function box() { return $("messages"); }
+  function box() { return state.drawInto || $("messages"); }
 
   function add(el) {
     const m = box();
+    if (state.drawInto) { m.appendChild(el); return el; }
     const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 80;
     m.insertBefore(el, pendingBox());
     if (atBottom || !state.settled) m.scrollTop = m.scrollHeight;
@@ -316,25 +330,25 @@
     box().dataset.settled = "1";
   }
 
-  function toBottom() { const m = box(); m.scrollTop = m.scrollHeight; state.pinned = true; }
+  function toBottom() { if (state.paging) return; const m = box(); m.scrollTop = m.scrollHeight; state.pinned = true; }
 
   // The button at the top of a paged conversation (the keyboard's way to older messages;
   // scrolling up draws them too).
   function olderButton() {
     let b = $("older-btn");
-    if (!state.older.length) { if (b) b.remove(); return; }
+    if (!state.older.length && !state.historyBefore) { if (b) b.remove(); return; }
     if (!b) {
       b = document.createElement("button");
       b.id = "older-btn"; b.type = "button"; b.className = "older";
       b.onclick = () => showOlder();
       box().prepend(b);
     }
-    b.textContent = "Show earlier messages (" + state.older.length + ")";
+    b.textContent = state.older.length ? "Show earlier messages (" + state.older.length + ")" : "Show earlier messages";
   }
 
   // Draws the PAGE items before the first one drawn, the view kept on what it showed.
   function showOlder() {
-    if (!state.older.length) return;
+    if (!state.older.length) { loadOlderPage(); return; }
     const m = box();
     const first = items()[0] || null;
     const before = first ? first.getBoundingClientRect().top : 0;
@@ -348,7 +362,46 @@
   function onScroll() {
     const m = box();
     state.pinned = m.scrollHeight - m.scrollTop - m.clientHeight < 80;
-    if (state.settled && state.older.length && m.scrollTop < 400) showOlder();
+    if (state.settled && (state.older.length || state.historyBefore) && m.scrollTop < 400) showOlder();
+  }
+
+  // The turns before the first one the server sent (GET /api/chat/history), drawn off-screen
+  // with the live turn set aside (an older page never touches the reply streaming now, the
+  // gauge or the queue), then kept in state.older and shown like the hidden items.
+  let loadingOlder = false;
+  async function loadOlderPage() {
+    const id = state.conversation;
+    if (!state.historyBefore || loadingOlder || !id) return;
+    loadingOlder = true;
+    try {
+      const page = await apiJSON("/api/chat/history?conversation=" + encodeURIComponent(id)
+        + "&before=" + state.historyBefore + "&turns=" + TAIL_TURNS);
+      if (state.conversation !== id) return;
+      state.historyBefore = page.older ? page.before : 0;
+      state.older = drawPage(page.events || []).concat(state.older);
+      showOlder();
+      olderButton();
+    } catch (e) {
+      notice("Earlier messages could not be loaded: " + e.message, "error");
+    } finally {
+      loadingOlder = false;
+    }
+  }
+
+  function drawPage(events) {
+    const saved = { turn: state.turn, live: state.live, dirty: state.dirty };
+    const page = document.createElement("div");
+    state.drawInto = page; state.paging = true;
+    state.turn = null; state.live = new Set(); state.dirty = new Set();
+    try {
+      for (const ev of events) handleEvent(ev);
+      for (const a of state.dirty) a.render();
+      for (const a of state.live) { a.finish(); a.el.classList.remove("typing"); }
+    } finally {
+      state.drawInto = null; state.paging = false;
+      state.turn = saved.turn; state.live = saved.live; state.dirty = saved.dirty;
+    }
+    return Array.from(page.children);
   }
 
   function newTurn() { state.turn = { answer: null, reasoning: null, tools: {}, last: null, lastEl: null }; return state.turn; }
@@ -442,8 +495,10 @@
       // inlined text files: a chip each, not their fenced text (attachments.js)
       const parts = window.LokiAttach ? window.LokiAttach.splitInlined(whole) : { text: whole, files: [] };
       const text = parts.text;
-      dropPending(text);
-      if (typeof ev.seq === "number") state.userSeq = ev.seq;
+      if (!state.paging) {
+        dropPending(text);
+        if (typeof ev.seq === "number") state.userSeq = ev.seq;
+      }
       const el = bubble("user");
       el.textContent = text;
       if (window.LokiAttach) window.LokiAttach.fileBlocks(el, parts.files);
@@ -583,6 +638,7 @@
 
   // ---- state, gauge, engine ------------------------------------------------------------
   function setGenerating(on) {
+    if (state.paging) return;
     state.generating = on;
     $("stop-btn").hidden = !on;
     showEngine();
@@ -612,7 +668,7 @@
     } catch (e) { /* the stream shows errors */ }
   }
   let stateTimer = null;
-  function refreshStateSoon() { clearTimeout(stateTimer); stateTimer = setTimeout(() => { refreshState(); loadConversations(); }, 300); }
+  function refreshStateSoon() { if (state.paging) return; clearTimeout(stateTimer); stateTimer = setTimeout(() => { refreshState(); loadConversations(); }, 300); }
 
   async function firstJSON(paths) {
     for (const p of paths) {
@@ -734,6 +790,7 @@
 
   // ---- the context gauge: the server's ctx_used, plus one token per streamed delta --------
   function setCtxUsed(used) {
+    if (state.paging) return;
     state.ctxBase = used;
     state.streamed = 0;
     setGauge(used, state.nctx);
@@ -741,6 +798,7 @@
 
   let gaugeQueued = false;
   function countToken() {
+    if (state.paging) return;
     state.streamed++;
     if (gaugeQueued) return;
     gaugeQueued = true;
@@ -753,6 +811,7 @@
   // Until the list says otherwise: the first line of the first message, as the chat service
   // names a conversation (first line, 60 characters).
   function provisionalTitle(text) {
+    if (state.paging) return;
     const first = (text.trim().split("\n")[0] || "").slice(0, 60);
     if (first) setTitle(first);
   }
