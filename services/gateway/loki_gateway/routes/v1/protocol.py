@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 from loki_shared.messages.engine import Lease
@@ -73,6 +74,17 @@ COMPLETION_SCHEMA = {
         "prompt": {"type": "string"},
         "stream": {"type": "boolean"},
         "max_tokens": {"type": "integer", "minimum": 1, "maximum": 16},
+    },
+}
+RESPONSES_SCHEMA = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "model": {"type": "string"},
+        "input": {"type": ["string", "array"]},
+        "instructions": {"type": "string"},
+        "stream": {"type": "boolean"},
+        "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": 16},
     },
 }
 EMBED_SCHEMA = {
@@ -221,6 +233,32 @@ def normalise_completion(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def normalise_responses(body: dict[str, Any]) -> dict[str, Any]:
+    """Check a ``/v1/responses`` body: ``input`` a string or an array of objects, ``stream``
+    a boolean, no ``previous_response_id`` (the engine keeps no responses: llama.cpp refuses
+    it too).
+
+    Raises:
+        BadRequest: what is wrong (``param`` names the field).
+    """
+    _check_stream(body)
+    value = body.get("input")
+    if not isinstance(value, (str, list)) or (
+        isinstance(value, list) and not all(isinstance(item, dict) for item in value)
+    ):
+        raise BadRequest(
+            "input must be a string or an array of input items", code="invalid_value", param="input"
+        )
+    if body.get("previous_response_id"):
+        raise BadRequest(
+            "previous_response_id is not supported: the engine keeps no responses; send the "
+            "whole conversation in input",
+            code="unsupported_value",
+            param="previous_response_id",
+        )
+    return body
+
+
 def normalise_embeddings(body: dict[str, Any]) -> dict[str, Any]:
     """Check a ``/v1/embeddings`` body (``input`` required).
 
@@ -269,8 +307,8 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
             "error": {
                 "message": message,
                 "type": "invalid_request_error",
-                "code": "context_length_exceeded",
                 "param": "messages",
+                "code": "context_length_exceeded",
             }
         }
         for extra in ("n_prompt_tokens", "n_ctx"):
@@ -282,6 +320,7 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
             "error": {
                 "message": message,
                 "type": str(error.get("type") or "not_supported_error"),
+                "param": None,
                 "code": error.get("code") if isinstance(error.get("code"), str) else None,
             }
         }
@@ -290,6 +329,7 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
             "error": {
                 "message": f"engine error: {message}",
                 "type": "upstream_error",
+                "param": None,
                 "code": str(error.get("type") or status),
             }
         }
@@ -299,6 +339,7 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
         "error": {
             "message": message,
             "type": type_,
+            "param": error.get("param") if isinstance(error.get("param"), str) else None,
             "code": code if isinstance(code, str) else None,
         }
     }
@@ -349,13 +390,16 @@ def model_id(value: Any) -> Any:
 
 def models_reply(payload: Any) -> Any:
     """llama-server's ``/v1/models`` answer with every model id made a file name
-    (:func:`model_id`): ``data[].id`` (OpenAI) and ``models[].name`` / ``models[].model``
-    (llama-server's own list)."""
+    (:func:`model_id`): ``data[].id`` and ``data[].aliases[]`` (OpenAI's list; llama.cpp
+    adds the aliases) and ``models[].name`` / ``models[].model`` (llama-server's own list)."""
     if not isinstance(payload, dict):
         return payload
     for item in payload.get("data") or []:
-        if isinstance(item, dict) and "id" in item:
-            item["id"] = model_id(item["id"])
+        if isinstance(item, dict):
+            if "id" in item:
+                item["id"] = model_id(item["id"])
+            if isinstance(item.get("aliases"), list):
+                item["aliases"] = list(dict.fromkeys(model_id(a) for a in item["aliases"]))
     for item in payload.get("models") or []:
         if isinstance(item, dict):
             for key in ("name", "model"):
@@ -364,8 +408,35 @@ def models_reply(payload: Any) -> Any:
     return payload
 
 
+#: A ``"model": "<text>"`` member in an engine's JSON (the opening quote not escaped, so
+#: never text inside a string); group 2 is the JSON string's body.
+_MODEL_MEMBER = re.compile(rb'(?<!\\)("model"\s*:\s*)"((?:[^"\\]|\\.)*)"')
+
+
+def _model_member(match: re.Match[bytes]) -> bytes:
+    body = match.group(2)
+    if b"/" not in body and b"\\" not in body:
+        return match.group(0)
+    try:
+        value = json.loads(b'"' + body + b'"')
+    except ValueError:
+        return match.group(0)
+    renamed = json.dumps(model_id(value), ensure_ascii=False).encode("utf-8")
+    return match.group(1) + renamed
+
+
+def rename_models(raw: bytes) -> bytes:
+    """An engine answer's bytes (JSON or SSE) with every ``model`` member naming a model by
+    a path made its file name (:func:`model_id`), as ``/v1/models`` lists it: llama-server
+    names the model by the path it was started with in every answer and chunk. Everything
+    else is left byte for byte."""
+    if b'"model"' not in raw:
+        return raw
+    return _MODEL_MEMBER.sub(_model_member, raw)
+
+
 def error_frame(message: str, type_: str = "upstream_error", code: str | None = None) -> bytes:
     """A mid-stream SSE error event in OpenAI's shape: ``data: {"error": {"message",
-    "type", "code"}}`` (what the ``openai`` SDKs raise on)."""
-    payload = {"error": {"message": message, "type": type_, "code": code}}
+    "type", "param", "code"}}`` (what the ``openai`` SDKs raise on)."""
+    payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
