@@ -10,9 +10,9 @@ whose ``response`` is the whole answer (with ``usage``) and whose data carries l
   streamed, so a client that goes away frees the slot at once) and ``id_slot`` the lease's
   (:func:`responses_body`); its media URLs follow :mod:`loki_gateway.media_urls`.
 - Streamed: the events each engine read completes are relayed in one write, byte for byte
-  (line ends made LF) but for the ``model`` members (:func:`.protocol.rename_models`); a stream that ends without
-  ``response.completed`` (and without an error) ends with an OpenAI error event
-  (``stream_cut``).
+  (line ends made LF) but for the ``model`` members (:func:`.protocol.rename_models`); a
+  stream that ends without ``response.completed`` (and without an error) ends with an
+  OpenAI error event (``stream_cut``).
 - Not streamed: the ``response`` of ``response.completed`` is the answer; an error event is
   the engine error in OpenAI's shape; no ``response.completed``: 502 ``stream_cut``.
 - The perf record takes the usage (``input_tokens`` / ``output_tokens`` as
