@@ -2,7 +2,8 @@
 
 It is a real HTTP/1.1 server on 127.0.0.1 (asyncio, in a background thread, usable from sync
 and async tests). ``POST /v1/chat/completions`` (and ``/v1/completions``, whose frames the
-script gives as text-completion chunks) records the exact request bytes and plays the
+script gives as text-completion chunks; ``/v1/responses``, whose frames the script gives as
+Responses events) records the exact request bytes and plays the
 next scripted response; ``GET /health``, ``GET /props`` and ``GET /slots`` answer like
 llama-server does (``/slots`` reports ``is_processing`` while a stream is being sent).
 
@@ -321,6 +322,7 @@ class FakeEngine:
         self.n_ctx = n_ctx
         self.total_slots = total_slots
         self.model_id = "fake-model"
+        self.aliases: list[str] = []  # ``data[].aliases`` (llama-server's ``--alias`` names)
         self.embeddings = False
         self.vision = False  # ``/props`` ``modalities.vision``
         self.url = ""
@@ -527,7 +529,14 @@ class FakeEngine:
                 {
                     "models": [{"name": self.model_id, "model": self.model_id}],
                     "object": "list",
-                    "data": [{"id": self.model_id, "object": "model", "owned_by": "llamacpp"}],
+                    "data": [
+                        {
+                            "id": self.model_id,
+                            "aliases": list(self.aliases),
+                            "object": "model",
+                            "owned_by": "llamacpp",
+                        }
+                    ],
                 },
             )
             return True
@@ -566,6 +575,8 @@ class FakeEngine:
             "/chat/completions",
             "/v1/completions",
             "/completions",
+            "/v1/responses",
+            "/responses",
         ):
             record = RecordedRequest(method, path, headers, body, time.time())
             with self._cond:
