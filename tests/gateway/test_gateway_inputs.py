@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes.fake_engine import FakeEngine, Stream, chunk, sse, text_reply
+from tests.fakes.fake_engine import FakeEngine, Stream, chunk, text_reply
 from tests.fakes.media import png
 
 from .gw_fakes import FakePeers
@@ -118,9 +118,7 @@ def _text_chunk(text: str, finish: str | None = None, **extra) -> dict:
     }
 
 
-def test_assembled_completion_keeps_the_streams_logprobs_never_a_hand_written_null(
-    http, engine
-):
+def test_assembled_completion_keeps_the_streams_logprobs_never_a_hand_written_null(http, engine):
     engine.push(
         Stream(
             frames=[
@@ -155,9 +153,7 @@ def test_assembled_completion_keeps_the_streams_logprobs_never_a_hand_written_nu
 SURROGATE = b'{"messages": [{"role": "user", "content": "a \\ud83d b"}]}'
 
 
-def test_a_lone_surrogate_is_a_400_naming_the_field_and_nothing_goes_further(
-    http, engine, peers
-):
+def test_a_lone_surrogate_is_a_400_naming_the_field_and_nothing_goes_further(http, engine, peers):
     sends = len(peers.sends)
     r = http.post(
         "/v1/chat/completions", content=SURROGATE, headers={"content-type": "application/json"}
@@ -218,9 +214,10 @@ def test_every_json_route_refuses_a_lone_surrogate_with_a_400(http):
 
 
 def test_error_bodies_carry_param(http, gw):
-    assert _error(http.post("/v1/chat/completions", json={"messages": ASK, "n": 2}), 400)[
-        "param"
-    ] is None
+    assert (
+        _error(http.post("/v1/chat/completions", json={"messages": ASK, "n": 2}), 400)["param"]
+        is None
+    )
     assert _error(http.post("/api/chat/send", json={"content": 5}), 400)["param"] == "content"
     assert _error(httpx.get(gw.url + "/v1/models", timeout=10), 401)["param"] is None
     assert _error(http.get("/v1/nothing-here"), 404)["param"] is None
@@ -355,7 +352,7 @@ class _Images:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 owner.requests.append((host, self.path))
                 if self.path.startswith("/to/"):
                     self.send_response(302)
@@ -407,9 +404,7 @@ def _image_body(url: str) -> dict:
     }
 
 
-def test_remote_media_urls_are_refused_by_default_and_never_reach_the_engine(
-    http, engine, images
-):
+def test_remote_media_urls_are_refused_by_default_and_never_reach_the_engine(http, engine, images):
     where = images.start("127.0.0.1")
     url = f"http://{where}/latest/meta-data/iam"
     error = _error(http.post("/v1/chat/completions", json=_image_body(url)), 400)

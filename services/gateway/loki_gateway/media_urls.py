@@ -7,9 +7,10 @@ make the engine request any address it can reach (server-side request forgery: u
 #11010, llama.cpp PR #25002). The rule, applied to every media part of ``messages`` (chat
 completions) and ``input`` (Responses) before the engine sees the body:
 
-- a ``data:`` URL passes unchanged;
-- any other URL is refused with 400 ``remote_media_refused`` naming the field
-  (``messages[0].content[1].image_url.url``), unless Loki fetches images itself
+- a ``data:`` URL, or bare base64 (OpenAI's ``input_audio.data``), passes unchanged;
+- any other URL (``http``, ``https``, ``file``, any scheme) is refused with 400
+  ``remote_media_refused`` naming the field (``messages[0].content[1].image_url.url``),
+  unless Loki fetches images itself
   (``LOKI_IMAGE_FETCH_HOSTS`` set, off by default). Then an ``http``/``https`` image URL is
   fetched by :func:`fetch_image` and replaced by a ``data:`` URL of the bytes; audio and
   video URLs stay refused;
@@ -128,8 +129,9 @@ def media_urls(value: Any, path: str) -> list[tuple[str, dict[str, Any], str, st
     return found
 
 
-def _is_data_url(url: str) -> bool:
-    return url[:5].lower() == "data:"
+def _is_inline(url: str) -> bool:
+    """A ``data:`` URL, or bare base64 (OpenAI's ``input_audio.data``: no scheme at all)."""
+    return url[:5].lower() == "data:" or ":" not in url
 
 
 async def check_media(
@@ -144,7 +146,7 @@ async def check_media(
     """
     for param, holder, key, kind in media_urls(body.get(root), root):
         url = holder[key]
-        if _is_data_url(url):
+        if _is_inline(url):
             continue
         scheme = urlsplit(url).scheme.lower()
         if not policy.enabled or kind not in IMAGE_PARTS or scheme not in ("http", "https"):
