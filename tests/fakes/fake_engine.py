@@ -224,6 +224,48 @@ def text_reply(
     return Stream(frames=frames, delay_s=delay_s, usage=usage, timings=timings)
 
 
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def responses_reply(text: str = "ok", model: str = "fake-model") -> Stream:
+    """A streamed ``/v1/responses`` answer as llama-server sends it: named events, the last
+    ``response.completed`` (the whole response, ``usage``, and ``timings`` on its data), no
+    ``[DONE]``."""
+    done = {
+        "type": "response.completed",
+        "response": {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 1700000000,
+            "status": "completed",
+            "model": model,
+            "output": [
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            ],
+            "usage": {"input_tokens": 11, "output_tokens": 3, "total_tokens": 14},
+        },
+        "timings": {"prompt_n": 11, "predicted_n": 3, "cache_n": 0},
+    }
+    return Stream(
+        frames=[
+            _event("response.created", {"type": "response.created", "response": {"id": "r"}}),
+            _event(
+                "response.output_text.delta",
+                {"type": "response.output_text.delta", "delta": text},
+            ),
+            _event("response.completed", done),
+        ],
+        done=False,
+    )
+
+
 def tool_reply(
     calls: list[tuple[str, str, str]],
     *,

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes.fake_engine import FakeEngine, Stream, chunk, text_reply
+from tests.fakes.fake_engine import FakeEngine, Stream, chunk, responses_reply, text_reply
 from tests.fakes.media import png
 
 from .gw_fakes import FakePeers
@@ -265,51 +265,12 @@ def test_one_model_by_its_listed_id_and_404_for_any_other(http, gw, engine):
 # -- the Responses API -------------------------------------------------------------------
 
 
-def _event(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
-
-
-def _responses_stream(text: str, model: str = "fake-model") -> Stream:
-    done = {
-        "type": "response.completed",
-        "response": {
-            "id": "resp_1",
-            "object": "response",
-            "created_at": 1700000000,
-            "status": "completed",
-            "model": model,
-            "output": [
-                {
-                    "type": "message",
-                    "id": "msg_1",
-                    "status": "completed",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": text, "annotations": []}],
-                }
-            ],
-            "usage": {"input_tokens": 11, "output_tokens": 3, "total_tokens": 14},
-        },
-        "timings": {"prompt_n": 11, "predicted_n": 3, "cache_n": 0},
-    }
-    return Stream(
-        frames=[
-            _event("response.created", {"type": "response.created", "response": {"id": "r"}}),
-            _event(
-                "response.output_text.delta",
-                {"type": "response.output_text.delta", "delta": text},
-            ),
-            _event("response.completed", done),
-        ],
-        done=False,
-    )
-
-
 def test_responses_relayed_streamed_and_not_with_v1_rules(http, gw, engine, peers):
     engine.model_id = MODEL_PATH
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
     assert _error(httpx.post(gw.url + "/v1/responses", json={"input": "x"}), 401)
     before = len(peers.perf_records)
-    engine.push(_responses_stream("Hi there", MODEL_PATH))
+    engine.push(responses_reply("Hi there", MODEL_PATH))
     answer = client.responses.create(model="m", input="hello", extra_body={"id_slot": 0})
     assert answer.output_text == "Hi there" and answer.model == MODEL_ID
     sent = engine.requests[-1]
@@ -319,7 +280,7 @@ def test_responses_relayed_streamed_and_not_with_v1_rules(http, gw, engine, peer
     record = peers.perf_records[-1]
     assert record.usage == {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
     assert record.timings["prompt_n"] == 11 and not record.cut and record.kind == "foreign"
-    engine.push(_responses_stream("Streamed", MODEL_PATH))
+    engine.push(responses_reply("Streamed", MODEL_PATH))
     events = list(client.responses.create(model="m", input="hello", stream=True))
     assert [e.type for e in events] == [
         "response.created",
@@ -329,7 +290,7 @@ def test_responses_relayed_streamed_and_not_with_v1_rules(http, gw, engine, peer
     final = events[-1].response
     assert final.output_text == "Streamed" and final.model == MODEL_ID
     # cut before response.completed: an error, never a complete answer
-    cut = _responses_stream("x")
+    cut = responses_reply("x")
     cut.frames = cut.frames[:2]
     engine.push(cut)
     assert _error(http.post("/v1/responses", json={"input": "x"}), 502)["code"] == "stream_cut"
