@@ -136,9 +136,13 @@ def run_fuzz(
         def send(body: bytes, method: str = method, url: str = url) -> None:
             nonlocal sent
             sent += 1
-            r = client.request(
-                method, url, content=body, headers={"content-type": "application/json"}
-            )
+            try:
+                r = client.request(
+                    method, url, content=body, headers={"content-type": "application/json"}
+                )
+            except httpx.HTTPError as exc:  # the gateway dropped the connection: a failure too
+                failures.append(f"{method} {url} {type(exc).__name__} <- {body[:200]!r}")
+                return
             if r.status_code >= 500:
                 failures.append(f"{method} {url} {r.status_code} {r.text[:300]} <- {body[:200]!r}")
 
