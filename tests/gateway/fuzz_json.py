@@ -103,9 +103,18 @@ def json_routes(spec: dict[str, Any], prefix: str = r"^/(api|v1)") -> list[tuple
     return out
 
 
-def bodies(schema: Any, spec: dict[str, Any]) -> st.SearchStrategy[bytes]:
-    """Raw bodies for one route: JSON with ``\\uXXXX`` escapes (so surrogates travel)."""
-    return value(schema, spec).map(lambda v: json.dumps(v, ensure_ascii=True).encode())
+def bodies(
+    schema: Any, spec: dict[str, Any], fixed: dict[str, Any] | None = None
+) -> st.SearchStrategy[bytes]:
+    """Raw bodies for one route: JSON with ``\\uXXXX`` escapes (so surrogates travel);
+    ``fixed`` fields are set as given in every object body."""
+
+    def encode(v: Any) -> bytes:
+        if isinstance(v, dict) and fixed:
+            v = {**v, **fixed}
+        return json.dumps(v, ensure_ascii=True).encode()
+
+    return value(schema, spec).map(encode)
 
 
 def _calling(send: Any) -> Any:
@@ -122,13 +131,17 @@ def run_fuzz(
     examples: int,
     prefix: str = r"^/(api|v1)",
     skip: tuple[str, ...] = (),
+    fixed: dict[str, dict[str, Any]] | None = None,
+    last: tuple[str, ...] = (),
 ) -> tuple[int, list[str]]:
     """Send ``examples`` generated bodies to every JSON route (path parameters from
-    ``path_values``, else ``x1``); returns (requests sent, the answers of 500 or more, each
-    described)."""
+    ``path_values``, else ``x1``; ``fixed[path]``: fields set in every body; ``last``:
+    routes fuzzed after all others); returns (requests sent, the answers of 500 or more,
+    each described)."""
     failures: list[str] = []
     sent = 0
-    for method, path, schema in json_routes(spec, prefix):
+    routes = sorted(json_routes(spec, prefix), key=lambda r: r[1] in last)
+    for method, path, schema in routes:
         if path in skip:
             continue
         url = re.sub(r"\{([^}:]+)(:[^}]*)?\}", lambda m: path_values.get(m.group(1), "x1"), path)
@@ -152,6 +165,6 @@ def run_fuzz(
             database=None,
             derandomize=True,
             suppress_health_check=list(HealthCheck),
-        )(given(body=bodies(schema, spec))(_calling(send)))
+        )(given(body=bodies(schema, spec, (fixed or {}).get(path)))(_calling(send)))
         one()
     return sent, failures
