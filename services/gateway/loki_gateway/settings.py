@@ -36,11 +36,11 @@ class Settings(LokiSettings):
     - ``LOKI_IMAGE_FETCH_HOSTS``: host names (comma-separated; ``*.example.org``, ``*`` for
       any) whose ``http(s)`` image URLs in ``/v1`` bodies Loki fetches itself and sends the
       engine as data URLs; unset (the default): every remote media URL is refused with 400
-      (:mod:`loki_gateway.media_urls`).
+      (see loki_gateway.media_urls).
     - ``LOKI_IMAGE_FETCH_NETWORKS``: networks (CIDRs, comma-separated) whose addresses may be
       fetched though not global (loopback, private, link-local are refused otherwise).
-    - ``LOKI_IMAGE_FETCH_TIMEOUT_S`` (10): the whole fetch of one image, redirects included;
-      its size limit is ``LOKI_UPLOAD_MAX_MB``.
+    - ``LOKI_IMAGE_FETCH_TIMEOUT_S`` (10): the whole fetch of one image, redirects included
+      (its size limit is the upload limit).
     - ``LOKI_CORS_ORIGINS``: origins (comma-separated, ``*`` for any) whose web pages may
       call Loki (``/v1``, ``/api``) from a browser; unset: no CORS answer at all.
     """
