@@ -249,6 +249,30 @@ def test_answers_name_the_model_as_v1_models_does(http, engine):
     got = [json.loads(x[6:]) for x in raw.decode().split("\n") if x.startswith("data: {")]
     assert {c["model"] for c in got} == {MODEL_ID}
     assert got[1]["choices"][0]["delta"]["content"] == 'say "model": "/a/b"'  # text untouched
+    engine.embeddings = True
+    try:
+        r = http.post("/v1/embeddings", json={"input": "x"})
+        assert r.status_code == 200 and r.json()["model"] == MODEL_ID
+    finally:
+        engine.embeddings = False
+
+
+def test_an_upload_whose_file_name_is_not_utf8_is_stored_under_a_text_name(http):
+    """Multipart is not JSON, but its file name is text from the world too: bytes that are
+    not UTF-8 never make a 500."""
+    boundary = b"b0undary"
+    body = (
+        b"--" + boundary + b"\r\n"
+        b'Content-Disposition: form-data; name="file"; filename="caf\xe9 \xed\xa0\xbd.txt"\r\n'
+        b"Content-Type: text/plain\r\n\r\nhello\r\n--" + boundary + b"--\r\n"
+    )
+    r = http.post(
+        "/api/chat/upload",
+        content=body,
+        headers={"content-type": "multipart/form-data; boundary=b0undary"},
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["name"].endswith(".txt")  # read as Latin-1 by the multipart parser: text
 
 
 def test_one_model_by_its_listed_id_and_404_for_any_other(http, gw, engine):
