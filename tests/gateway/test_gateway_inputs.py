@@ -108,6 +108,35 @@ def test_assembled_chat_answer_keeps_logprobs_and_unknown_fields_in_order(http, 
     assert list(choice) == ["index", "message", "logprobs", "x_choice", "finish_reason"]
 
 
+def test_assembled_tool_calls_keep_the_fields_the_stream_carried(http, engine):
+    """A server's own tool-call fields (a thought signature beside the call, a field of its
+    ``function``) reach the assembled answer as the stream carried them."""
+    first = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": '{"q": ', "x_strict": True},
+        "extra_content": {"google": {"thought_signature": "sig=="}},
+    }
+    frames = [
+        chunk({"role": "assistant", "content": None}),
+        chunk({"tool_calls": [first]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"x"}'}}]}),
+        chunk({}, "tool_calls"),
+    ]
+    engine.push(Stream(frames=frames))
+    r = http.post("/v1/chat/completions", json={"messages": ASK})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["tool_calls"] == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": '{"q": "x"}', "x_strict": True},
+            "extra_content": {"google": {"thought_signature": "sig=="}},
+        }
+    ]
+
+
 def _text_chunk(text: str, finish: str | None = None, **extra) -> dict:
     return {
         "id": "cmpl-fake",
