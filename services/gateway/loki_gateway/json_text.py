@@ -12,13 +12,15 @@ before any route does and refuses, with 400 ``invalid_request_error`` / ``invali
 and ``param`` naming the field (``messages[0].content``; ``body`` when no field can be
 named), a body that
 
-- is not UTF-8 (the bytes are read with ``surrogateescape`` so the field holding the bad
-  bytes can still be named), or
+- is JSON but not UTF-8: bytes that are not UTF-8 inside a JSON string (read with
+  ``surrogateescape`` so the field holding them can be named), or the whole text in UTF-16
+  or UTF-32, or
 - holds a string (a value or a key) with a lone surrogate (written as an escape).
 
 Characters are never replaced: what a client sent is stored as sent or refused. A body that
-is not JSON at all is left to the route (which answers its own 400). Nothing has been read
-by a route, so nothing is stored. The body, once read, is handed to the route unchanged.
+is not JSON at all (a file sent as it is, e.g. a project's zip) is left to the route.
+Nothing has been read by a route, so nothing is stored. The body, once read, is handed to
+the route unchanged.
 """
 
 from __future__ import annotations
@@ -67,6 +69,16 @@ def bad_text_path(value: Any) -> str | None:
     return None
 
 
+def _json_in_another_encoding(raw: bytes) -> bool:
+    """Whether ``raw`` is JSON in UTF-16 or UTF-32 (what :func:`json.loads` would read from
+    bytes, surrogates included)."""
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def check_json_text(raw: bytes) -> tuple[str, str] | None:
     """Check one request body against the rule (module docstring).
 
@@ -81,9 +93,9 @@ def check_json_text(raw: bytes) -> tuple[str, str] | None:
     except RecursionError:
         return "request body is nested too deeply", "body"
     except ValueError:
-        if utf8:
-            return None  # not JSON: the route answers its own 400
-        return "request body is not UTF-8 text (JSON text must be UTF-8, RFC 8259)", "body"
+        if utf8 or not _json_in_another_encoding(raw):
+            return None  # not JSON (a file, a zip...): the route decides
+        return "request body is JSON but not UTF-8 (JSON text must be UTF-8, RFC 8259)", "body"
     path = bad_text_path(value)
     if path is None:
         return None
