@@ -30,6 +30,7 @@ with, e.g. embeddings) stays 501; other 5xx become 502 ``upstream_error`` (:func
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -408,21 +409,29 @@ def models_reply(payload: Any) -> Any:
     return payload
 
 
-#: A ``"model": "<text>"`` member in an engine's JSON (the opening quote not escaped, so
-#: never text inside a string); group 2 is the JSON string's body.
-_MODEL_MEMBER = re.compile(rb'(?<!\\)("model"\s*:\s*)"((?:[^"\\]|\\.)*)"')
+#: A ``"model": "<text>"`` member in an engine's JSON; group 2 is the JSON string's body.
+#: Never text inside a string: there every quote is escaped, so ``model`` cannot be followed
+#: by a bare quote.
+_MODEL_MEMBER = re.compile(rb'("model"\s*:\s*)"([^"\\]*(?:\\.[^"\\]*)*)"')
+#: A quick look for a ``model`` member whose value may hold a path (most chunks have none).
+_MODEL_PATH_HINT = re.compile(rb'"model"\s*:\s*"[^"]*[/\\]')
 
 
-def _model_member(match: re.Match[bytes]) -> bytes:
-    body = match.group(2)
+@functools.lru_cache(maxsize=64)
+def _renamed(body: bytes) -> bytes | None:
+    """The JSON string for the model named by the JSON string body ``body`` (None: keep)."""
     if b"/" not in body and b"\\" not in body:
-        return match.group(0)
+        return None
     try:
         value = json.loads(b'"' + body + b'"')
     except ValueError:
-        return match.group(0)
-    renamed = json.dumps(model_id(value), ensure_ascii=False).encode("utf-8")
-    return match.group(1) + renamed
+        return None
+    return json.dumps(model_id(value), ensure_ascii=False).encode("utf-8")
+
+
+def _model_member(match: re.Match[bytes]) -> bytes:
+    renamed = _renamed(match.group(2))
+    return match.group(0) if renamed is None else match.group(1) + renamed
 
 
 def rename_models(raw: bytes) -> bytes:
@@ -430,7 +439,7 @@ def rename_models(raw: bytes) -> bytes:
     a path made its file name (:func:`model_id`), as ``/v1/models`` lists it: llama-server
     names the model by the path it was started with in every answer and chunk. Everything
     else is left byte for byte."""
-    if b'"model"' not in raw:
+    if _MODEL_PATH_HINT.search(raw) is None:
         return raw
     return _MODEL_MEMBER.sub(_model_member, raw)
 
