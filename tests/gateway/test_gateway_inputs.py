@@ -217,6 +217,13 @@ def test_a_lone_surrogate_is_a_400_naming_the_field_and_nothing_goes_further(htt
     assert engine.requests[-1].json["messages"][0]["content"] == "a 😀 b"
 
 
+def test_json_nested_too_deeply_is_a_400(http):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for path in ("/v1/chat/completions", "/api/chat/send", "/api/conversations"):
+        r = http.post(path, content=deep, headers={"content-type": "application/json"})
+        _error(r, 400)
+
+
 def test_every_json_route_refuses_a_lone_surrogate_with_a_400(http):
     schema = http.get("/openapi.json").json()
     routes = [

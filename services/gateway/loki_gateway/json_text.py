@@ -38,6 +38,9 @@ from .errors import error_body
 #: Content types whose bodies are not JSON text (files, forms): passed through unread.
 SKIPPED_TYPES = ("multipart/", "application/x-www-form-urlencoded", "application/octet-stream")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: A ``\\uXXXX`` escape of a surrogate (or text that looks like one): only then is the body
+#: decoded; UTF-8 without one keeps the rule whatever it holds.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -86,6 +89,13 @@ def check_json_text(raw: bytes) -> tuple[str, str] | None:
         None when the body keeps the rule (or is not JSON at all: the route says so);
         else ``(message, param)``.
     """
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        if _SURROGATE_ESCAPE.search(raw) is None:
+            return None  # UTF-8 and no surrogate escape: nothing to look for
     text = raw.decode("utf-8", "surrogateescape")
     utf8 = not _SURROGATE.search(text)
     try:

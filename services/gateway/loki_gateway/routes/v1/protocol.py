@@ -99,7 +99,7 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     """Decode a request body that must be one JSON object.
 
     Raises:
-        BadRequest: empty, not UTF-8 JSON, or not an object.
+        BadRequest: empty, not UTF-8 JSON, nested too deeply, or not an object.
     """
     if not raw.strip():
         raise BadRequest("request body is empty; a JSON object is expected", code="invalid_json")
@@ -107,6 +107,8 @@ def parse_object(raw: bytes) -> dict[str, Any]:
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError as exc:
+        raise BadRequest("request body is nested too deeply", code="invalid_json") from exc
     if not isinstance(value, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     return value
