@@ -7,7 +7,8 @@ Bounded for CI on 2 cores: a few examples per route, derandomised. Left out: the
 routes whose body names a URL Loki would contact (``POST /api/presets``,
 ``/api/presets/test``: tests never send traffic outside loopback). Fixed fields keep the
 run bounded: tasks are created switched off (none runs meanwhile), completions ask one
-token, and the sends run last (their turns occupy the engine)."""
+token, and the sends run last (their turns occupy the engine). The one 5xx allowed is the
+documented 501 of ``/v1/embeddings`` on an engine started without ``--embeddings``."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_no_json_route_of_the_stack_answers_5xx(running_stack: Stack) -> None:
             client,
             spec,
             {"conversation": conv["id"], "project": project_id},
-            examples=4,
+            examples=8,
             skip=("/api/presets", "/api/presets/test"),
             fixed={
                 "/api/tasks": {"enabled": False},
@@ -43,7 +44,9 @@ def test_no_json_route_of_the_stack_answers_5xx(running_stack: Stack) -> None:
                 "/api/chat/send": {"conversation": conv["id"]},
             },
             last=("/api/chat/send",),
+            # the bundled engine runs without --embeddings: its documented 501 (never retried)
+            allowed={"/v1/embeddings": 501},
         )
         client.post("/api/chat/stop", json={"conversation": conv["id"]})
-    assert sent >= 60
+    assert sent >= 120
     assert not failures, "\n".join(failures[:20])
