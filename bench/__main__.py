@@ -43,6 +43,7 @@ EXPECTED = [
     "chaos",
     "tail_reuse_quality",
     "long_conversation",
+    "headline_long",
     "engine_measure",
 ]
 

@@ -534,6 +534,7 @@ def analyse(engine_url: str, exchanges: Sequence[_common.Exchange]) -> dict[str,
         per_request=[
             {
                 "kind": k,
+                "ts": e.ts,
                 "prompt_tokens": len(p),
                 "cache_n": e.cache_n,
                 "prompt_n": e.prompt_n,
@@ -1040,6 +1041,7 @@ def run_loki(
             compaction_paths=dict(paths),
             ttft=ttft_after_compaction(timeline, [t.kind for t in turns]),
             turn_ttft_s=[None if t.ttft_s is None else round(t.ttft_s, 3) for t in timeline],
+            turn_user_ts=[t.user_ts for t in timeline],
             reading_pauses=pauses,
             summary_requests=figures["by_kind"].get("compact", {}).get("requests", 0),
             summary_retries=summary_retries(proxy.exchanges),

@@ -9,8 +9,9 @@ compacted as in daily use (window 32,768 tokens). Measured in the same run:
 - the wall time of a turn (send → its end event read over SSE) and the bytes Redis received
   (``INFO stats`` ``total_net_input_bytes``, every service's writes, from one send to the
   next) at turns 10–20 against the last ten turns: targets ≤ 1.2× and ≤ 1.5× (medians);
-- opening the conversation in a browser: the first SSE page (``tail_turns=20``: the last 20
-  turns) read in full, against replaying the whole log (target ≤ 1 s for the page);
+- opening the conversation in a browser (headless chromium, the page's scripts cached): the
+  time until its last message is drawn (target ≤ 1 s); beside it the server side, the first
+  SSE page (``tail_turns=20``) read in full against replaying the whole log;
 - takeover: the owner chat instance is SIGKILLed (a second instance is running); the time
   from its lock's expiry to the new owner's first event of the next turn (load + turn start),
   at turn 20 and at the end (target ≤ 2 s whatever the length);
@@ -112,6 +113,32 @@ def _open_time(base: str, cid: str, last_seq: int, tail: int | None) -> float:
     raise _common.BenchError("replay ended early")
 
 
+def _paint_time(base: str, cid: str, last_question: str) -> float:
+    """Seconds from opening ``#c=<cid>`` in headless Debian chromium (page already loaded
+    once, so its scripts are cached like a person's) to the last user message drawn."""
+    from playwright.sync_api import sync_playwright
+
+    from bench.ui_render_bench import CHROMIUM, CHROMIUM_FLAGS
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(base + "/")
+            page.wait_for_load_state("networkidle")
+            t0 = time.monotonic()
+            page.goto(base + f"/#c={cid}")
+            page.wait_for_function(
+                "(q) => { const u = document.querySelectorAll('.msg.user');"
+                " return u.length && u[u.length - 1].textContent === q; }",
+                arg=last_question,
+                timeout=60_000,
+            )
+            return time.monotonic() - t0
+        finally:
+            browser.close()
+
+
 def run(quick: bool) -> dict[str, Any]:
     """See the module docstring."""
     import redis
@@ -200,6 +227,7 @@ def run(quick: bool) -> dict[str, Any]:
                 takeover(turns)
                 full_open = _open_time(base, cid, last, None)
                 page_open = _open_time(base, cid, last, 20)
+                paint = _paint_time(base, cid, "after the kill")
                 keys = [f"loki:chat:{k}:{cid}" for k in ("conv", "msgs", "log")]
                 memory = {k: admin.memory_usage(k) or 0 for k in keys}
             finally:
@@ -239,6 +267,7 @@ def run(quick: bool) -> dict[str, Any]:
                 "Open and take over",
                 ["what", "seconds"],
                 [
+                    ["browser: conversation opened, last message drawn", round(paint, 3)],
                     ["first page (last 20 turns) read", round(page_open, 3)],
                     ["whole log replayed", round(full_open, 3)],
                     *[
@@ -273,8 +302,8 @@ def run(quick: bool) -> dict[str, Any]:
                 issue="37",
             ),
             _common.target(
-                "first page of the conversation read",
-                round(page_open, 3),
+                "conversation opened in the browser, first page painted",
+                round(paint, 3),
                 "<=",
                 1.0,
                 "s",
@@ -290,8 +319,9 @@ def run(quick: bool) -> dict[str, Any]:
             ),
         ],
         data={"wall_s": wall, "bytes": written, "takeovers": takeovers, "memory": memory},
-        notes="The page time is the server side of opening a conversation (every event of the "
-        "last 20 turns read from the stream); the browser's paint comes on top.",
+        notes="The browser time runs from opening the conversation's address in a tab whose "
+        "scripts are cached to its last message drawn (the web UI asks the last 30 turns); the "
+        "page time is the server side alone (the last 20 turns read from the stream).",
     )
 
 

@@ -181,7 +181,12 @@ USERS: tuple[Grant, ...] = (
             subjects.PERF_RECORD,
             *js_stream(subjects.STREAM_PERF),
         ),
-        subscribe=(_CHAT_EVENTS, subjects.MEMORY_STATUS, subjects.PROJECTS_CHANGED),
+        subscribe=(
+            _CHAT_EVENTS,
+            subjects.MEMORY_STATUS,
+            subjects.PROJECTS_CHANGED,
+            subjects.ENGINE_STATE,  # the web UI's engine pill (GET /api/engine/events)
+        ),
         responds=True,
     ),
     Grant(

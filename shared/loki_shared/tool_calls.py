@@ -15,6 +15,12 @@ all:
   send the parsed object) is the whole arguments: serialised once to JSON text, replacing
   what was there, never appended to it nor serialised twice.
 
+- any other field of a fragment, or of its ``function`` (a server's own, such as a thought
+  signature), is kept on the call as it came, merged fragment after fragment by
+  :func:`loki_shared.stream_fields.merge` (lists appended, objects merged, a value replaced),
+  and given back by :meth:`ToolCall.as_openai`: an assembled answer keeps what the stream
+  carried.
+
 Calls come out ordered by ``index``, then by the order they were opened (two calls sharing
 an index keep the order they arrived in).
 """
@@ -22,8 +28,13 @@ an index keep the order they arrived in).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from .stream_fields import merge
+
+_CALL_KEYS = frozenset({"index", "id", "type", "function"})
+_FUNCTION_KEYS = frozenset({"name", "arguments"})
 
 
 @dataclass(slots=True)
@@ -37,6 +48,8 @@ class ToolCall:
             when two share an ``index``.
         id, name, arguments: OpenAI's ``id``, ``function.name`` and ``function.arguments``
             (JSON text as the model wrote it, maybe malformed: the caller checks it).
+        extra, function_extra: the other fields of the call and of its ``function``, as the
+            stream carried them.
     """
 
     index: int
@@ -44,15 +57,20 @@ class ToolCall:
     id: str = ""
     name: str = ""
     arguments: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    function_extra: dict[str, Any] = field(default_factory=dict)
 
     def as_openai(self) -> dict[str, Any]:
         """The call as an assistant message's ``tool_calls[]`` item (``id`` None when the
-        server sent none)."""
-        return {
+        server sent none), with the fields the stream carried beside OpenAI's."""
+        out: dict[str, Any] = {
             "id": self.id or None,
             "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
+            "function": {"name": self.name, "arguments": self.arguments, **self.function_extra},
         }
+        for key, value in self.extra.items():
+            out.setdefault(key, value)
+        return out
 
 
 class ToolCallAssembler:
@@ -99,8 +117,14 @@ class ToolCallAssembler:
             call.id = new_id
             shown["id"] = new_id
             shown["type"] = "function"
+        for key, value in fragment.items():
+            if key not in _CALL_KEYS:
+                call.extra[key] = merge(call.extra.get(key), value, join_text=False)
         function = fragment.get("function")
         function = function if isinstance(function, dict) else {}
+        for key, value in function.items():
+            if key not in _FUNCTION_KEYS:
+                call.function_extra[key] = merge(call.function_extra.get(key), value, False)
         fn_shown: dict[str, Any] = {}
         name = function.get("name")
         if isinstance(name, str) and name:

@@ -5,6 +5,7 @@ by a stable marker, so later turns' requests share their prefix."""
 from __future__ import annotations
 
 import base64
+import json
 
 from fakes.fake_engine import text_reply, tool_reply
 from fakes.media import png
@@ -123,3 +124,19 @@ async def test_turn_after_an_image_is_byte_identical_to_the_frozen_copy(chat, cl
     await client.tap.wait_turn_ends(cid, 1, 20)
     await client.turn("Sure?", cid)
     assert fake_engine.requests[1].body == FROZEN_AFTER_IMAGE_REQUEST
+
+
+async def test_an_image_that_is_not_a_data_url_is_refused_before_any_turn(
+    chat, client, fake_engine
+):
+    """Issue 38: a remote image URL never reaches the engine (which would fetch it with no
+    address check). The gateway only ever sends data URLs it built from uploaded bytes; a
+    peer that sends another URL gets ``invalid_request`` and no turn starts (see_image
+    shows only these images, kept)."""
+    for url in ("http://127.0.0.1:9/latest/meta-data/", "file:///etc/passwd", "data:text/x,a"):
+        body = {"content": "look", "images": [{"id": "e" * 32, "name": "x.png", "url": url}]}
+        raw = await client.nc.request(subjects.CHAT_SEND, json.dumps(body).encode(), timeout=10)
+        reply = SendReply.model_validate_json(raw.data)
+        assert reply.error is not None and reply.error.type == "invalid_request", url
+        assert "url" in reply.error.message
+    assert fake_engine.requests == []

@@ -122,6 +122,31 @@ async def test_see_image_shows_an_earlier_image_for_this_turn_only(
     assert "ask the user to attach the image again" in answer["content"]
 
 
+async def test_see_image_never_shows_another_conversations_image(
+    chat, client, fake_engine, supervisor
+):
+    """Advisory (issue 38): ``see_image`` in conversation B, given the id or the name of an
+    image attached in conversation A, shows nothing and says it is not an image of B."""
+    supervisor.vision = True
+    chat.toolbox.add(see_image_tool(chat.shared.shelf))
+    fake_engine.push(text_reply("A red square."))
+    await _send_image(client, "Look")  # conversation A holds red.png (IMAGE.id)
+    for path in (IMAGE.id, "red.png"):
+        fake_engine.push(
+            tool_reply([("c1", "see_image", json.dumps({"path": path}))]),
+            text_reply("Nothing to see."),
+        )
+    other = await client.turn("Show me the earlier image")
+    await client.turn("Show me red.png", other[0])
+    results = [r.json["messages"][-1] for r in fake_engine.requests[-3::2]]
+    for result in results:
+        assert (
+            result["role"] == "tool"
+            and "is not an image attached to this conversation" in (result["content"])
+        )
+    assert "base64" not in json.dumps([r.json for r in fake_engine.requests[1:]])
+
+
 async def test_see_image_not_offered_without_vision(chat, client, fake_engine, supervisor):
     supervisor.vision = False
     chat.toolbox.add(see_image_tool(chat.shared.shelf))

@@ -77,6 +77,22 @@ def test_bad_arguments_say_exactly_what_to_resend(tool, args, says):
     assert says in error and "Send it again" in error and "for example {" in error
 
 
+@pytest.mark.parametrize("page", ["日記.md", "здоровье.md", "مذكرات-يومية.md", "हिन्दी-नोट्स.md"])
+def test_page_names_in_any_script_pass(page):
+    """Issue 38 §4: the memory tools take the page files the memory service makes of names
+    in any script (combining marks included)."""
+    clean, error = check_arguments("memory_read", {"page": page})
+    assert error == "" and clean == {"page": page}
+
+
+@pytest.mark.parametrize(
+    "page", ["../日記.md", "日記/x.md", "日記 x.md", "日記\x00.md", ".md", "-日記.md", "日記"]
+)
+def test_page_names_keep_separators_and_control_characters_out(page):
+    clean, error = check_arguments("memory_read", {"page": page})
+    assert clean is None and "`page`: a page file name" in error
+
+
 def test_good_arguments_pass_clean():
     clean, error = check_arguments("tracker_log", {"tracker": " weight ", "value": "81.2"})
     assert error == "" and clean == {"tracker": "weight", "value": 81.2}

@@ -11,16 +11,27 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from conftest import SECRET, ChatClient, ChatRunner, FakeSupervisor
 from fakes.fake_engine import FakeEngine, Stream, chunk, text_reply
 
-from loki_chat.tasks.scheduler import MISSED, ORPHANED, task_message
+from loki_chat.tasks.schedule import due_times
+from loki_chat.tasks.scheduler import BROKEN, MISSED, ORPHANED, task_message
 from loki_shared import subjects
-from loki_shared.messages.tasks import Task, TaskRun, TaskSpec, TasksReply, TasksRequest
+from loki_shared.messages.tasks import (
+    ScheduleSpec,
+    Task,
+    TaskRun,
+    TaskSpec,
+    TasksReply,
+    TasksRequest,
+)
 
 FAST = dict(task_tick_s=0.2, task_grace_s=60.0, task_wait_s=5.0)
 
@@ -171,6 +182,12 @@ async def test_missed_due_times_run_the_latest_once_and_skip_the_rest(
         (dict(prompt="x", interval_s=5, tz="Mars/Olympus"), "'tz' is not a known time zone"),
         (dict(prompt="x"), "exactly one of 'cron'"),
         (dict(prompt="x", cron="* * * * *", interval_s=5), "exactly one of 'cron'"),
+        (dict(prompt="x", interval_s=10**15), "'interval_s' must be at most"),
+        (dict(prompt="x", cron="0 0 30 2 *"), "can never fire"),
+        (dict(prompt="x", cron="0 0 31 4,6,9,11 *"), "can never fire"),
+        (dict(prompt="x", cron="0 0 9 * * 1"), "has 6 fields, not 5"),
+        (dict(prompt="x", cron="0 9 * *"), "has 4 fields, not 5"),
+        (dict(prompt="x", cron="0 0 9 * * 1 2026"), "has 7 fields, not 5"),
     ],
 )
 async def test_bad_schedules_are_refused_with_what_to_resend(
@@ -179,6 +196,120 @@ async def test_bad_schedules_are_refused_with_what_to_resend(
     reply = await tasks_req(client, action="create", spec=TaskSpec(**spec))
     assert reply.error is not None and reply.error.type == "invalid_request"
     assert says in reply.error.message
+    assert (await tasks_req(client, action="list")).tasks == []
+
+
+async def test_bad_schedules_are_refused_on_update_too(chat: Any, client: ChatClient) -> None:
+    task = await create(client, prompt="x", cron="0 9 * * 1")
+    for cron, says in (("0 0 30 2 *", "can never fire"), ("0 0 9 * * 1", "has 6 fields")):
+        spec = TaskSpec(prompt="x", cron=cron)
+        reply = await tasks_req(client, action="update", task=task.id, spec=spec)
+        assert reply.error is not None and says in reply.error.message
+    assert (await tasks_req(client, action="get", task=task.id)).tasks[0].cron == "0 9 * * 1"
+
+
+def _task(cron: str, tz: str, anchor: float = 0.0) -> Task:
+    return Task(id="0" * 32, prompt="x", cron=cron, tz=tz, created=0, updated=0, anchor=anchor)
+
+
+def _wall(times: list[float], tz: str) -> list[str]:
+    return [datetime.fromtimestamp(t, ZoneInfo(tz)).isoformat() for t in times]
+
+
+def test_a_wall_time_that_occurs_twice_runs_once() -> None:
+    """Europe/Berlin, 2026-10-25: clocks go back at 03:00 CEST, 02:30 happens twice."""
+    zone = ZoneInfo("Europe/Berlin")
+    start = datetime(2026, 10, 24, 12, tzinfo=zone).timestamp()
+    end = datetime(2026, 10, 26, 12, tzinfo=zone).timestamp()
+    task = _task("30 2 * * *", "Europe/Berlin")
+    assert _wall(due_times(task, start, end), "Europe/Berlin") == [
+        "2026-10-25T02:30:00+02:00",  # the first 02:30 only
+        "2026-10-26T02:30:00+01:00",
+    ]
+    # ticked in small steps across the repeated hour (as the scheduler does): still once
+    dues: list[float] = []
+    cursor = start
+    for now in range(int(start), int(end), 600):
+        dues += due_times(task, cursor, now)
+        cursor = max(cursor, now)
+    assert _wall(dues, "Europe/Berlin") == [
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-26T02:30:00+01:00",
+    ]
+    # an hourly schedule runs once at each wall-clock hour of that day too
+    hourly = due_times(_task("0 * * * *", "Europe/Berlin"), start, end)
+    assert len(hourly) == len(set(hourly)) == 48  # 49 instants pass, 02:00 runs once
+
+
+def test_a_wall_time_that_does_not_exist_runs_once_at_the_next_valid_time() -> None:
+    """Europe/Berlin, 2026-03-29: clocks go forward at 02:00 CET to 03:00 CEST."""
+    zone = ZoneInfo("Europe/Berlin")
+    start = datetime(2026, 3, 28, 12, tzinfo=zone).timestamp()
+    end = datetime(2026, 3, 30, 12, tzinfo=zone).timestamp()
+    assert _wall(due_times(_task("30 2 * * *", "Europe/Berlin"), start, end), "Europe/Berlin") == [
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-30T02:30:00+02:00",
+    ]
+    # every skipped time of the hour lands on 03:00, which runs once; ticks in steps agree
+    task = _task("*/20 2 * * *", "Europe/Berlin")
+    dues: list[float] = []
+    cursor = start
+    for now in range(int(start), int(end), 600):
+        dues += due_times(task, cursor, now)
+        cursor = max(cursor, now)
+    assert _wall(dues, "Europe/Berlin") == [
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-30T02:00:00+02:00",
+        "2026-03-30T02:20:00+02:00",
+        "2026-03-30T02:40:00+02:00",
+    ]
+
+
+async def test_a_broken_stored_schedule_never_stops_the_other_tasks(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    svc = await chat_runner.start(**FAST)
+    now = time.time()
+    # stored before the checks existed: created first, so every tick meets them first
+    for cron in ("0 0 30 2 *", "0 0 9 * * 1", "not a cron"):
+        broken = Task(
+            id=uuid.uuid4().hex,
+            prompt="never",
+            cron=cron,
+            created=now - 10,
+            updated=now - 10,
+            anchor=now - 10,
+        )
+        await svc.scheduler.store.put(broken)
+    task = await create(client, name="tick", prompt="Say tick.", interval_s=1)
+    await asyncio.sleep(3.0)
+    runs = await settled_runs(client, task)
+    assert len(runs) >= 2 and {r.status for r in runs} == {"ok"}
+    for t in (await tasks_req(client, action="list")).tasks:
+        if t.id == task.id:
+            continue
+        recorded = (await tasks_req(client, action="runs", task=t.id)).runs
+        # its own error, recorded once however many ticks met it
+        assert [(r.status, r.due) for r in recorded] == [("error", t.anchor)], recorded
+        assert recorded[0].detail.startswith(BROKEN)
+
+
+async def test_preview_gives_the_next_three_runs_in_the_tasks_zone(
+    chat: Any, client: ChatClient
+) -> None:
+    spec = ScheduleSpec(cron="0 9 * * 1", tz="Europe/Berlin")
+    reply = await tasks_req(client, action="preview", schedule=spec)
+    assert reply.error is None and len(reply.next_runs) == 3
+    walls = [datetime.fromtimestamp(t, ZoneInfo("Europe/Berlin")) for t in reply.next_runs]
+    assert all((w.weekday(), w.hour, w.minute) == (0, 9, 0) for w in walls)
+    assert reply.next_runs == sorted(reply.next_runs) and reply.next_runs[0] > time.time()
+    every = await tasks_req(client, action="preview", schedule=ScheduleSpec(interval_s=60))
+    assert [round(b - a) for a, b in zip(every.next_runs, every.next_runs[1:])] == [60, 60]
+    bad = await tasks_req(client, action="preview", schedule=ScheduleSpec(cron="0 0 30 2 *"))
+    assert bad.error is not None and "can never fire" in bad.error.message
     assert (await tasks_req(client, action="list")).tasks == []
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -88,6 +89,8 @@ async def test_task_routes_create_list_run_replace_delete(
         ({"prompt": "x"}, "exactly one of 'cron'"),
         ({"prompt": "", "interval_s": 5}, "prompt"),
         ({"prompt": "x", "interval_s": "often"}, "interval_s"),
+        ({"prompt": "x", "cron": "0 0 30 2 *"}, "can never fire"),
+        ({"prompt": "x", "cron": "0 0 9 * * 1"}, "has 6 fields, not 5"),
     ],
 )
 async def test_bad_task_bodies_are_openai_shaped_400s(
@@ -135,3 +138,27 @@ async def test_task_run_conversations_are_listed_apart(
     ok = next(r for r in runs if r["status"] == "ok")
     state = await call(gw, "GET", "/api/chat/state", params={"conversation": ok["conversation"]})
     assert state.status_code == 200, state.text
+
+
+async def test_preview_checks_a_schedule_and_gives_its_next_three_runs(
+    chat_runner: ChatRunner, gw: Gateway
+) -> None:
+    await chat_runner.start()
+    body = {"cron": "30 8 * * 1-5", "tz": "America/New_York"}
+    resp = await call(gw, "POST", "/api/tasks/preview", json=body)
+    assert resp.status_code == 200, resp.text
+    got = resp.json()
+    assert got["tz"] == "America/New_York" and len(got["next_runs"]) == 3
+    for run in got["next_runs"]:
+        assert run["local"][11:16] == "08:30" and run["local"][-6:] in ("-05:00", "-04:00")
+        assert datetime.fromisoformat(run["local"]).timestamp() == run["at"]
+    for bad, says in (
+        ({"cron": "0 0 30 2 *"}, "can never fire"),
+        ({"cron": "0 0 9 * * 1"}, "has 6 fields, not 5"),
+        ({"interval_s": 5, "tz": "Mars/Olympus"}, "'tz' is not a known time zone"),
+        ({"interval_s": 10**15}, "'interval_s' must be at most"),
+        ({"cron": "0 9 * * 1", "tz": "../../etc/passwd"}, "'tz' is not a known time zone"),
+        ({"cron": "0 9 * * 1\u0000"}, "'cron'"),
+    ):
+        assert_openai_error(await call(gw, "POST", "/api/tasks/preview", json=bad), 400, says)
+    assert (await call(gw, "GET", "/api/tasks")).json()["tasks"] == []

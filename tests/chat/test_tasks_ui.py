@@ -67,7 +67,8 @@ async def test_tasks_dialog_creates_runs_opens_and_deletes(
     page = await browser.new_page(viewport=viewport)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("dialog", lambda d: asyncio.ensure_future(d.accept()))  # the delete's confirm()
+    popups: list[str] = []  # a browser pop-up (alert, confirm, prompt) is never used
+    page.on("dialog", lambda d: (popups.append(d.message), asyncio.ensure_future(d.dismiss())))
     name = f"shot-tasks-{'phone' if viewport is PHONE else 'laptop'}"
     try:
         await page.goto(gw.url + "/")
@@ -134,9 +135,10 @@ async def test_tasks_dialog_creates_runs_opens_and_deletes(
             .get_by_role("button", name="Delete")
             .click()
         )
+        await page.click("#ask-ok")  # Loki's own dialog asks first
         await page.wait_for_selector("#tasks-list li.hint")
         assert (await gw_json(gw, "/api/tasks"))["tasks"] == []
-        assert errors == []
+        assert errors == [] and popups == []
     finally:
         await page.close()
 
@@ -146,3 +148,59 @@ async def gw_json(gw: Gateway, path: str) -> Any:
 
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
         return (await http.get(path)).json()
+
+
+@pytest.mark.parametrize("viewport", [PHONE, LAPTOP], ids=["phone", "laptop"])
+async def test_tasks_dialog_shows_the_next_runs_as_the_schedule_is_typed(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    gw: Gateway,
+    browser: Any,
+    viewport: dict[str, int],
+) -> None:
+    """Before anything is saved, the form shows the schedule's next three run times in the
+    task's time zone, or why the server refuses it (a day that never comes, six fields)."""
+    await chat_runner.start(task_tick_s=0.2, task_grace_s=60.0, task_wait_s=5.0)
+    page = await browser.new_page(viewport=viewport)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    nxt = page.locator("#task-next")
+
+    async def shows(state: str, text: str) -> str:
+        deadline = time.monotonic() + 10
+        while True:
+            said = await nxt.inner_text()
+            if await nxt.get_attribute("data-state") == state and text in said:
+                return said
+            assert time.monotonic() < deadline, (state, text, said)
+            await asyncio.sleep(0.1)
+
+    try:
+        await page.goto(gw.url + "/")
+        if viewport is PHONE:
+            await page.click("#menu-btn")
+        await page.click("#tasks-btn")
+        await page.click("#task-new")
+        await page.fill("#task-form [name=tz]", "Europe/Berlin")
+        await page.select_option("#task-form [name=kind]", "cron")
+        await page.fill("#task-form [name=cron]", "30 9 * * 1")
+        said = await shows("ok", "Next runs (Europe/Berlin)")
+        assert said.count("09:30") == 3, said
+        assert said.count("+01:00") + said.count("+02:00") == 3, said
+        await fits(page, viewport)
+        await page.screenshot(path=str(ARTIFACTS / f"shot-tasks-next-{viewport['width']}.png"))
+        await page.fill("#task-form [name=cron]", "0 0 30 2 *")
+        await shows("error", "can never fire")
+        await page.fill("#task-form [name=cron]", "0 0 9 * * 1")
+        await shows("error", "has 6 fields, not 5")
+        await fits(page, viewport)
+        await page.select_option("#task-form [name=kind]", "interval")
+        await page.fill("#task-form [name=interval_s]", "3600")
+        said = await shows("ok", "Next runs (Europe/Berlin)")
+        assert said.count(" · ") == 2, said
+        await page.fill("#task-form [name=tz]", "Mars/Olympus")
+        await shows("error", "'tz' is not a known time zone")
+        assert (await gw_json(gw, "/api/tasks"))["tasks"] == []  # nothing was saved
+        assert errors == []
+    finally:
+        await page.close()

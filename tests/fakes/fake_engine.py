@@ -2,7 +2,8 @@
 
 It is a real HTTP/1.1 server on 127.0.0.1 (asyncio, in a background thread, usable from sync
 and async tests). ``POST /v1/chat/completions`` (and ``/v1/completions``, whose frames the
-script gives as text-completion chunks) records the exact request bytes and plays the
+script gives as text-completion chunks; ``/v1/responses``, whose frames the script gives as
+Responses events) records the exact request bytes and plays the
 next scripted response; ``GET /health``, ``GET /props`` and ``GET /slots`` answer like
 llama-server does (``/slots`` reports ``is_processing`` while a stream is being sent).
 
@@ -223,6 +224,48 @@ def text_reply(
     return Stream(frames=frames, delay_s=delay_s, usage=usage, timings=timings)
 
 
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def responses_reply(text: str = "ok", model: str = "fake-model") -> Stream:
+    """A streamed ``/v1/responses`` answer as llama-server sends it: named events, the last
+    ``response.completed`` (the whole response, ``usage``, and ``timings`` on its data), no
+    ``[DONE]``."""
+    done = {
+        "type": "response.completed",
+        "response": {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 1700000000,
+            "status": "completed",
+            "model": model,
+            "output": [
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            ],
+            "usage": {"input_tokens": 11, "output_tokens": 3, "total_tokens": 14},
+        },
+        "timings": {"prompt_n": 11, "predicted_n": 3, "cache_n": 0},
+    }
+    return Stream(
+        frames=[
+            _event("response.created", {"type": "response.created", "response": {"id": "r"}}),
+            _event(
+                "response.output_text.delta",
+                {"type": "response.output_text.delta", "delta": text},
+            ),
+            _event("response.completed", done),
+        ],
+        done=False,
+    )
+
+
 def tool_reply(
     calls: list[tuple[str, str, str]],
     *,
@@ -321,6 +364,7 @@ class FakeEngine:
         self.n_ctx = n_ctx
         self.total_slots = total_slots
         self.model_id = "fake-model"
+        self.aliases: list[str] = []  # ``data[].aliases`` (llama-server's ``--alias`` names)
         self.embeddings = False
         self.vision = False  # ``/props`` ``modalities.vision``
         self.url = ""
@@ -527,7 +571,14 @@ class FakeEngine:
                 {
                     "models": [{"name": self.model_id, "model": self.model_id}],
                     "object": "list",
-                    "data": [{"id": self.model_id, "object": "model", "owned_by": "llamacpp"}],
+                    "data": [
+                        {
+                            "id": self.model_id,
+                            "aliases": list(self.aliases),
+                            "object": "model",
+                            "owned_by": "llamacpp",
+                        }
+                    ],
                 },
             )
             return True
@@ -566,6 +617,8 @@ class FakeEngine:
             "/chat/completions",
             "/v1/completions",
             "/completions",
+            "/v1/responses",
+            "/responses",
         ):
             record = RecordedRequest(method, path, headers, body, time.time())
             with self._cond:

@@ -61,6 +61,7 @@ class FakeSupervisor:
     vision: bool = False  # what ``info`` says of the engine's vision
     verify: bool | None = None  # the preset's VERIFY feature, sent with leases
     slot_persist: dict[str, Any] | None = None  # what ``info`` says of SLOT_PERSIST
+    extra_in_flight: int = 0  # requests ``info`` counts in flight beside the live leases
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -81,6 +82,8 @@ class FakeSupervisor:
             model=self.model,
             vision=self.vision,
             slot_persist=self.slot_persist,
+            in_flight=len(self.live) + self.extra_in_flight,
+            template=self.template,
         )
 
     def lease(self, req: LeaseRequest) -> Lease:

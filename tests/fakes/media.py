@@ -25,15 +25,17 @@ def png(width: int = 8, height: int = 8, rgb: tuple[int, int, int] = (200, 30, 3
     )
 
 
-def pdf(text: str) -> bytes:
-    """A one-page PDF showing ``text`` (ASCII, no parentheses) in Helvetica."""
+def pdf(text: str, filter: str | None = None) -> bytes:
+    """A one-page PDF showing ``text`` (ASCII, no parentheses) in Helvetica; ``filter`` names
+    a ``/Filter`` its content stream claims (the bytes stay as written)."""
     stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode("ascii")
+    claimed = f" /Filter /{filter}".encode() if filter else b""
     objects = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
         b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
         b"/Resources << /Font << /F1 5 0 R >> >> /Contents 4 0 R >>",
-        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Length %d%s >>\nstream\n" % (len(stream), claimed) + stream + b"\nendstream",
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
     out = bytearray(b"%PDF-1.4\n")

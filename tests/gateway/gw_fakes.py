@@ -30,6 +30,7 @@ from typing import Any
 import nats
 
 from loki_shared import subjects
+from loki_shared.chat_log import history_page
 from loki_shared.errors import InvalidRequest, LokiError, NotFound
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.chat import (
@@ -306,6 +307,9 @@ class FakePeers:
         conv = self.convs.get(req.conversation)
         if conv is None:
             return ReplayReply(error=ErrorInfo(type="not_found", message="no such conversation"))
+        if req.turns is not None:  # paged history: the real rule
+            page, older = history_page(conv.events, req.turns, req.before_seq)
+            return ReplayReply(events=page, last_seq=len(conv.events), older=older)
         events = [e for e in conv.events if e.seq > req.after_seq]
         more = False
         if req.limit is not None and len(events) > req.limit:

@@ -115,6 +115,103 @@ def test_refused_uploads(gateway_factory, peers) -> None:
         assert scan.status_code == 415 and "images" in scan.json()["error"]["message"]
 
 
+def _broken_png() -> bytes:
+    good = bytearray(png(64, 64))
+    start = good.index(b"IDAT") + 4
+    good[start : start + 12] = b"\x00" * 12  # the compressed pixels no longer inflate
+    return bytes(good)
+
+
+def test_every_parser_failure_is_a_4xx_naming_the_file(gateway, peers, redis_url) -> None:
+    """Issue 38 §7: whatever parser fails on an upload (pypdf on a filter it cannot decode or
+    a broken file, the text decoder, Pillow on a broken image) the answer is 415 or 422 in
+    OpenAI's shape naming the file, and nothing is stored."""
+    r = redis.Redis.from_url(redis_url)
+    before = set(r.scan_iter("loki:chat:att:*"))
+    cases = [
+        ("jbig2.pdf", pdf("Scanned page", filter="JBIG2Decode"), 422),
+        ("unknown-filter.pdf", pdf("Text", filter="NoSuchDecode"), 422),
+        ("broken-flate.pdf", pdf("Text", filter="FlateDecode"), 415),  # no text comes out
+        ("cut.pdf", pdf("Cut short")[:300], 422),
+        ("broken.png", _broken_png(), 422),
+        ("cut.png", png(64, 64)[:60], 422),
+        ("cut.jpg", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x00" * 40, 422),
+        ("junk.gif", b"GIF89a" + b"\xff" * 40, 422),
+        ("junk.webp", b"RIFF\x20\x00\x00\x00WEBPVP8 " + b"\x00" * 30, 422),
+        ("odd.txt", b"\xff\xfeh\x00i\x00\x00", 422),  # UTF-16 with a byte cut off
+        ("bad-utf32.txt", b"\xff\xfe\x00\x00" + b"\xff\xff\xff\xff", 422),
+        ("latin1.txt", "café crème".encode("latin-1"), 415),
+        ("nul.txt", b"abc\x00def", 415),
+    ]
+    with gateway.client() as c:
+        for name, data, status in cases:
+            resp = _upload(c, name, data)
+            assert resp.status_code == status, (name, resp.status_code, resp.text)
+            error = resp.json()["error"]
+            assert {"message", "type", "code"} <= set(error), error
+            assert error["type"] == "invalid_request_error"
+            assert error["code"] == (
+                "unreadable_file" if status == 422 else "unsupported_file_type"
+            )
+            assert repr(name) in error["message"], error
+        assert set(r.scan_iter("loki:chat:att:*")) == before  # nothing stored
+        # text with a byte order mark is read in its encoding and kept as UTF-8
+        for name, data in (
+            ("utf16.txt", "Здоровье 日記".encode("utf-16")),
+            ("utf8-bom.txt", "\ufeffZdravo".encode()),
+        ):
+            ok = _upload(c, name, data)
+            assert ok.status_code == 201, ok.text
+            back = c.get(f"/api/chat/attachment/{ok.json()['id']}").content.decode("utf-8")
+            assert back in ("Здоровье 日記", "Zdravo")
+
+
+def test_an_attachment_belongs_to_the_conversation_it_was_sent_in(gateway, peers) -> None:
+    """Advisory (issue 38): an attachment id from one conversation cannot be read through
+    another: neither sent again in another conversation (nor in a new one) nor read as
+    another conversation's; its own conversation keeps using it."""
+    peers.supervisor.vision = True
+    with gateway.client() as c:
+        att = _upload(c, "plan.txt", b"the secret plan").json()["id"]
+        first = c.post("/api/chat/send", json={"content": "read this", "attachments": [att]})
+        assert first.status_code == 202, first.text
+        conv_a = first.json()["conversation"]
+        n = len(peers.sends)
+        assert "the secret plan" in peers.sends[-1].content
+        other = c.post("/api/chat/send", json={"content": "hi"}).json()["conversation"]
+        for body in (
+            {"content": "and this?", "attachments": [att], "conversation": other},
+            {"content": "and this?", "attachments": [att]},  # a new conversation
+        ):
+            refused = c.post("/api/chat/send", json=body)
+            assert refused.status_code == 404, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "attachment_not_found"
+            assert "does not exist in this conversation" in error["message"]
+        assert len(peers.sends) == n + 1  # only the plain "hi" went on
+        again = c.post(
+            "/api/chat/send",
+            json={"content": "once more", "attachments": [att], "conversation": conv_a},
+        )
+        assert again.status_code == 202
+        # read as another conversation's: 404; as its own: the content
+        read = c.get(f"/api/chat/attachment/{att}", params={"conversation": other})
+        assert read.status_code == 404
+        own = c.get(f"/api/chat/attachment/{att}", params={"conversation": conv_a})
+        assert own.content == b"the secret plan"
+        # an image sent into an existing conversation is bound to it at once
+        img = _upload(c, "red.png", png()).json()["id"]
+        sent = c.post(
+            "/api/chat/send", json={"content": "see", "attachments": [img], "conversation": other}
+        )
+        assert sent.status_code == 202
+        stolen = c.post(
+            "/api/chat/send",
+            json={"content": "see", "attachments": [img], "conversation": conv_a},
+        )
+        assert stolen.status_code == 404
+
+
 def test_behind_the_key(gateway_factory, peers) -> None:
     gw = gateway_factory(key="attach-key")
     with gw.client() as c:

@@ -37,6 +37,7 @@ def test_every_api_and_v1_route_needs_the_key(keyed, path, auth):
     assert r.json()["error"] == {
         "message": "missing or invalid API key",
         "type": "invalid_request_error",
+        "param": None,
         "code": "invalid_api_key",
     }
 

@@ -143,7 +143,8 @@ def test_benchmark_progress_chart_refusal_and_optimiser(
     page = browser.new_page(viewport={"width": width, "height": height})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("dialog", lambda d: d.accept())  # the optimiser's opt-in confirm()
+    # a browser pop-up fails the test: Loki asks in its own dialog
+    page.on("dialog", lambda d: (errors.append(f"browser {d.type}"), d.dismiss()))
     try:
         page.goto(gateway.url + "/")
         _open_presets(page)
@@ -181,6 +182,9 @@ def test_benchmark_progress_chart_refusal_and_optimiser(
 
         # the optimiser: table, proposal, applied only on the person's click
         page.click("#optimise-start")
+        page.wait_for_selector("#ask-dialog[open]")
+        assert "Optimise" in page.inner_text("#ask-title")
+        page.click("#ask-ok")
         page.wait_for_selector("#optimise-apply")
         rows = page.locator(".optimise-table tr")
         assert rows.count() == 4

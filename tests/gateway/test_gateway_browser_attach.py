@@ -130,12 +130,15 @@ def test_attach_drop_paste_thumbnails_and_errors(browser, small_gateway, peers, 
         page.screenshot(path=str(shot))
         assert shot.stat().st_size > 5_000
 
-        # a model without vision: the send is refused inline, the image stays attached
-        peers.supervisor.vision = False
+        # the model loses its vision after the image was attached (a preset switched): the
+        # send is refused inline, the image stays attached (refused at attach time once the
+        # page knows: test_gateway_ui_daily.py)
         page.set_input_files(
             "#attach-input", files=[{"name": "blue.png", "mimeType": "image/png", "buffer": png()}]
         )
         page.wait_for_selector(".attach-chip.image")
+        peers.supervisor.vision = False
+        page.wait_for_function("window.LokiApi.engine().vision === false", timeout=5000)
         before = len(peers.sends)
         page.fill("#input", "And this one?")
         page.press("#input", "Enter")

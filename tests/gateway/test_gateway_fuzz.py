@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.fake_engine import FakeEngine
+from tests.fakes.fake_engine import FakeEngine, responses_reply, text_reply
 
 from .gw_fakes import FakePeers
 
@@ -28,6 +28,10 @@ pytestmark = pytest.mark.slow
 def engine():
     with FakeEngine() as fake:
         fake.embeddings = True  # every generated body reaches an engine that serves it
+        # a Responses body (``input``) gets a Responses stream, any other the default reply
+        fake.responder = lambda body: (
+            responses_reply() if "input" in body and "messages" not in body else text_reply()
+        )
         yield fake
 
 

@@ -78,7 +78,8 @@ def test_preset_editor_end_to_end_local_and_external(
     page = browser.new_page(viewport={"width": size[0], "height": size[1]})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("dialog", lambda d: d.accept())  # Delete's confirm()
+    dialogs: list[str] = []  # a browser pop-up (never: Loki asks in its own dialog)
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     try:
         http = gw.client()
         _engine(http, lambda b: b["state"] == "ready", "ready")
@@ -159,6 +160,7 @@ def test_preset_editor_end_to_end_local_and_external(
 
         # delete the local preset (not active now), then back to env and delete the external
         _click_row(page, "loc", "Delete")
+        page.click("#ask-ok")
         page.wait_for_selector("#presets-list li[data-id=loc]", state="detached")
         _click_row(page, "env", "Switch")
         _engine(
@@ -167,10 +169,11 @@ def test_preset_editor_end_to_end_local_and_external(
             "back on env",
         )
         _click_row(page, "ext", "Delete")
+        page.click("#ask-ok")
         page.wait_for_selector("#presets-list li[data-id=ext]", state="detached")
         assert [p["id"] for p in http.get("/api/presets").json()["presets"]] == ["env"]
         page.screenshot(path=str(ARTIFACTS / f"ui-presets-engine-{size[0]}.png"))
-        assert errors == []
+        assert errors == [] and dialogs == []
     finally:
         page.close()
         remote.stop()

@@ -40,7 +40,8 @@ def test_preset_editor_creates_fixes_switches_and_deletes(browser, gateway, peer
     page = browser.new_page(viewport=PHONE)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("dialog", lambda d: d.accept())  # the delete's confirm()
+    dialogs: list[str] = []  # a browser pop-up (never: Loki asks in its own dialog)
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     try:
         page.goto(gateway.url + "/")
         page.click("#menu-btn")
@@ -128,13 +129,14 @@ def test_preset_editor_creates_fixes_switches_and_deletes(browser, gateway, peer
         # deleted (the active one offers no Delete)
         assert _row(page, "Small box").get_by_role("button", name="Delete").count() == 0
         _row(page, "Remote").get_by_role("button", name="Delete").click()
+        page.click("#ask-ok")  # "Delete the preset Remote?" in Loki's own dialog
         page.wait_for_function(
             "!document.getElementById('presets-list').textContent.includes('Remote')"
         )
         assert remote.id not in peers.presets
         _no_sideways_scroll(page)
         page.screenshot(path=str(ARTIFACTS / "ui-presets-390.png"))
-        assert errors == []
+        assert errors == [] and dialogs == []
     finally:
         _restore(peers)
         peers.test_reply = {"ok": True, "status": 200, "message": "", "models": []}

@@ -21,6 +21,8 @@ from loki_cli.stack import Stack, StackConfig
 from loki_shared import servers
 from tests.fakes.fake_engine import FakeEngine, text_reply
 
+from .a11y import assert_accessible, assert_targets
+
 KEY = "projects-test-key"
 SECRET = "projects-test-secret-0123456789"
 
@@ -162,6 +164,31 @@ def test_a_page_and_tracker_values_reach_the_next_conversation_block(
         api.put("/api/projects/active", json={"project": "default"})
 
 
+def test_names_in_any_script_through_the_gateway(api: httpx.Client) -> None:
+    """Issue 38 §4: a project named in Cyrillic, a page named in Japanese and a tracker named
+    in Devanagari are made and read back through ``/api`` with their names as written."""
+    r = api.post("/api/projects", json={"name": "Здоровье"})
+    assert r.status_code == 201, r.text
+    project = r.json()["project"]
+    assert project["name"] == "Здоровье"
+    pid = project["id"]
+    assert api.get(f"/api/projects/{pid}").json()["project"]["name"] == "Здоровье"
+    page = {"content": "# 日記\n今日は晴れ。", "description": "毎日のこと"}
+    r = api.put(f"/api/projects/{pid}/pages/日記", json=page)
+    assert r.status_code == 201, r.text
+    assert r.json()["page"]["file"] == "日記.md"
+    assert api.get(f"/api/projects/{pid}/pages/日記.md").json()["content"] == page["content"]
+    assert (
+        api.get(f"/api/projects/{pid}/pages").json()["index"] == "- [日記](日記.md) — 毎日のこと\n"
+    )
+    r = api.post(f"/api/projects/{pid}/trackers/नींद/values", json={"value": 7.5, "unit": "घंटे"})
+    assert r.status_code == 201, r.text
+    trackers = api.get(f"/api/projects/{pid}/trackers").json()["trackers"]
+    assert [(t["name"], t["slug"]) for t in trackers] == [("नींद", "नींद")]
+    assert error_of(api.put(f"/api/projects/{pid}/pages/MEMORY", json=page), 400)
+    assert error_of(api.post("/api/projects", json={"name": "🙂"}), 400)
+
+
 def test_export_import_round_trips_a_project(api: httpx.Client) -> None:
     api.post("/api/projects", json={"name": "Trip", "instructions": "Be brief."})
     api.put("/api/projects/trip/pages/plan", json={"content": "# Plan\nOslo.", "description": "d"})
@@ -227,6 +254,20 @@ DESKTOP = {"width": 1280, "height": 800}
 DRAWER_OPEN = "document.getElementById('sidebar').getBoundingClientRect().left >= 0"
 
 
+# Pixels between the right end of the chart's last date label (centred on its tick, in the
+# axis font) and the right edge of the chart: negative when the label is clipped.
+LAST_LABEL_ROOM = """() => {
+  const u = LokiProjects.plot();
+  const ticks = JSON.parse(document.getElementById('tracker-chart').dataset.ticks);
+  const last = ticks[ticks.length - 1];
+  const xs = u.data[0];
+  const x = xs[xs.length - 1];
+  u.ctx.font = u.axes[0].font[0];
+  const w = u.ctx.measureText(last).width;
+  return u.width - (u.valToPos(x, 'x') + u.bbox.left / devicePixelRatio + w / 2);
+}"""
+
+
 def _inside(page, selector: str, viewport: dict) -> dict:
     assert page.is_visible(selector), f"{selector} not visible"
     box = page.locator(selector).bounding_box()
@@ -247,7 +288,8 @@ def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
     errors: list[str] = []
     page = browser.new_page(viewport=viewport, device_scale_factor=1)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("dialog", lambda d: d.accept(name) if d.type == "prompt" else d.accept())
+    # a browser pop-up (alert, confirm, prompt) fails the test: Loki asks in its own dialog
+    page.on("dialog", lambda d: (errors.append(f"browser {d.type}: {d.message}"), d.dismiss()))
     page.add_init_script(f"localStorage.setItem('lokiKey', {KEY!r})")
     phone = viewport["width"] < 760
     try:
@@ -257,7 +299,10 @@ def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
             page.wait_for_function(DRAWER_OPEN)
         page.wait_for_selector("#project-row", state="visible")
         _inside(page, "#project-picker", viewport)
-        page.select_option("#project-picker", "__new__")  # prompt answered with `name`
+        page.select_option("#project-picker", "__new__")
+        page.wait_for_selector("#ask-dialog[open]")  # the name asked in Loki's own dialog
+        page.fill("#ask-input", name)
+        page.click("#ask-ok")
         page.wait_for_function(f"document.getElementById('project-picker').value === {slug!r}")
         assert api.get("/api/projects/active").json()["project"]["id"] == slug
         page.wait_for_function("document.querySelectorAll('#conversations li').length === 0")
@@ -299,6 +344,13 @@ def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
         # the time axis of day-level values: dates, not hours
         ticks = json.loads(page.get_attribute("#tracker-chart", "data-ticks") or "[]")
         assert ticks == ["2026-11-28", "2026-11-29", "2026-11-30"], ticks
+        # no "Time: – steps: --" legend, and the last date label drawn whole inside the chart
+        assert page.locator("#tracker-chart .u-legend").count() == 0
+        room = page.evaluate(LAST_LABEL_ROOM)
+        assert room >= 0, f"the last date label overflows the chart by {-room:.0f} px"
+        assert_accessible(page, "the trackers tab")
+        if phone:
+            assert_targets(page, 44, "the trackers tab")
         chart = _inside(page, "#tracker-chart canvas", viewport)
         assert chart["width"] >= 200
         dialog = _inside(page, "#project-dialog", viewport)
@@ -319,6 +371,11 @@ def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
             "document.getElementById('tracker-chart').dataset.ticks === '[\"2026\"]'"
         )
         assert page.get_attribute("#tracker-chart", "data-points") == "1"
+        for tab in ("pages", "settings"):
+            page.click(f"#project-dialog .tabs [data-tab={tab}]")
+            assert_accessible(page, f"the {tab} tab")
+            if phone:
+                assert_targets(page, 44, f"the {tab} tab")
         page.click("#project-close")
 
         # what the UI wrote is in the project, and in the next conversation's first request
@@ -343,6 +400,51 @@ def test_the_ui_switches_project_edits_a_page_and_charts_a_tracker(
         page.wait_for_function("document.querySelectorAll('#conversations li').length === 1")
         convs = api.get("/api/conversations", params={"project": slug}).json()["conversations"]
         assert len(convs) == 1
+
+        # a page deleted after a question in Loki's own dialog
+        if phone:
+            page.click("#menu-btn")
+            page.wait_for_function(DRAWER_OPEN)
+        page.click("#project-btn")
+        page.wait_for_selector("#project-dialog[open]")
+        page.click("#page-list li[data-file='garden-plan.md']")
+        page.wait_for_selector("#page-delete:not([hidden])")
+        page.click("#page-delete")
+        page.wait_for_selector("#ask-dialog[open]")
+        page.click("#ask-ok")
+        page.wait_for_selector("#page-list li[data-file='garden-plan.md']", state="detached")
+
+        # importing the project's own export beside it: "<name> (imported)", never a second
+        # project of one name
+        exported = api.get(f"/api/projects/{slug}/export").content
+        page.click("#project-dialog .tabs [data-tab=settings]")
+        page.set_input_files(
+            "#project-import",
+            files=[{"name": "p.zip", "mimeType": "application/zip", "buffer": exported}],
+        )
+        page.wait_for_function(
+            "document.getElementById('project-picker').selectedOptions[0]?.textContent"
+            f" === {name + ' (imported)'!r}"
+        )
+        shown = page.eval_on_selector_all("#project-picker option", "os => os.map(o => o.text)")
+        assert shown.count(name) == 1 and shown.count(f"{name} (imported)") == 1
+        imported = api.get("/api/projects/active").json()["project"]["id"]
+        # and deleted again: its id typed in Loki's own dialog
+        if phone and not page.evaluate("document.body.classList.contains('drawer-open')"):
+            page.click("#menu-btn")
+            page.wait_for_function(DRAWER_OPEN)
+        page.click("#project-btn")
+        page.wait_for_selector("#project-dialog[open]")
+        page.click("#project-dialog .tabs [data-tab=settings]")
+        page.click("#project-delete")
+        page.wait_for_selector("#ask-dialog[open]")
+        assert_accessible(page, "the ask dialog over the project dialog")
+        page.fill("#ask-input", imported)
+        page.click("#ask-ok")
+        page.wait_for_function(
+            f"!Array.from(document.querySelectorAll('#project-picker option'))"
+            f".some(o => o.value === {imported!r})"
+        )
         assert errors == []
     finally:
         page.close()

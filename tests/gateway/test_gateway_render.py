@@ -161,3 +161,80 @@ def test_markdown_never_runs_what_a_reply_contains(browser, gateway, peers):
     finally:
         peers.reply_pieces = ["Hello", ", ", "wörld", " 🌍", "!"]
         page.close()
+
+
+#: Markdown that holds nothing dangerous as typed, and that a renderer could turn into a
+#: script, a ``javascript:`` URL or an event attribute (entities decoded, references resolved,
+#: autolinks and titles written out, a fence's language put in a class).
+AFTER_RENDERING = [
+    "[a](&#106;avascript:window.pwned=11)",
+    "[a](&#x6A;&#x61;vascript&#x3A;window.pwned=12)",
+    "[a][r]\n\n[r]: javascript:window.pwned=13",
+    "<javascript:window.pwned=14>",
+    "[a](java\nscript:window.pwned=15)",
+    '[a](https://example.invalid "t&quot; onmouseover=&quot;window.pwned=16")',
+    "![a&quot; onerror=&quot;window.pwned=17](x)",
+    "![a](data:image/svg+xml;base64,PHN2ZyBvbmxvYWQ9IndpbmRvdy5wd25lZD0xOCIvPg==)",
+    '```js" onmouseover="window.pwned=19\ncode\n```',
+    "&lt;img src=x onerror=window.pwned=20&gt;",
+    "[a](data:text/html;base64,PHNjcmlwdD53aW5kb3cucHduZWQ9MjE8L3NjcmlwdD4=)",
+    "www.example.invalid/<img/src/onerror=window.pwned=22>",
+]
+
+
+def test_markdown_is_sanitised_after_rendering_never_before(browser, gateway):
+    """Advisory (issue 38, a peer's CVE): the sanitiser runs on the HTML the renderer made,
+    never on the Markdown source. DOMPurify's input is spied on: every call gets
+    markdown-it's output, none the source; payloads that become dangerous only once
+    rendered, whole and streamed through the live renderer one character at a time, leave
+    no script, no event attribute and no ``javascript:``/``data:text`` URL in the page."""
+    page = browser.new_page()
+    try:
+        page.goto(gateway.url + "/")
+        out = page.evaluate(
+            """async (cases) => {
+                const seen = [];
+                const sanitize = DOMPurify.sanitize.bind(DOMPurify);
+                DOMPurify.sanitize = (html, cfg) => { seen.push(html); return sanitize(html, cfg); };
+                const bad = [];
+                const check = (el, c, how) => {
+                  if (el.querySelector("script, iframe, svg, object, embed")) bad.push([how, c]);
+                  for (const n of el.querySelectorAll("*")) {
+                    for (const a of n.attributes) {
+                      if (/^on/i.test(a.name)) bad.push([how, c, a.name]);
+                      if (/^\\s*(javascript:|vbscript:|data:text)/i.test(a.value)) bad.push([how, c, a.value]);
+                    }
+                  }
+                };
+                const order = [];
+                for (const c of cases) {
+                  const before = seen.length;
+                  const html = LokiMarkdown.render(c);
+                  order.push(seen.length > before && !seen.slice(before).includes(c));
+                  const el = document.createElement("div");
+                  el.innerHTML = html;
+                  document.body.appendChild(el);
+                  check(el, c, "whole");
+                  const live = document.createElement("div");
+                  document.body.appendChild(live);
+                  const r = LokiLive.create(live);
+                  for (const ch of c) { r.append(ch); r.render(); check(live, c, "live"); }
+                  r.finish();
+                  check(live, c, "finished");
+                }
+                const md = "**bold** and [link](https://example.invalid)";
+                seen.length = 0;
+                LokiMarkdown.render(md);
+                await new Promise(r => setTimeout(r, 300));
+                return {bad, order, pwned: window.pwned || null, spied: seen};
+            }""",
+            AFTER_RENDERING,
+        )
+        assert out["bad"] == [] and out["pwned"] is None, out
+        assert all(out["order"]), out["order"]  # sanitised each time, never the source
+        # what the sanitiser gets is the renderer's HTML, not the Markdown
+        assert out["spied"] == [
+            '<p><strong>bold</strong> and <a href="https://example.invalid">link</a></p>\n'
+        ]
+    finally:
+        page.close()

@@ -147,7 +147,7 @@ def test_title_gauge_and_engine_show_the_truth_during_a_first_reply(browser, gat
         assert page.inner_text("#conv-title") == "Plan a trip to Oslo"
         # the engine pill says it generates
         page.wait_for_selector("#engine-state.generating")
-        assert "generating" in page.inner_text("#engine-state")
+        assert page.inner_text("#engine-state").startswith("Engine: Generating")
         # the gauge knows the window (the engine's n_ctx) and moves while the reply streams
         page.wait_for_function("document.querySelector('.msg.assistant')")
         text = page.inner_text("#gauge-text")

@@ -303,3 +303,55 @@ def test_disconnect_while_the_engine_reads_the_prompt_frees_the_slot(
         sock.close()
     _assert_cut_short(engine_url, before)
     assert _wait(lambda: peers.held() == 0)
+
+
+def test_responses_api_on_the_real_engine_streamed_and_not(oai, peers):
+    """Issue 38: ``client.responses.create`` (the Responses API the pinned llama-server
+    serves) through the gateway, with /v1's rules: a lease released, a perf record with the
+    usage; the model named as /v1/models names it."""
+    listed = oai.models.list().data[0].id
+    before = (peers.lease_count, len(peers.perf_records))
+    answer = oai.responses.create(
+        model="any", input="Reply with one word: pong", max_output_tokens=8
+    )
+    assert answer.status == "completed" and answer.output_text
+    assert answer.model == listed and answer.usage.input_tokens > 0
+    assert peers.lease_count == before[0] + 1 and _wait(lambda: peers.held() == 0)
+    assert _wait(lambda: len(peers.perf_records) > before[1])
+    record = peers.perf_records[-1]
+    assert record.usage["prompt_tokens"] == answer.usage.input_tokens and not record.cut
+    events = list(
+        oai.responses.create(
+            model="any", input="Reply with one word: pong", max_output_tokens=8, stream=True
+        )
+    )
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.model == listed
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-1].response.output_text
+    assert _wait(lambda: peers.held() == 0)
+
+
+def test_answers_name_the_model_and_keep_logprobs_on_the_real_engine(oai):
+    """Issue 38: every answer's ``model`` is the id /v1/models lists (never the engine's
+    model path); a non-streamed answer keeps the logprobs the stream carried, the same
+    tokens in the same order as the streamed answer (greedy, so both are one answer)."""
+    listed = oai.models.list().data[0].id
+    assert oai.models.retrieve(listed).id == listed
+    ask = {"model": "any", "messages": ASK, "max_tokens": 6, "temperature": 0, "seed": 1}
+    r = oai.chat.completions.create(**ask, logprobs=True, top_logprobs=2)
+    assert r.model == listed
+    content = r.choices[0].logprobs.content
+    assert content and all(len(t.top_logprobs) == 2 for t in content)
+    chunks = list(oai.chat.completions.create(**ask, logprobs=True, top_logprobs=2, stream=True))
+    assert {c.model for c in chunks} == {listed}
+    streamed = [
+        t.token
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content
+    ]
+    assert [t.token for t in content] == streamed
+    c = oai.completions.create(model="any", prompt="The sky is", max_tokens=4, logprobs=1)
+    assert c.model == listed
+    assert len(c.choices[0].logprobs.model_extra["content"]) >= 1

@@ -354,3 +354,20 @@ def test_non_streamed_answer_is_assembled_from_an_upstream_stream(oai, engine):
     assert r.choices[0].message.content == "plain answer"
     assert r.choices[0].message.model_extra["reasoning_content"] == "hmm"
     assert r.choices[0].message.tool_calls is None
+
+
+def test_perf_records_name_the_leases_model_never_the_clients_or_the_upstreams(oai, engine, peers):
+    """Issue 38 §6: a perf record's model (a Prometheus label value) is the lease's, whatever
+    model name the client sends and whatever name the upstream answers with; streamed and
+    not."""
+    before = len(peers.perf_records)
+    for i in range(6):
+        engine.push(text_reply("ok"))
+        create = oai.chat.completions.create
+        if i % 2:
+            list(create(model=f"client-flood-{i}", messages=ASK, stream=True))
+        else:
+            create(model=f"client-flood-{i}", messages=ASK)
+    assert _wait(lambda: len(peers.perf_records) >= before + 6)
+    # the fake engine answers "fake-model"; the lease's model is "fake"
+    assert {r.model for r in peers.perf_records[before:]} == {"fake"}

@@ -95,7 +95,7 @@ def test_error_field_or_event_mid_stream_reaches_the_client_as_a_data_error(
     raw = _raw_stream(gateway, {"messages": ASK, "stream": True})
     datas = _datas(raw)
     assert json.loads(datas[0])["choices"][0]["delta"]["content"] == "Hel"
-    assert json.loads(datas[1]) == {"error": ERROR}
+    assert json.loads(datas[1]) == {"error": {**ERROR, "param": None}}
     assert b"error:" not in raw and b"event: error" not in raw
     assert _wait(lambda: peers.perf_records and peers.perf_records[-1].cut)
     # the SDK raises on it (it would have taken "Hel" for a whole answer)
@@ -229,7 +229,7 @@ def test_engine_closing_the_stream_early_ends_the_clients_with_an_error(
     datas = _datas(raw)
     assert [json.loads(d)["choices"][0]["delta"]["content"] for d in datas[:2]] == ["Once", " upon"]
     error = json.loads(datas[-1])["error"]
-    assert set(error) == {"message", "type", "code"}
+    assert set(error) == {"message", "type", "param", "code"}
     assert "engine closed the stream" in error["message"] and error["code"] == "stream_cut"
     assert "[DONE]" not in datas and len(datas) == 3
     assert _wait(lambda: peers.perf_records and peers.perf_records[-1].cut)
@@ -263,6 +263,7 @@ def test_embeddings_on_an_engine_without_them_is_its_501_never_retried(gateway, 
     assert err.value.body == {
         "message": "This server does not support embeddings. Start it with `--embeddings`",
         "type": "not_supported_error",
+        "param": None,
         "code": None,
     }
     assert peers.lease_count == before + 1  # the SDK did not retry (x-should-retry: false)

@@ -80,17 +80,23 @@ async def test_export_then_import_round_trips_a_project(client: ProjectsClient) 
             "tools.md": "",
         }
 
+    # beside a project of the same name: imported as "Garden (imported)", never a second
+    # "Garden" (issue 41)
     imported = await client.import_project(exported.zip_b64)
-    assert (imported.id, imported.name) == ("garden-2", "Garden")
+    assert (imported.id, imported.name) == ("garden-imported", "Garden (imported)")
     assert (imported.description, imported.instructions) == ("Veg patch", "Use metric")
     for kind in ("pages", "trackers"):
         a = await _dump(client, "garden", kind)
-        b = await _dump(client, "garden-2", kind)
+        b = await _dump(client, "garden-imported", kind)
         assert a == b and a, kind
-    one, two = await client.block("garden"), await client.block("garden-2")
+    one, two = await client.block("garden"), await client.block("garden-imported")
     assert (one.index, one.trackers) == (two.index, two.trackers)
     renamed = await client.import_project(exported.zip_b64, name="Allotment")
     assert (renamed.id, renamed.name) == ("allotment", "Allotment")
+    again = await client.import_project(exported.zip_b64)
+    assert (again.id, again.name) == ("garden-imported-2", "Garden (imported 2)")
+    names = [p.name.casefold() for p in (await client.list_projects()).projects]
+    assert len(names) == len(set(names))
 
 
 async def _dump(client: ProjectsClient, pid: str, kind: str) -> list[object]:
@@ -138,6 +144,42 @@ async def test_import_refuses_what_is_not_an_export(client: ProjectsClient) -> N
     assert [p.id for p in (await client.list_projects()).projects] == ["default"]
     with pytest.raises(errors.NotFound):
         await client.export_project("nope")
+
+
+def _broken_member_zips() -> list[str]:
+    """Zips whose member cannot be read: deflated data broken, a compression method zipfile
+    does not know, the member marked encrypted."""
+    manifest = json.dumps({"format": "loki-project", "version": 1, "name": "X"})
+    out = []
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("project.json", manifest)
+        zf.writestr("pages/notes.md", "# Notes\n" + "some text " * 200)
+    raw = bytearray(buf.getvalue())
+    at = raw.index(b"pages/notes.md") + len("pages/notes.md") + 20  # inside its data
+    raw[at : at + 16] = b"\xff" * 16
+    out.append(base64.b64encode(bytes(raw)).decode())
+    for offset, value in ((8, 99), (6, 1)):  # compression method 99 (AES); the encrypted flag
+        raw = bytearray(buf.getvalue())
+        local = raw.index(b"PK\x03\x04", raw.index(b"PK\x03\x04") + 4)  # the page's header
+        central = raw.index(b"PK\x01\x02", raw.index(b"PK\x01\x02") + 4)
+        raw[local + offset] = value
+        raw[central + offset + 2] = value
+        out.append(base64.b64encode(bytes(raw)).decode())
+    return out
+
+
+async def test_import_refuses_an_unreadable_zip_without_a_500(client: ProjectsClient) -> None:
+    """Issue 38 §7: any failure of the unzipper or a manifest of the wrong shape is an
+    ``invalid_request`` saying what is wrong, and nothing is imported."""
+    for zip_b64 in _broken_member_zips():
+        with pytest.raises(errors.InvalidRequest, match="zip|Error"):
+            await client.import_project(zip_b64)
+    for field in ("pages", "trackers"):
+        manifest = json.dumps({"format": "loki-project", "version": 1, field: ["x"]})
+        with pytest.raises(errors.InvalidRequest, match=f"'{field}' is not an object"):
+            await client.import_project(_zip({"project.json": manifest}))
+    assert [p.id for p in (await client.list_projects()).projects] == ["default"]
 
 
 async def test_an_export_too_big_for_the_bus_is_refused_not_lost(

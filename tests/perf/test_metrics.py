@@ -228,11 +228,33 @@ def _reg(ring, totals):
 
 
 def test_model_label_values_are_bounded():
+    """Issue 38 §6: external models have at most 16 labels of their own; the local engine's
+    model keeps its own label however many came before it; a kind Loki does not know reads
+    ``unknown``; a restart (checkpoint round trip) gives no name a slot it held before."""
     totals = Totals()
+    seq = 0
+
+    def add(**data):
+        nonlocal seq
+        seq += 1
+        totals.add(decode({"ts": 1.0, **data}, seq, 0.0))
+
     for i in range(40):
-        totals.add(decode({"ts": 1.0, "kind": "bench", "model": f"model-{i}"}, i + 1, 0.0))
+        add(kind="foreign", model=f"squatter-{i}", preset="external")
+        add(kind=f"client-kind-{i}", model="smol")
+    add(kind="main", model="smol")
+    add(kind="main", model="engine-2.gguf")  # another local preset's model: its own label too
     models = {k[1] for k in totals.counters["completions"]}
-    assert len(models) == 17 and "other" in models
+    assert models == {"smol", "engine-2.gguf", "other"} | {f"squatter-{i}" for i in range(16)}
+    assert {k[0] for k in totals.counters["completions"]} == {"foreign", "unknown", "main"}
+    # after a restart the 16 squatters hold no slot: a new external model gets its label,
+    # the counters loaded keep theirs (nothing counted is lost)
+    totals = Totals.load(totals.dump())
+    add(kind="foreign", model="preset-api-model", preset="external")
+    add(kind="main", model="smol")
+    completions = totals.counters["completions"]
+    assert completions[("foreign", "preset-api-model")] == 1
+    assert completions[("main", "smol")] == 2 and completions[("foreign", "other")] == 24
 
 
 def test_bench_runs_become_gauges() -> None:

@@ -8,11 +8,12 @@ import json
 import nats
 import pytest
 
+from loki_perf.decode import CAUSES
 from loki_shared import subjects
 from loki_shared.nats import make_broker
 from loki_shared.perf_publish import publish_record
 
-from .perf_helpers import PerfProc, record, request, wait_summary
+from .perf_helpers import PerfProc, record, request, reset_stream, wait_summary
 
 COMPLETIONS = "lokiassist_completions_total"
 
@@ -176,6 +177,61 @@ async def test_losses_on_an_unstable_prefix_template_are_labelled_template(perf_
         assert m[key] == 1
         conv = 'lokiassist_cache_losses_total{"cause": "conversation", "kind": "main", '
         assert m[conv + '"model": "smol"}'] == 0
+    finally:
+        svc.stop()
+
+
+def _label_values(scraped: dict[str, float], label: str) -> set[str]:
+    out = set()
+    for key in scraped:
+        if key.startswith("lokiassist_") and "{" in key:
+            labels = json.loads(key[key.index("{") :])
+            if label in labels:
+                out.add(labels[label])
+    return out
+
+
+async def test_a_flood_of_client_chosen_names_never_reaches_the_labels(perf_nats, nc, tmp_path):
+    """Issue 38 §6: every label a client can influence, flooded (the upstream's model names
+    on external records, the kind): label values stay in the bounded set Loki controls, the
+    engine's own model keeps its label, and after a restart no flooded name holds a slot."""
+    await reset_stream(nc)
+    js = nc.jetstream()
+
+    async def raw(**data):
+        body = json.dumps({"ts": 1.0, "conversation": "x", **data}).encode()
+        await js.publish(subjects.PERF_RECORD, body, stream=subjects.STREAM_PERF)
+
+    svc = PerfProc(perf_nats, tmp_path / "home")
+    try:
+        for i in range(40):
+            await raw(kind="foreign", model=f"upstream-{i}", preset="external")
+        for i in range(20):
+            await raw(kind=f"client-kind-{i}", model="smol")
+        assert await publish_record(nc, record("a", 1, cache_n=0, prompt_n=50))  # model smol
+        await wait_summary(nc, 61)
+        m = svc.scrape()
+        models = _label_values(m, "model")
+        assert "smol" in models and "other" in models
+        assert len(models - {"smol", "other"}) == 16 and models <= {"smol", "other"} | {
+            f"upstream-{i}" for i in range(40)
+        }
+        assert _label_values(m, "kind") == {"foreign", "unknown", "main"}
+        assert _label_values(m, "cause") <= set(CAUSES)
+        assert m[COMPLETIONS + '{"kind": "main", "model": "smol"}'] == 1
+        await asyncio.sleep(0.8)  # a checkpoint
+        assert svc.stop() == 0
+    finally:
+        svc.stop()
+    svc = PerfProc(perf_nats, tmp_path / "home")
+    try:
+        await raw(kind="foreign", model="preset-api-model", preset="external")
+        assert await publish_record(nc, record("a", 2, cache_n=50, prompt_n=10))
+        await wait_summary(nc, 63)
+        m = svc.scrape()
+        assert m[COMPLETIONS + '{"kind": "foreign", "model": "preset-api-model"}'] == 1
+        assert m[COMPLETIONS + '{"kind": "main", "model": "smol"}'] == 2
+        assert m[COMPLETIONS + '{"kind": "foreign", "model": "other"}'] == 24  # kept, not reset
     finally:
         svc.stop()
 

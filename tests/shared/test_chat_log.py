@@ -31,7 +31,8 @@ def test_coalesce_merges_only_plain_text_runs():
         (8, None, {"content": "d"}),
         (9, None, {}),
     ]
-    assert out[-1].ts == 9.0 and out[0].ts == 3.0  # the last absorbed event's time
+    # when the text began: the first absorbed event with text (event 1's content is empty)
+    assert out[0].ts == 2.0 and out[1].ts == 4.0
     assert events[1].delta == {"content": "a"}  # inputs untouched
 
 

@@ -8,12 +8,11 @@ events, so Messages, Log and seq can never disagree after a crash. What each wri
 
 from __future__ import annotations
 
-import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from loki_shared.chat_log import coalesce
+from loki_shared.chat_log import coalesce, history_page
 from loki_shared.messages.chat import ChatEvent, ChatMessage, ConversationKind
 from loki_shared.messages.recall import DEFAULT_PROJECT
 
@@ -131,23 +130,9 @@ class Conversation:
         return events, False
 
     def history_page(self, turns: int, before: int | None = None) -> tuple[list[ChatEvent], bool]:
-        """The display events of the last ``turns`` turns logged before seq ``before`` (None:
-        the end of the log): from the ``turns``-th last user message on (a turn's first
-        event), so a page never starts inside a turn; and whether older events exist.
-
-        Args:
-            turns: how many turns (user messages) the page holds, at least 1.
-            before: only events with a smaller seq.
-        """
-        end = len(self.log)
-        if before is not None:
-            end = bisect.bisect_left(self.log, before, key=lambda e: e.seq)
-        start, seen = end, 0
-        while start > 0 and seen < turns:
-            start -= 1
-            if (self.log[start].loki or {}).get("event") == "user":
-                seen += 1
-        return self.log[start:end], start > 0
+        """The last ``turns`` turns before seq ``before`` and whether older events exist
+        (:func:`loki_shared.chat_log.history_page`)."""
+        return history_page(self.log, turns, before)
 
     def clear_log(self) -> None:
         """Empty the display log (a reset: seq goes on); the stored log is rewritten."""

@@ -55,7 +55,10 @@ def validate(preset: Preset) -> None:
             is not a file, external preset without ``base_url`` or ``api_model``.
     """
     if not _ID.match(preset.id):
-        raise InvalidRequest("preset id: 1-64 letters, digits, '-' or '_'")
+        raise InvalidRequest(
+            "preset id: 1-64 of A-Z, a-z, 0-9, '-' or '_' (or none: one is made); the preset's "
+            "name, shown in the picker, may be written in any script"
+        )
     if preset.max_tokens is not None and preset.max_tokens < 1:
         raise InvalidRequest("max_tokens must be at least 1 token (or unset)")
     if preset.external:

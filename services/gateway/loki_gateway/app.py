@@ -29,6 +29,7 @@ from loki_shared.nats import close_client
 from . import errors
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
 from .bus import Bus
+from .json_text import JsonTextMiddleware
 from .memory_state import MemoryState
 from .routes import (
     attachments,
@@ -137,8 +138,13 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
         version="0.1.0",
         description="Web UI, Loki's /api and an OpenAI-compatible /v1.",
         lifespan=lifespan,
+        # The schema stays at /openapi.json (behind the key when one is set, auth.py); the
+        # Swagger and ReDoc pages are off: FastAPI's load their scripts from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
+    app.state.image_policy = settings.image_policy()
     errors.install(app)
     for router in ROUTERS.values():
         app.include_router(router)
@@ -167,7 +173,9 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    # Outermost first: CORS, size limit, then auth (middleware added last runs first).
+    # Outermost first: CORS, size limit, auth, then the JSON text rule (middleware added last
+    # runs first).
+    app.add_middleware(JsonTextMiddleware)
     app.add_middleware(ApiKeyMiddleware, key=settings.key())
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     origins = settings.cors()

@@ -4,8 +4,15 @@ Rules:
 
 - **Type by content, never by name.** :func:`classify` sniffs the bytes (the ``filetype``
   library's magic numbers): PNG, JPEG, GIF and WebP are images; a PDF is read with ``pypdf``
-  and kept as its extracted text; anything else is text only if it is UTF-8 without NUL bytes.
-  Everything else is refused (:class:`UnsupportedType`, 415).
+  and kept as its extracted text; anything else is text if it is UTF-8 without NUL bytes, or
+  UTF-16/UTF-32 with a byte order mark (kept as UTF-8). Everything else is refused
+  (:class:`UnsupportedType`, 415).
+- **Every parser's failure is the file's.** An image is decoded whole (Pillow) before it is
+  kept, so a broken or truncated one never reaches the engine; a PDF ``pypdf`` cannot read (a
+  filter it does not decode, ``/JBIG2Decode`` without its helper, a broken stream: any
+  exception of the parser), text that does not decode in the encoding its byte order mark
+  names, or an image Pillow cannot decode is :class:`Unreadable` (422); every refusal names the
+  file, and nothing is stored.
 - **Size.** Over ``LOKI_UPLOAD_MAX_MB`` is refused (:class:`TooLarge`, 413).
 - **Stored sealed.** One Redis key per attachment, ``loki:chat:att:<id>``, sealed with the
   service key (associated data = the key name); when the memory is encrypted (a KDF record
@@ -16,6 +23,12 @@ Rules:
   every read (a send, a thumbnail) sets that expiry again.
 - An id is 32 hex characters (random); a missing or expired one is :class:`AttachmentGone`
   (404), saying to upload again.
+- **One conversation's.** The first send that carries an attachment binds it to that
+  conversation (``loki:chat:att:<id>:conv``, ``SET NX``, the same 24 h expiry); a send in
+  another conversation, or a read that names another, gets :class:`AttachmentGone` (404) as
+  if it did not exist (:meth:`AttachmentStore.claim`). An image the model saw stays on its
+  conversation's own shelf (``loki:chat:img:<conversation>``), which only that conversation
+  reads.
 """
 
 from __future__ import annotations
@@ -30,8 +43,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import filetype  # type: ignore[import-untyped]
+from PIL import Image
 from pypdf import PdfReader
-from pypdf.errors import PyPdfError
 from redis.asyncio import Redis
 
 from loki_shared import memkey
@@ -63,6 +76,27 @@ class UnsupportedType(InvalidRequest):
 
     http_status = 415
     code = "unsupported_file_type"
+
+
+class Unreadable(InvalidRequest):
+    """422 ``invalid_request_error``: the file is of a type Loki accepts, but its parser
+    (``pypdf``, Pillow, the text decoder) cannot read it."""
+
+    http_status = 422
+    code = "unreadable_file"
+
+
+#: The most pixels an image may have (decoding it whole must stay cheap; an engine would not
+#: take more anyway).
+MAX_PIXELS = 64_000_000
+#: Byte order marks of the text encodings accepted besides UTF-8 (longest first).
+_BOMS = (
+    (b"\xff\xfe\x00\x00", "utf-32"),
+    (b"\x00\x00\xfe\xff", "utf-32"),
+    (b"\xef\xbb\xbf", "utf-8-sig"),
+    (b"\xff\xfe", "utf-16"),
+    (b"\xfe\xff", "utf-16"),
+)
 
 
 class AttachmentGone(NotFound):
@@ -125,56 +159,114 @@ def clean_name(name: str | None) -> str:
     return base[:200] or "file"
 
 
-def classify(raw: bytes) -> tuple[Kind, str, bytes]:
+def classify(raw: bytes, name: str = "file") -> tuple[Kind, str, bytes]:
     """The kind, MIME type and stored bytes of an uploaded file, by its content.
 
     Returns:
-        ``("image", mime, raw)`` for PNG/JPEG/GIF/WebP; ``("text", "application/pdf",
-        text)`` for a PDF (its pages' text, UTF-8); ``("text", "text/plain", raw)`` for UTF-8
-        text without NUL bytes.
+        ``("image", mime, raw)`` for PNG/JPEG/GIF/WebP that decode whole; ``("text",
+        "application/pdf", text)`` for a PDF (its pages' text, UTF-8); ``("text",
+        "text/plain", utf8)`` for UTF-8 text without NUL bytes, or UTF-16/32 text with a byte
+        order mark (re-encoded as UTF-8).
 
     Raises:
         UnsupportedType: any other content (the detected type is named when known), a PDF
-            that cannot be read or holds no text.
+            that is encrypted or holds no text. Unreadable: an accepted type its parser
+            cannot read. Both name the file (``name``).
     """
     guess = filetype.guess(raw)
     mime = guess.mime if guess is not None else None
     if mime in IMAGE_TYPES:
+        check_image(raw, str(mime), name)
         return "image", str(mime), raw
     if mime == "application/pdf":
-        return "text", "application/pdf", pdf_text(raw).encode("utf-8")
-    if mime is None and b"\x00" not in raw:
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-        else:
-            return "text", "text/plain", raw
+        return "text", "application/pdf", pdf_text(raw, name).encode("utf-8")
+    if mime is None:
+        text = decode_text(raw, name)
+        if text is not None:
+            return "text", "text/plain", text.encode("utf-8")
     found = f"its content is {mime}" if mime else "its content is binary, not UTF-8 text"
     raise UnsupportedType(
-        f"this file type is not accepted ({found}): send an image (PNG, JPEG, GIF, WebP), "
-        "a PDF or a UTF-8 text file"
+        f"{name!r}: this file type is not accepted ({found}): send an image (PNG, JPEG, GIF, "
+        "WebP), a PDF or a UTF-8 text file"
     )
 
 
-def pdf_text(raw: bytes) -> str:
+def decode_text(raw: bytes, name: str = "file") -> str | None:
+    """The text of ``raw``: UTF-8 (no NUL byte), or the encoding its byte order mark names
+    (UTF-8, UTF-16, UTF-32); None when it is neither (not text Loki reads).
+
+    Raises:
+        Unreadable: a byte order mark whose encoding the rest does not decode in.
+    """
+    for bom, codec in _BOMS:
+        if raw.startswith(bom):
+            try:
+                text = raw.decode(codec)
+            except UnicodeDecodeError as exc:
+                raise Unreadable(
+                    f"{name!r} starts as {codec.removesuffix('-sig').upper()} text but does not "
+                    f"decode as it ({exc.reason} at byte {exc.start}): send it saved as UTF-8"
+                ) from exc
+            return None if "\x00" in text else text
+    if b"\x00" in raw:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def check_image(raw: bytes, mime: str, name: str = "file") -> None:
+    """Decode the image whole (Pillow), as the engine will have to.
+
+    Raises:
+        Unreadable: Pillow cannot open or decode it (broken, truncated), or it has more than
+            :data:`MAX_PIXELS` pixels.
+    """
+    try:
+        with Image.open(io.BytesIO(raw)) as img:
+            width, height = img.size
+            if width * height > MAX_PIXELS:
+                raise Unreadable(
+                    f"{name!r} is {width}×{height} pixels: send an image of at most "
+                    f"{MAX_PIXELS // 1_000_000} million pixels"
+                )
+            img.load()
+    except Unreadable:
+        raise
+    except Exception as exc:
+        raise Unreadable(
+            f"{name!r} looks like {mime} but cannot be decoded ({type(exc).__name__}: {exc}): "
+            "send it again, or saved afresh"
+        ) from exc
+
+
+def pdf_text(raw: bytes, name: str = "file") -> str:
     """The text of every page of a PDF (pages separated by a blank line).
 
     Raises:
-        UnsupportedType: the PDF cannot be read, is encrypted, or has no extractable text
-            (a scan: send its pages as images instead).
+        UnsupportedType: the PDF is encrypted, or has no extractable text (a scan: send its
+            pages as images instead).
+        Unreadable: ``pypdf`` fails on it in any way (a filter it cannot decode, such as
+            ``/JBIG2Decode`` or an unknown one; a broken file).
     """
     try:
         reader = PdfReader(io.BytesIO(raw))
         if reader.is_encrypted:
-            raise UnsupportedType("this PDF is encrypted: send it decrypted, or as text")
+            raise UnsupportedType(f"{name!r}: this PDF is encrypted: send it decrypted, or as text")
         pages = [(page.extract_text() or "").strip() for page in reader.pages]
-    except (PyPdfError, ValueError, KeyError, TypeError, OSError) as exc:
-        raise UnsupportedType(f"this PDF cannot be read ({exc})") from exc
-    text = "\n\n".join(p for p in pages if p)
+    except UnsupportedType:
+        raise
+    except Exception as exc:
+        raise Unreadable(
+            f"{name!r}: this PDF cannot be read ({type(exc).__name__}: {exc}): send its text, "
+            "or its pages as images"
+        ) from exc
+    # a lone surrogate pypdf may leave (a broken ToUnicode map) would not encode as UTF-8
+    text = "\n\n".join(p for p in pages if p).encode("utf-8", "replace").decode("utf-8")
     if not text:
         raise UnsupportedType(
-            "this PDF has no text to extract (a scan?): send its pages as images instead"
+            f"{name!r}: this PDF has no text to extract (a scan?): send its pages as images instead"
         )
     return text
 
@@ -182,6 +274,18 @@ def pdf_text(raw: bytes) -> str:
 def redis_key(att_id: str) -> str:
     """The Redis key of attachment ``att_id``."""
     return _KEY_PREFIX + att_id
+
+
+def owner_key(att_id: str) -> str:
+    """The Redis key naming the conversation attachment ``att_id`` belongs to."""
+    return _KEY_PREFIX + att_id + ":conv"
+
+
+def _elsewhere(att_id: str) -> AttachmentGone:
+    return AttachmentGone(
+        f"attachment {att_id[:40]!r} does not exist in this conversation (an attachment "
+        "belongs to the conversation it was first sent in): upload the file again here"
+    )
 
 
 class AttachmentStore:
@@ -217,9 +321,9 @@ class AttachmentStore:
         """Classify ``raw`` (:func:`classify`), seal and store it; return it with its new id.
 
         Raises:
-            UnsupportedType, MemoryLockedError.
+            UnsupportedType, Unreadable (nothing stored), MemoryLockedError.
         """
-        kind, mime, data = classify(raw)
+        kind, mime, data = classify(raw, clean_name(name))
         memory = await self._memory()
         att = Attachment(
             id=secrets.token_hex(16),
@@ -247,6 +351,40 @@ class AttachmentStore:
             inner = _PLAIN + record
         await self.redis.set(key, self.sealer.seal(inner, key.encode()), ex=TTL_S)
         return att
+
+    async def claim(self, att_id: str, conversation: str | None) -> None:
+        """Bind ``att_id`` to ``conversation`` on its first use; its expiry starts again.
+        ``conversation`` None (a send that makes a new conversation) only checks that the
+        attachment belongs to none yet (:meth:`bind` binds it once the id is known).
+
+        Raises:
+            AttachmentGone: it belongs to another conversation.
+        """
+        key = owner_key(att_id)
+        if conversation is not None and await self.redis.set(key, conversation, nx=True, ex=TTL_S):
+            return
+        owner = await self.redis.get(key)
+        if owner is None and conversation is None:
+            return
+        if owner is None or owner.decode() != conversation:
+            raise _elsewhere(att_id)
+        await self.redis.expire(key, TTL_S)
+
+    async def bind(self, att_ids: list[str], conversation: str) -> None:
+        """Bind each of ``att_ids`` not yet bound to ``conversation`` (after a send made it)."""
+        for att_id in att_ids:
+            await self.redis.set(owner_key(att_id), conversation, nx=True, ex=TTL_S)
+
+    async def check_owner(self, att_id: str, conversation: str) -> None:
+        """Refuse a read of ``att_id`` that names another ``conversation`` than its own (one
+        not bound yet is anyone's: it sits in the composer's tray).
+
+        Raises:
+            AttachmentGone: it belongs to another conversation.
+        """
+        owner = await self.redis.get(owner_key(att_id))
+        if owner is not None and owner.decode() != conversation:
+            raise _elsewhere(att_id)
 
     async def get(self, att_id: str) -> Attachment:
         """The attachment ``att_id``; its 24 h expiry starts again.

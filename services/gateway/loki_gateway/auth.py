@@ -2,8 +2,10 @@
 streamed ``/v1`` answers pass through untouched and client disconnects still reach the
 routes).
 
-- :class:`ApiKeyMiddleware`: with ``LOKI_API_KEY`` set, every path under ``/api`` or ``/v1``
-  needs ``Authorization: Bearer <key>``; the comparison is constant-time
+- :class:`ApiKeyMiddleware`: with ``LOKI_API_KEY`` set, every path under ``/api`` or ``/v1``,
+  and the API's schema ``/openapi.json``, needs ``Authorization: Bearer <key>``; no other
+  header stands for it (``x-api-key``, ``api-key``, a cookie, a query parameter are ignored);
+  the comparison is constant-time
   (:func:`hmac.compare_digest` on bytes); a refusal is a 401 in OpenAI's shape and is logged
   with the method, path and client address, never with the key sent.
 - :class:`BodyLimitMiddleware`: a request whose ``Content-Length`` exceeds the limit gets 413
@@ -25,11 +27,16 @@ from .errors import error_body
 log = logging.getLogger("loki.gateway.auth")
 
 PROTECTED_PREFIXES = ("/api", "/v1")
+#: Single paths behind the key too: the API's schema (the docs pages are off, app.py).
+PROTECTED_PATHS = frozenset({"/openapi.json"})
 
 
 def is_protected(path: str) -> bool:
-    """Whether ``path`` is under ``/api`` or ``/v1`` (``/api``, ``/api/...``; not ``/apix``)."""
-    return any(path == p or path.startswith(p + "/") for p in PROTECTED_PREFIXES)
+    """Whether ``path`` is under ``/api`` or ``/v1`` (``/api``, ``/api/...``; not ``/apix``)
+    or is one of :data:`PROTECTED_PATHS`."""
+    return path in PROTECTED_PATHS or any(
+        path == p or path.startswith(p + "/") for p in PROTECTED_PREFIXES
+    )
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:

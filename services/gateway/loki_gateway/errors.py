@@ -1,7 +1,8 @@
 """The gateway's errors and its one translation boundary: the exception handlers.
 
-Every error answer has the shape ``{"error": {"message", "type", "code"}}`` (OpenAI's), on
-``/api`` as on ``/v1``. The gateway's own errors are classes of :mod:`loki_shared.errors`'
+Every error answer has the shape ``{"error": {"message", "type", "param", "code"}}``
+(OpenAI's; ``param`` names the request field at fault, null when none), on ``/api`` as on
+``/v1``. The gateway's own errors are classes of :mod:`loki_shared.errors`'
 tree, and a service's reply ``error`` is raised as the class of its ``type``
 (:func:`loki_shared.errors.from_info`, ``code`` = that type): :func:`loki_error_handler`
 answers both with the class's ``http_status``, ``openai_type`` and ``code``. FastAPI's own
@@ -26,13 +27,29 @@ log = logging.getLogger("loki.gateway")
 
 
 class BadRequest(InvalidRequest):
-    """400 ``invalid_request_error``: the request is malformed."""
+    """400 ``invalid_request_error``: the request is malformed.
+
+    Args:
+        message: for a person.
+        code: OpenAI's ``error.code``.
+        param: the request field at fault (OpenAI's ``error.param``, e.g.
+            ``messages[0].content``), None when no one field is.
+    """
+
+    def __init__(self, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message, code)
+        self.param = param
 
 
 class NotFound(_NotFound):
-    """404 ``not_found_error``: no such route resource (block, conversation...)."""
+    """404 ``not_found_error``: no such route resource (block, conversation, model...);
+    ``param`` as for :class:`BadRequest`."""
 
     openai_type = "not_found_error"
+
+    def __init__(self, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message, code)
+        self.param = param
 
 
 class ServiceUnavailable(Unavailable):
@@ -57,9 +74,12 @@ class MethodNotAllowed(InvalidRequest):
     code = "method_not_allowed"
 
 
-def error_body(message: str, type_: str, code: str | None = None) -> dict[str, Any]:
-    """OpenAI error body: ``{"error": {"message", "type", "code"}}``."""
-    return {"error": {"message": message, "type": type_, "code": code}}
+def error_body(
+    message: str, type_: str, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """OpenAI error body: ``{"error": {"message", "type", "param", "code"}}`` (``param``
+    always present, null when no one field is at fault, as OpenAI sends it)."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 async def loki_error_handler(_: Request, exc: Exception) -> JSONResponse:
@@ -67,7 +87,11 @@ async def loki_error_handler(_: Request, exc: Exception) -> JSONResponse:
     status and OpenAI body."""
     assert isinstance(exc, LokiError)
     kind = exc.openai_type or ("invalid_request_error" if exc.http_status < 500 else "server_error")
-    return JSONResponse(error_body(exc.message, kind, exc.code), status_code=exc.http_status)
+    param = getattr(exc, "param", None)
+    return JSONResponse(
+        error_body(exc.message, kind, exc.code, param if isinstance(param, str) else None),
+        status_code=exc.http_status,
+    )
 
 
 def _http_type(status: int) -> str:
@@ -120,8 +144,7 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
     if errors:
         loc = [str(x) for x in errors[0].get("loc", ()) if x not in ("body", "query", "path")]
         param = ".".join(loc) or None
-    body = error_body(describe_validation(errors), "invalid_request_error", "invalid_value")
-    body["error"]["param"] = param
+    body = error_body(describe_validation(errors), "invalid_request_error", "invalid_value", param)
     return JSONResponse(body, status_code=400)
 
 

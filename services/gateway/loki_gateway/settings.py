@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from pydantic import Field, SecretStr
 
 from loki_shared.settings import LokiSettings
+
+from .media_urls import FetchPolicy
 
 LOOPBACK = "127.0.0.1"
 
@@ -29,6 +33,14 @@ class Settings(LokiSettings):
       (consecutive text deltas merged); a shorter one is sent event by event.
     - ``LOKI_LEASE_WAIT_S`` (60): how long a ``/v1`` request may wait for an engine lease.
     - ``LOKI_UPSTREAM_TIMEOUT_S`` (600): read timeout towards the engine.
+    - ``LOKI_IMAGE_FETCH_HOSTS``: host names (comma-separated; ``*.example.org``, ``*`` for
+      any) whose ``http(s)`` image URLs in ``/v1`` bodies Loki fetches itself and sends the
+      engine as data URLs; unset (the default): every remote media URL is refused with 400
+      (see loki_gateway.media_urls).
+    - ``LOKI_IMAGE_FETCH_NETWORKS``: networks (CIDRs, comma-separated) whose addresses may be
+      fetched though not global (loopback, private, link-local are refused otherwise).
+    - ``LOKI_IMAGE_FETCH_TIMEOUT_S`` (10): the whole fetch of one image, redirects included
+      (its size limit is the upload limit).
     - ``LOKI_CORS_ORIGINS``: origins (comma-separated, ``*`` for any) whose web pages may
       call Loki (``/v1``, ``/api``) from a browser; unset: no CORS answer at all.
     """
@@ -46,6 +58,28 @@ class Settings(LokiSettings):
     lease_wait_s: float = Field(default=60.0, gt=0)
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     cors_origins: str = ""
+    image_fetch_hosts: str = ""
+    image_fetch_networks: str = ""
+    image_fetch_timeout_s: float = Field(default=10.0, gt=0, le=120)
+
+    def image_policy(self) -> FetchPolicy:
+        """The remote image policy (``LOKI_IMAGE_FETCH_*``, :mod:`loki_gateway.media_urls`).
+
+        Raises:
+            ValueError: a network that is not a CIDR (at start-up).
+        """
+        hosts = tuple(h.strip().lower() for h in self.image_fetch_hosts.split(",") if h.strip())
+        networks = tuple(
+            ipaddress.ip_network(n.strip(), strict=False)
+            for n in self.image_fetch_networks.split(",")
+            if n.strip()
+        )
+        return FetchPolicy(
+            hosts=hosts,
+            networks=networks,
+            max_bytes=int(self.upload_max_mb * 1024 * 1024),
+            timeout_s=self.image_fetch_timeout_s,
+        )
 
     def listen_host(self) -> str:
         """The address uvicorn binds: ``LOKI_WEB_HOST``, else loopback without a key."""

@@ -1,10 +1,22 @@
 """Names, files and dates as the memory service accepts them (pure functions).
 
-- a *slug* is lower case ASCII letters, digits, ``-`` and ``_``, starting with a letter or
-  digit, at most :data:`SLUG_MAX` characters; :func:`slugify` derives one from any name
-  (accents dropped, other runs of characters become ``-``): ``"Diet notes"`` → ``diet-notes``;
+- a *slug* is lower-case letters and digits of any script (with their combining marks),
+  ``-`` and ``_``, starting with a letter or digit, at most :data:`SLUG_MAX` characters;
+  :func:`slugify` derives one from any name: a character that has an ASCII form
+  (``é`` → ``e``, full-width ``Ａ`` → ``a``) is written in it, as before Unicode slugs
+  existed, so a Latin name's slug is what it always was; a letter, digit or combining mark of
+  another script is kept as written (lower-cased, NFC): ``"Diet notes"`` → ``diet-notes``,
+  ``"Здоровье"`` → ``здоровье``, ``"日記"`` → ``日記``, ``"हिन्दी नोट्स"`` → ``हिन्दी-नोट्स``.
+  Runs of ASCII punctuation and white space become ``-``; symbols, control and format
+  characters are dropped. So a slug never holds ``.``, ``/``, ``\\``, a control character or
+  white space, and ``..`` or a separator can never reach a file name;
+- a *project id* stays ASCII (:func:`project_id_base`): the ASCII slug of its name, or, for a
+  name written only in other scripts, ``p-`` and 8 hex digits of its SHA-256 (the name is kept
+  as written for display);
 - a page's file is ``<slug>.md``; :data:`INDEX_FILE` (``MEMORY.md``) is the index and never a
-  page;
+  page (nor is any name whose slug is ``memory``);
+- a name stored before Unicode slugs, with letters of other scripts beside Latin ones, has
+  the *legacy* slug (:func:`legacy_slug`: those letters dropped); lookups fall back on it.
 - a date is ``YYYY-MM-DD`` (a real calendar day); a year period ``YYYY``, a month ``YYYY-MM``.
 
 Every check raises :class:`loki_shared.errors.InvalidRequest` with a message that says what
@@ -14,6 +26,7 @@ to resend.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import math
 import re
 import unicodedata
@@ -30,27 +43,66 @@ _MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
+def _cut(slug: str) -> str:
+    return slug.strip("-_")[:SLUG_MAX].rstrip("-_")
+
+
 def slugify(name: str) -> str:
-    """The slug of ``name`` (may be empty when ``name`` holds no letter or digit)."""
+    """The slug of ``name`` in any script (empty when ``name`` holds no letter or digit);
+    the rules are in the module docstring."""
+    out: list[str] = []
+    other_script = False  # the last character kept was a letter of a script without ASCII
+    for ch in unicodedata.normalize("NFC", name):
+        ascii_form = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode("ascii")
+        kind = unicodedata.category(ch)[0]
+        if ascii_form:
+            out.append(re.sub(r"[^a-z0-9_]+", "-", ascii_form.lower()))
+            other_script = False
+        elif kind in "LN":
+            out.append(ch.lower())
+            other_script = True
+        elif kind == "M" and other_script:  # a vowel sign, virama, harakat... of that letter
+            out.append(ch)
+    return _cut(re.sub(r"-+", "-", "".join(out)))
+
+
+def legacy_slug(name: str) -> str:
+    """The slug names had before Unicode slugs: ASCII forms only, every other letter dropped
+    (what pages, trackers and project ids stored then were derived with)."""
     ascii_text = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
-    slug = re.sub(r"[^a-z0-9_]+", "-", ascii_text.lower()).strip("-_")
-    return slug[:SLUG_MAX].rstrip("-_")
+    return _cut(re.sub(r"[^a-z0-9_]+", "-", ascii_text.lower()))
+
+
+def project_id_base(name: str) -> str:
+    """An ASCII project id for ``name`` (before a ``-2``, ``-3``... that makes it unique): its
+    legacy slug (so a project id is derived as it always was), or ``p-`` and 8 hex digits of
+    the SHA-256 of its NFC form when it holds no ASCII letter or digit (``"Здоровье"``)."""
+    base = legacy_slug(name)
+    if base:
+        return base
+    digest = hashlib.sha256(unicodedata.normalize("NFC", name).encode()).hexdigest()
+    return f"p-{digest[:8]}"
 
 
 def is_slug(text: str) -> bool:
-    """Whether ``text`` is already a slug (what a project id given by a caller must be)."""
+    """Whether ``text`` is already an ASCII slug (what a project id given by a caller must
+    be)."""
     return len(text) <= SLUG_MAX and bool(_SLUG.match(text))
 
 
 def name(text: str, what: str) -> str:
     """``text`` stripped, checked to be 1-80 characters and to give a slug.
 
+    Letters and digits of any script count; the name is kept as written (NFC) for display.
+
     Raises:
-        InvalidRequest: empty, too long, or no letter or digit in it.
+        InvalidRequest: empty, too long, a control character, or no letter or digit in it.
     """
-    stripped = " ".join(text.split())
+    stripped = unicodedata.normalize("NFC", " ".join(text.split()))
     if not stripped or len(stripped) > NAME_MAX:
         raise InvalidRequest(f"{what} must be 1-{NAME_MAX} characters; got {len(stripped)}")
+    if any(unicodedata.category(ch) == "Cc" for ch in stripped):
+        raise InvalidRequest(f"{what} {text!r} holds a control character: resend it without")
     if not slugify(stripped):
         raise InvalidRequest(f"{what} {text!r} holds no letter or digit: resend a name with some")
     return stripped
@@ -64,15 +116,21 @@ def is_index(page: str) -> bool:
     return stem.strip().lower() == "memory"
 
 
+def _stem(page: str) -> str:
+    stem = page.strip()
+    if stem.lower().endswith(".md"):
+        stem = stem[:-3]
+    return stem
+
+
 def page_file(page: str) -> str:
-    """The file of ``page`` (``notes.md``, ``notes`` or ``"My notes"`` → ``my-notes.md``).
+    """The file of ``page`` (``notes.md``, ``notes`` or ``"My notes"`` → ``my-notes.md``;
+    ``"日記"`` → ``日記.md``).
 
     Raises:
         InvalidRequest: no letter or digit, or the index's name.
     """
-    stem = page.strip()
-    if stem.lower().endswith(".md"):
-        stem = stem[:-3]
+    stem = _stem(page)
     slug = slugify(stem)
     if not slug:
         raise InvalidRequest(f"page {page!r} gives no file name: resend a name with letters")
@@ -81,6 +139,22 @@ def page_file(page: str) -> str:
             f"{INDEX_FILE} is the index, kept by Loki itself: write a page with another name"
         )
     return f"{slug}.md"
+
+
+def legacy_page_file(page: str) -> str | None:
+    """The file a page of this name had before Unicode slugs, when it differs from
+    :func:`page_file`'s (None otherwise, or when it would be no page)."""
+    slug = legacy_slug(_stem(page))
+    if not slug or slug == "memory" or f"{slug}.md" == page_file(page):
+        return None
+    return f"{slug}.md"
+
+
+def legacy_tracker_slug(tracker: str) -> str | None:
+    """The slug a tracker of this name had before Unicode slugs, when it differs (else
+    None)."""
+    slug = legacy_slug(tracker)
+    return slug if slug and slug != slugify(tracker) else None
 
 
 def tracker_slug(tracker: str) -> str:

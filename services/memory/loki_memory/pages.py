@@ -63,12 +63,26 @@ class Pages:
             return Page(file=names.INDEX_FILE, title=index.INDEX_TITLE, content=index.text(pages))
         file = names.page_file(page)
         await self.vault.require_open()
+        file = await self._stored_file(project_id, page, file)
         field = self.vault.field(project_id, file)
         with keys.guard():
             blob = await self.redis.hget(keys.pages(project_id), field)
         if blob is None:
             raise NotFound(f"no page {file} in project {project_id!r}")
         return self._open(project_id, field, blob)
+
+    async def _stored_file(self, project_id: str, page: str, file: str) -> str:
+        """``file``, or the legacy file of ``page`` when only that one is stored (a page
+        written before Unicode slugs, whose name mixes Latin and other scripts)."""
+        legacy = names.legacy_page_file(page)
+        if legacy is None:
+            return file
+        with keys.guard():
+            stored = await self.redis.hmget(
+                keys.pages(project_id),
+                [self.vault.field(project_id, file), self.vault.field(project_id, legacy)],
+            )
+        return legacy if stored[0] is None and stored[1] is not None else file
 
     async def write(
         self,
@@ -94,6 +108,7 @@ class Pages:
             )
         new_description = None if description is None else names.description(description)
         memory = await self.vault.require_open()
+        file = await self._stored_file(project_id, page, file)
         field = self.vault.field(project_id, file)
         with keys.guard():
             old = await self.redis.hget(keys.pages(project_id), field)
@@ -127,6 +142,7 @@ class Pages:
         """
         file = names.page_file(page)
         await self.vault.require_open()
+        file = await self._stored_file(project_id, page, file)
         with keys.guard():
             gone = await self.redis.hdel(keys.pages(project_id), self.vault.field(project_id, file))
         if not gone:

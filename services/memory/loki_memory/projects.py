@@ -172,7 +172,7 @@ class Projects:
                 )
             candidates = [project_id]
         else:
-            base = names.slugify(name)
+            base = names.project_id_base(name)
             candidates = [base] + [f"{base[: names.SLUG_MAX - 4]}-{n}" for n in range(2, 1000)]
         for pid in candidates:
             meta = self.vault.seal(keys.aad_meta(pid), {"id": pid, "name": name, "created_at": now})

@@ -41,6 +41,23 @@ class Trackers:
         #: The values already opened (cleared when the memory key changes).
         self.cache = SeriesCache()
 
+    async def _slug(self, project_id: str, tracker: str) -> str:
+        """The slug of ``tracker`` (name or slug), or its legacy slug when only that one is
+        stored (a tracker created before Unicode slugs, its name mixing Latin and other
+        scripts).
+
+        Raises:
+            InvalidRequest: ``tracker`` gives no slug.
+        """
+        slug = names.tracker_slug(tracker)
+        legacy = names.legacy_tracker_slug(tracker)
+        if legacy is None:
+            return slug
+        fields = [self.vault.field(project_id, slug), self.vault.field(project_id, legacy)]
+        with keys.guard():
+            stored = await self.redis.hmget(keys.trackers(project_id), fields)
+        return legacy if stored[0] is None and stored[1] is not None else slug
+
     async def _meta(self, project_id: str, slug: str) -> dict[str, Any] | None:
         field = self.vault.field(project_id, slug)
         with keys.guard():
@@ -70,7 +87,7 @@ class Trackers:
             InvalidRequest: ``tracker`` gives no slug.
             Locked: the memory is locked.
         """
-        slug = names.tracker_slug(tracker)
+        slug = await self._slug(project_id, tracker)
         await self.vault.require_open()
         meta, values = await self._both(project_id, slug)
         return _tracker(meta, values), values
@@ -129,7 +146,7 @@ class Trackers:
             Locked: the memory is locked.
         """
         name = names.name(tracker, "tracker name")
-        slug = names.tracker_slug(name)
+        slug = await self._slug(project_id, name)
         unit = None if unit is None else _unit(unit)
         memory = await self.vault.require_open()
         field = self.vault.field(project_id, slug)
@@ -173,7 +190,7 @@ class Trackers:
             NotFound: no such tracker.
             Locked: the memory is locked.
         """
-        slug = names.tracker_slug(tracker)
+        slug = await self._slug(project_id, tracker)
         await self.vault.require_open()
         field = self.vault.field(project_id, slug)
         with keys.guard():

@@ -87,8 +87,15 @@ def _unpack(zip_b64: str) -> dict[str, bytes]:
             if sum(i.file_size for i in infos) > UNPACKED_MAX:
                 raise InvalidRequest(f"the zip unpacks to over {UNPACKED_MAX} bytes")
             return {i.filename: zf.read(i) for i in infos}
+    except InvalidRequest:
+        raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
         raise InvalidRequest("zip_b64 is not a zip: resend a zip made by export") from exc
+    except Exception as exc:
+        # a member compressed by a method zipfile lacks, encrypted, or whose data is broken
+        raise InvalidRequest(
+            f"the zip cannot be read ({type(exc).__name__}: {exc}): resend a zip made by export"
+        ) from exc
 
 
 def _manifest(files: dict[str, bytes]) -> dict[str, Any]:
@@ -98,6 +105,9 @@ def _manifest(files: dict[str, bytes]) -> dict[str, Any]:
         raise InvalidRequest("the zip has no readable project.json: not a Loki export") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise InvalidRequest(f"project.json is not of format {FORMAT!r}: not a Loki export")
+    for field in ("pages", "trackers"):
+        if not isinstance(manifest.get(field) or {}, dict):
+            raise InvalidRequest(f"project.json's {field!r} is not an object: not a Loki export")
     return manifest
 
 
@@ -111,8 +121,28 @@ def _rows(slug: str, data: bytes) -> list[dict[str, str]]:
     return rows
 
 
+IMPORTED = " (imported)"
+
+
+async def _free_name(store: Store, exported: str) -> str:
+    """The exported name, or, when a project already has it (case and spacing aside),
+    ``"<name> (imported)"`` (then ``"(imported 2)"``, ``"(imported 3)"``...), cut to fit the
+    80 characters a name may have: an import never puts two projects of one name side by
+    side in the switcher."""
+    taken = {" ".join(p.name.split()).casefold() for p in await store.projects.all()}
+    base = " ".join(exported.split())
+    candidate, n = base, 1
+    while candidate.casefold() in taken:
+        suffix = IMPORTED if n == 1 else f" (imported {n})"
+        candidate = base[: names.NAME_MAX - len(suffix)].rstrip() + suffix
+        n += 1
+    return candidate
+
+
 async def import_(store: Store, zip_b64: str, name: str | None) -> Project:
-    """A new project from an export; ``name`` None takes the exported name (made unique).
+    """A new project from an export; ``name`` None takes the exported name, as
+    ``"<name> (imported)"`` when a project has that name already (:func:`_free_name`; the id
+    is derived from the name, ``-2``, ``-3``... when taken).
     Everything is checked before the project is created.
 
     Raises:
@@ -148,8 +178,10 @@ async def import_(store: Store, zip_b64: str, name: str | None) -> Project:
             )
         info = info if isinstance(info, dict) else {}
         trackers.append((str(info.get("name") or slug), str(info.get("unit") or ""), entries))
+    if name is None:
+        name = await _free_name(store, str(manifest.get("name") or "Imported"))
     project = await store.projects.create(
-        name if name is not None else str(manifest.get("name") or "Imported"),
+        name,
         str(manifest.get("description") or ""),
         str(manifest.get("instructions") or ""),
         None,

@@ -3,8 +3,11 @@
 Every name starts with ``lokiassist_`` so it cannot collide with Grafana Loki's own ``loki_*``
 metrics on a shared Prometheus. Counters and histograms carry the labels ``kind`` and ``model``
 only (``cause`` is added on the two loss counters, from the fixed set
-:data:`loki_perf.decode.CAUSES`); gauges computed from the ring carry ``depth`` (fixed bucket
-names) or nothing.
+:data:`loki_perf.decode.CAUSES`). Every label value comes from a bounded set Loki controls:
+``kind`` from :data:`loki_perf.decode.KINDS` (anything else reads ``unknown``), ``cause`` from
+``CAUSES``, ``model`` from the lease's model (a local engine's always its own label; external
+ones at most :data:`_MAX_MODELS`, then ``other``, counted afresh at each start); gauges
+computed from the ring carry ``depth`` (fixed bucket names) or nothing.
 
 Counters are *derived from the records*: :class:`Totals` is a pure function of a checkpoint
 (totals up to stream sequence ``seq``, kept in a JetStream key-value bucket) plus the records
@@ -134,15 +137,25 @@ class Totals:
         }
         # name -> labels -> [bucket counts (non-cumulative, + overflow), sum]
         self.hists: dict[str, dict[tuple[str, ...], list[Any]]] = {n: {} for n in HISTOGRAMS}
+        #: external models given a label of their own since this process started (at most
+        #: :data:`_MAX_MODELS`; never restored from a checkpoint, so no name can hold a slot
+        #: across a restart)
         self.models: set[str] = set()
 
-    def _model(self, model: str) -> str:
-        if model in self.models:
-            return model
+    def _model(self, e: Entry) -> str:
+        """The ``model`` label of ``e``: a local engine's model always keeps its own (the
+        lease's model, set by the supervisor from the preset; the engine's model can never be
+        folded away); an external preset's model has one of :data:`_MAX_MODELS` slots, then
+        ``other``. Records carry the lease's model, never a name a client or an upstream
+        chose (:mod:`loki_gateway.routes.v1.exchange`)."""
+        if not e.external:
+            return e.model
+        if e.model in self.models:
+            return e.model
         if len(self.models) >= _MAX_MODELS:
             return "other"
-        self.models.add(model)
-        return model
+        self.models.add(e.model)
+        return e.model
 
     def _inc(self, name: str, labels: tuple[str, ...], value: float = 1) -> None:
         d = self.counters[name]
@@ -162,7 +175,7 @@ class Totals:
         """Count ``e`` (its stream sequence becomes :attr:`seq`)."""
         with self.lock:
             self.seq = e.seq
-            lab = (e.kind, self._model(e.model))
+            lab = (e.kind, self._model(e))
             self._inc("completions", lab)
             if e.cached is None or e.computed is None:
                 self._inc("completions_cache_unknown", lab)
@@ -222,7 +235,6 @@ class Totals:
                 width = 3 if n in LOSS_COUNTERS else 2
                 for row in rows:
                     t.counters[n][tuple(row[:width])] = float(row[width])
-                    t.models.add(row[1])
         for n, rows in data.get("hists", {}).items():
             if n in t.hists:
                 size = len(HISTOGRAMS[n][1]) + 1

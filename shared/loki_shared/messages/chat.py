@@ -146,12 +146,16 @@ class ForwardRequest(Msg):
 
 class ImageAttachment(Msg):
     """An image sent with a user message: ``id`` (the attachment's), ``name`` (the file
-    name the user gave), ``url`` (a ``data:<mime>;base64,...`` URL: what the model gets as
-    an OpenAI ``image_url`` part in the turn it arrives, never kept in the history)."""
+    name the user gave), ``url`` (a ``data:image/<type>;base64,...`` URL: what the model gets
+    as an OpenAI ``image_url`` part in the turn it arrives, never kept in the history).
+
+    Only a ``data:image/`` URL is valid: no remote URL reaches the engine (which would fetch
+    it, with no address check: issue 38), so a request carrying one is ``invalid_request``
+    before any turn starts; the images ``see_image`` shows are these, kept."""
 
     id: str
     name: str
-    url: str
+    url: str = Field(pattern=r"^(?i:data:image/)")
 
 
 class SendRequest(Msg):

@@ -20,6 +20,14 @@ from .base import Msg, Reply
 RunStatus = Literal["running", "ok", "error", "skipped"]
 
 
+class ScheduleSpec(Msg):
+    """A schedule alone (``preview``): ``cron`` or ``interval_s``, evaluated in ``tz``."""
+
+    cron: str | None = Field(default=None, max_length=200)
+    interval_s: int | None = None
+    tz: str = Field(default="UTC", max_length=100)
+
+
 class TaskSpec(Msg):
     """What a person writes: ``prompt`` (the user message, after the task note),
     ``cron`` or ``interval_s`` (seconds, at least 1), ``tz`` (IANA name, default ``UTC``),
@@ -62,15 +70,19 @@ class TaskRun(Msg):
 
 class TasksRequest(Msg):
     """``loki.chat.tasks``: ``list`` (every task), ``get`` / ``delete`` / ``runs``
-    (``task``), ``create`` (``spec``), ``update`` (``task`` and ``spec``, the whole spec)."""
+    (``task``), ``create`` (``spec``), ``update`` (``task`` and ``spec``, the whole spec),
+    ``preview`` (``schedule``: checked as a task's, and its next three run times)."""
 
-    action: Literal["list", "get", "create", "update", "delete", "runs"]
+    action: Literal["list", "get", "create", "update", "delete", "runs", "preview"]
     task: str | None = None
     spec: TaskSpec | None = None
+    schedule: ScheduleSpec | None = None
 
 
 class TasksReply(Reply):
-    """``tasks``: the listed or touched task(s); ``runs``: a task's runs, newest first."""
+    """``tasks``: the listed or touched task(s); ``runs``: a task's runs, newest first;
+    ``next_runs``: a previewed schedule's next run times (epoch seconds, ascending)."""
 
     tasks: list[Task] = Field(default_factory=list)
     runs: list[TaskRun] = Field(default_factory=list)
+    next_runs: list[float] = Field(default_factory=list)

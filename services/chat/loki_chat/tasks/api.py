@@ -2,7 +2,9 @@
 
 Served by every chat instance (queue group ``chat``): tasks live in Redis, so any instance
 answers. A bad schedule or time zone is an ``invalid_request`` saying what to resend
-(:func:`.schedule.check`); an unknown task id is ``not_found``.
+(:func:`.schedule.check`); an unknown task id is ``not_found``. ``preview`` checks a schedule
+alone and gives its next :data:`PREVIEW_RUNS` run times (the task dialog shows them as the
+person types).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import uuid
 from loki_shared.errors import InvalidRequest, NotFound
 from loki_shared.messages.tasks import Task, TasksReply, TasksRequest
 
-from .schedule import check
+from .schedule import check, next_times
 from .store import TaskStore
 
 #: Fields whose change restarts the schedule (due times count again from the change).
 SCHEDULE_FIELDS = ("cron", "interval_s", "tz")
+#: Run times a preview gives.
+PREVIEW_RUNS = 3
 
 
 class TasksApi:
@@ -39,6 +43,11 @@ class TasksApi:
         """
         if req.action == "list":
             return TasksReply(tasks=await self.store.all())
+        if req.action == "preview":
+            if req.schedule is None:
+                raise InvalidRequest("'schedule' is required to preview a schedule")
+            check(req.schedule)
+            return TasksReply(next_runs=next_times(req.schedule, time.time(), PREVIEW_RUNS))
         if req.action == "create":
             if req.spec is None:
                 raise InvalidRequest("'spec' is required to create a task")

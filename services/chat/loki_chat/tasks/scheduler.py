@@ -6,6 +6,10 @@ the task's cursor and now (:func:`.schedule.due_times`). Each due time is claime
 others leave it, so a due time runs once however many instances there are, and a due time
 is never lost while at least one instance runs (the cursor is raised only after the claims).
 
+One task's failure (a schedule stored before the checks that croniter cannot read, anything
+its tick raises) is that task's own: recorded once as an ``error`` run (:data:`BROKEN`) while
+the other tasks tick on.
+
 Missed due times (every instance down): a due time later than ``LOKI_TASK_GRACE_S`` is
 recorded ``skipped`` ("missed"), except the latest one of the span, which runs once.
 
@@ -46,6 +50,9 @@ log = logging.getLogger("loki.chat.tasks")
 
 #: The record of a due time no instance was running for (older than the grace).
 MISSED = "missed: no chat instance was running at its due time (only the latest missed run runs)"
+#: The head of the record of a task whose schedule cannot be run (one stored before the checks,
+#: or any failure of its tick): recorded once, at its anchor; the other tasks go on.
+BROKEN = "this task's schedule cannot be run (edit it to fix it)"
 #: The record of a run whose chat instance stopped mid-run (its lease ended unrenewed).
 ORPHANED = "the chat instance running it stopped mid-run (its lease was not renewed)"
 
@@ -124,8 +131,36 @@ class Scheduler:
         enabled task up to ``now``."""
         await self.recover(now)
         for task in await self.store.all():
-            if task.enabled:
+            if not task.enabled:
+                continue
+            try:
                 await self.tick_task(task, now)
+            except Exception as exc:  # noqa: BLE001 - one task's failure is its own, recorded
+                await self.record_failure(task, exc, now)
+
+    async def record_failure(self, task: Task, exc: Exception, now: float) -> None:
+        """Record ``task``'s tick failure as its own ``error`` run (once: at the task's
+        anchor, by the same claim as a due time; logged when first recorded); the other
+        tasks go on."""
+        detail = f"{BROKEN}: {exc}"
+        run = TaskRun(
+            task=task.id,
+            due=task.anchor,
+            status="error",
+            detail=detail,
+            instance=self.instance,
+            started=now,
+            ended=now,
+        )
+        try:
+            recorded = await self.store.claim(run) is not None
+        except Exception:  # noqa: BLE001 - Redis away: recorded at a later tick
+            log.warning("task %s: %s (not recorded: the store is away)", task.id, detail)
+            return
+        if recorded:
+            log.warning("task %s: %s", task.id, detail)
+        else:
+            log.debug("task %s: %s (recorded before)", task.id, detail)
 
     async def recover(self, now: float) -> int:
         """Record ``error`` (:data:`ORPHANED`) every run whose lease ended before ``now``;

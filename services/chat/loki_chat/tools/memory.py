@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Literal
@@ -35,7 +36,10 @@ UNREACHABLE = (
     "written. Try the call again in a moment."
 )
 
-PAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.md$")
+#: A page file name: a letter or digit of any script first, then letters, digits, combining
+#: marks, ``.``, ``-``, ``_`` (at most 100 before ``.md``); white space, separators and
+#: control characters never (the memory service derives the stored file from it).
+PAGE_STEM_MAX = 100
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 PERIOD = re.compile(r"^\d{4}(-\d{2})?$")
 
@@ -58,9 +62,24 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
 
+def is_page_name(value: str) -> bool:
+    """Whether ``value`` is a page file name the memory tools take (``notes.md``,
+    ``日記.md``, ``हिन्दी.md``; see :data:`PAGE_STEM_MAX`)."""
+    value = unicodedata.normalize("NFC", value)
+    if not value.endswith(".md"):
+        return False
+    stem = value[:-3]
+    if not 1 <= len(stem) <= PAGE_STEM_MAX or unicodedata.category(stem[0])[0] not in "LN":
+        return False
+    return all(unicodedata.category(ch)[0] in "LNM" or ch in "._-" for ch in stem)
+
+
 def _page(value: str) -> str:
-    if not PAGE_NAME.match(value):
-        raise ValueError("a page file name like `notes.md` (letters, digits, `.`, `-`, `_`)")
+    if not is_page_name(value):
+        raise ValueError(
+            "a page file name like `notes.md` or `日記.md` (letters or digits of any script, "
+            "`.`, `-`, `_`)"
+        )
     if value.upper() == "MEMORY.MD":
         raise ValueError("MEMORY.md is the index, kept by Loki: name another page")
     return value

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request, UploadFile
+from fastapi import APIRouter, Path, Query, Request, UploadFile
 from fastapi.responses import Response
 
 from loki_shared import subjects
@@ -18,7 +18,7 @@ from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
 from loki_shared.permissions import MAX_PAYLOAD
 from loki_shared.sealing import service_sealer
 
-from ..attachments import ID_PATTERN, AttachmentStore, TooLarge, fenced
+from ..attachments import ID_PATTERN, AttachmentStore, TooLarge, clean_name, fenced
 from ..bus import Bus
 from ..errors import BadRequest, ServiceUnavailable
 
@@ -58,17 +58,19 @@ def store(request: Request) -> AttachmentStore:
 @router.post("/api/chat/upload", status_code=201)
 async def upload(request: Request, file: UploadFile) -> Any:
     """Store one file (multipart field ``file``): 201 with ``{"id", "name", "kind", "mime",
-    "size"}``. 413 over ``LOKI_UPLOAD_MAX_MB``, 415 for a type not accepted (by content),
-    423 while an encrypted memory is locked."""
+    "size"}``. 413 over ``LOKI_UPLOAD_MAX_MB``, 415 for a type not accepted (by content), 422
+    for an accepted type its parser cannot read (every refusal names the file; nothing is
+    stored), 423 while an encrypted memory is locked."""
     limit = int(request.app.state.settings.upload_max_mb * 1024 * 1024)
     raw = await file.read(limit + 1)
+    name = clean_name(file.filename)
     if len(raw) > limit:
         raise TooLarge(
-            f"the file is over the upload limit of {request.app.state.settings.upload_max_mb:g} "
-            "MB (LOKI_UPLOAD_MAX_MB)"
+            f"{name!r} is over the upload limit of "
+            f"{request.app.state.settings.upload_max_mb:g} MB (LOKI_UPLOAD_MAX_MB)"
         )
     if not raw:
-        raise BadRequest("the file is empty", code="empty_file")
+        raise BadRequest(f"{name!r} is empty", code="empty_file")
     att = await store(request).put(file.filename or "", raw)
     return att.meta()
 
@@ -77,10 +79,16 @@ async def upload(request: Request, file: UploadFile) -> Any:
 async def attachment(
     request: Request,
     att_id: Annotated[str, Path(pattern=ID_PATTERN, description="Attachment id.")],
+    conversation: Annotated[
+        str | None,
+        Query(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The conversation it is read in."),
+    ] = None,
 ) -> Response:
     """The attachment's content (an image's bytes with its type; a text file's text, a PDF's
     extracted text, as ``text/plain``) for the UI's thumbnails; its 24 h expiry starts
-    again. 404 when gone."""
+    again. 404 when gone, or when ``conversation`` is not the one it belongs to."""
+    if conversation is not None:
+        await store(request).check_owner(att_id, conversation)
     att = await store(request).get(att_id)
     media = att.mime if att.kind == "image" else "text/plain; charset=utf-8"
     return Response(
@@ -91,21 +99,25 @@ async def attachment(
 
 
 async def expand(
-    request: Request, bus: Bus, content: str, ids: list[str]
+    request: Request, bus: Bus, content: str, ids: list[str], conversation: str | None = None
 ) -> tuple[str, list[ImageAttachment]]:
     """A send's text with its text attachments inlined (one fenced block per file, headed by
-    its name, after the message), and its images as data URLs.
+    its name, after the message), and its images as data URLs. Each attachment is claimed
+    for ``conversation`` (None: the one the send makes, bound by the caller afterwards).
 
     Raises:
         BadRequest: too many attachments; VisionUnavailable: an image while the engine (or
             the external preset) has no vision; TooLarge: the images together exceed what one
-            bus message carries; AttachmentGone, MemoryLockedError: see the store.
+            bus message carries; AttachmentGone (also: it belongs to another conversation),
+            MemoryLockedError: see the store.
     """
     if len(ids) > MAX_PER_MESSAGE:
         raise BadRequest(
             f"{len(ids)} attachments: at most {MAX_PER_MESSAGE} per message",
             code="too_many_attachments",
         )
+    for att_id in dict.fromkeys(ids):
+        await store(request).claim(att_id, conversation)
     atts = [await store(request).get(i) for i in dict.fromkeys(ids)]
     blocks = [fenced(a.name, a.text()) for a in atts if a.kind == "text"]
     images = [

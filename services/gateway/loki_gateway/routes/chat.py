@@ -107,7 +107,9 @@ async def send(body: SendBody, request: Request, bus: Bus = Depends(get_bus)) ->
     """Start a turn (or queue it behind the running one): 202 with the conversation id."""
     if not body.content and not body.attachments:
         raise BadRequest("content is empty and nothing is attached", code="empty_message")
-    content, images = await attachments.expand(request, bus, body.content, body.attachments)
+    content, images = await attachments.expand(
+        request, bus, body.content, body.attachments, body.conversation
+    )
     limit = _settings(request).max_message_chars
     if len(content) > limit:
         raise BadRequest(
@@ -121,6 +123,8 @@ async def send(body: SendBody, request: Request, bus: Bus = Depends(get_bus)) ->
         SendReply,
         timeout=10.0,
     )
+    if body.attachments and body.conversation is None:  # the conversation the send made
+        await attachments.store(request).bind(body.attachments, reply.conversation)
     return JSONResponse({"conversation": reply.conversation, "queued": reply.queued}, 202)
 
 

@@ -4,6 +4,8 @@ like every ``/api`` route).
 - ``GET /api/engine`` → ``loki.engine.info``: state (starting/ready/failed/stopped), slots,
   per-slot ``n_ctx``, build, model, SIDE_SLOT verdict, launch notes, masked command line.
   The engine's API key is never included.
+- ``GET /api/engine/events`` (SSE): the same body as ``event: engine`` at once and on each
+  change (:mod:`loki_gateway.engine_watch`): what the web UI's engine pill follows.
 - ``GET /api/presets`` → ``{"presets": [...], "active": id}`` (external keys never in clear:
   ``api_key`` is null, ``api_key_set`` tells whether one is stored).
 - ``POST /api/presets`` (a preset's fields; no ``id`` creates one) → ``{"preset", "active",
@@ -30,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from loki_shared import subjects
 from loki_shared.messages.engine import (
@@ -41,6 +44,7 @@ from loki_shared.messages.engine import (
 
 from ..bus import Bus
 from ..deps import get_bus
+from ..engine_watch import engine_frames
 from ..errors import BadRequest
 
 router = APIRouter()
@@ -59,6 +63,22 @@ async def _presets(bus: Bus, req: PresetsRequest) -> PresetsReply:
 async def engine_info(bus: Bus = Depends(get_bus)) -> dict:
     info = await bus.request_ok(subjects.ENGINE_INFO, EngineInfoRequest(), EngineInfo)
     return info.model_dump(mode="json", exclude={"error", "api_key"})
+
+
+@router.get(
+    "/api/engine/events",
+    response_class=EventSourceResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "SSE stream"}},
+)
+async def engine_events(bus: Bus = Depends(get_bus)) -> EventSourceResponse:
+    """SSE: ``event: engine`` with the ``GET /api/engine`` body, at once and on each change."""
+    return EventSourceResponse(
+        engine_frames(bus),
+        ping=15,
+        sep="\n",
+        ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
+        headers={"Cache-Control": "no-cache"},
+    )
 
 
 @router.get("/api/presets")

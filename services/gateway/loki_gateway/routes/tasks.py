@@ -1,5 +1,7 @@
 """Scheduled tasks: ``/api/tasks`` (list, create), ``/api/tasks/{id}`` (get, replace,
-delete), ``/api/tasks/{id}/runs`` (its runs, newest first).
+delete), ``/api/tasks/{id}/runs`` (its runs, newest first), ``/api/tasks/preview`` (a schedule
+checked as a task's would be, and its next three run times in its time zone: what the task
+dialog shows as the person types).
 
 Every route is a ``loki.chat.tasks`` request to the chat service; a task's body is
 :class:`loki_shared.messages.tasks.TaskSpec`. A bad body, cron expression, interval or time
@@ -8,13 +10,15 @@ zone is a 400 in OpenAI's shape saying what to resend; an unknown task a 404.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
+from zoneinfo import ZoneInfo
 
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
 from loki_shared import subjects
-from loki_shared.messages.tasks import TaskSpec, TasksReply, TasksRequest
+from loki_shared.messages.tasks import ScheduleSpec, TaskSpec, TasksReply, TasksRequest
 
 from ..bus import Bus
 from ..deps import get_bus
@@ -40,6 +44,20 @@ async def tasks_create(body: TaskSpec, bus: Bus = Depends(get_bus)) -> Any:
     """Create a task: 201 ``{"task": Task}``."""
     reply = await _tasks(bus, action="create", spec=body)
     return JSONResponse({"task": reply.tasks[0].model_dump(mode="json")}, status_code=201)
+
+
+@router.post("/api/tasks/preview")
+async def tasks_preview(body: ScheduleSpec, bus: Bus = Depends(get_bus)) -> Any:
+    """Check a schedule (``cron`` or ``interval_s``, ``tz``) as creating a task would (a 400
+    saying why when it is refused) and give its next three run times: ``{"tz", "next_runs":
+    [{"at": epoch seconds, "local": ISO 8601 in the task's time zone}]}``. Nothing stored."""
+    reply = await _tasks(bus, action="preview", schedule=body)
+    zone = ZoneInfo(body.tz)  # known: the chat service checked it
+    runs = [
+        {"at": t, "local": datetime.fromtimestamp(t, zone).isoformat(timespec="minutes")}
+        for t in reply.next_runs
+    ]
+    return {"tz": body.tz, "next_runs": runs}
 
 
 @router.get("/api/tasks/{task}")

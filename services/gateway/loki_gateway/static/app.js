@@ -26,8 +26,18 @@
     ctxBase: 0,        // ctx_used at the last state or end of turn
     streamed: 0,       // deltas streamed since then (about one token each)
     titles: {},        // conversation id -> title, from the list
-    engine: null,      // the last /api/engine answer
+    engine: null,      // the last engine info (pushed by /api/engine/events)
+    older: [],         // the earliest items of a long conversation, not drawn yet (oldest first)
+    settled: false,    // the replay that opened the conversation is drawn
+    pinned: true,      // the view follows the latest message
   };
+  // A long conversation opens on its latest PAGE items (bubbles, markers, badges); the
+  // earlier ones are drawn PAGE at a time as the view is scrolled up to them.
+  const PAGE = 40;
+  // A conversation opens on its last TAIL_TURNS turns; older ones come a page at a time.
+  const TAIL_TURNS = 30;
+  // The replay that opens a conversation is over once the stream has been quiet this long (ms).
+  const SETTLE_MS = 150;
 
   // ---- API -------------------------------------------------------------------------------
   function authHeaders() {
@@ -96,36 +106,76 @@
     // the open conversation keeps its title when the list leaves it out (a task's run)
     const open = state.conversation;
     state.titles = open && state.titles[open] ? { [open]: state.titles[open] } : {};
+    state.list = list;
     for (const c of list) {
       state.titles[c.id] = c.title || "";
+      if (deleting.has(c.id)) continue; // deleted, its Undo still offered
       const li = document.createElement("li");
       li.dataset.id = c.id;
-      if (c.id === state.conversation) { li.classList.add("active"); if (c.title) setTitle(c.title); }
-      const title = document.createElement("span");
+      const name = c.title || "Untitled";
+      // the title is the row's own button: reached by Tab, opened by Enter or Space
+      const title = document.createElement("button");
+      title.type = "button";
       title.className = "title";
-      title.textContent = c.title || "Untitled";
-      li.appendChild(title);
+      title.textContent = name;
+      if (c.id === state.conversation) {
+        li.classList.add("active"); title.setAttribute("aria-current", "true");
+        if (c.title) setTitle(c.title);
+      }
+      title.onclick = () => openConversation(c.id);
       const ren = document.createElement("button");
-      ren.title = "Rename"; ren.textContent = "✎";
-      ren.onclick = async (ev) => {
-        ev.stopPropagation();
-        const t = prompt("New title", c.title || "");
-        if (t && t.trim()) { await apiJSON("/api/conversations/" + c.id, { method: "PATCH", json: { title: t.trim() } }); loadConversations(); }
-      };
+      ren.type = "button"; ren.className = "row-icon"; ren.textContent = "✎";
+      ren.title = "Rename"; ren.setAttribute("aria-label", "Rename " + name);
+      ren.onclick = (ev) => { ev.stopPropagation(); renameConversation(c); };
       const del = document.createElement("button");
-      del.title = "Delete"; del.textContent = "×";
-      del.onclick = async (ev) => {
-        ev.stopPropagation();
-        if (!confirm("Delete this conversation?")) return;
-        await apiJSON("/api/conversations/" + c.id, { method: "DELETE" });
-        if (c.id === state.conversation) openConversation(null);
-        loadConversations();
-      };
-      li.append(ren, del);
-      li.onclick = () => openConversation(c.id);
+      del.type = "button"; del.className = "row-icon"; del.textContent = "×";
+      del.title = "Delete"; del.setAttribute("aria-label", "Delete " + name);
+      del.onclick = (ev) => { ev.stopPropagation(); deleteConversation(c); };
+      li.append(title, ren, del);
       ul.appendChild(li);
     }
   }
+
+  async function renameConversation(c) {
+    const t = await LokiDialog.ask({ title: "Rename conversation", label: "Title", value: c.title || "", ok: "Rename" });
+    if (t === null || !t.trim()) return;
+    try { await apiJSON("/api/conversations/" + c.id, { method: "PATCH", json: { title: t.trim() } }); }
+    catch (e) { notice("Not renamed: " + e.message, "error"); }
+    loadConversations();
+  }
+
+  // Delete with an Undo: the row goes at once, the server deletes it when the Undo is gone
+  // (a few seconds, another delete, or the page closing).
+  const deleting = new Map(); // id -> commit()
+  function deleteConversation(c) {
+    const wasOpen = c.id === state.conversation;
+    let done = false;
+    const commit = (keepalive) => {
+      if (done) return;
+      done = true;
+      deleting.delete(c.id);
+      apiJSON("/api/conversations/" + c.id, { method: "DELETE", keepalive: !!keepalive })
+        .catch((e) => notice("Not deleted: " + e.message, "error"))
+        .finally(() => loadConversations());
+    };
+    for (const other of deleting.values()) other();
+    deleting.set(c.id, commit);
+    if (wasOpen) openConversation(null);
+    setDrawer(false); // the Undo shows in the main view (a phone's drawer would cover it)
+    loadConversations();
+    notice("Deleted “" + (c.title || "Untitled") + "”", "ok", 6000, {
+      label: "Undo",
+      onclick: () => {
+        if (done) return;
+        done = true;
+        deleting.delete(c.id);
+        notice("Kept “" + (c.title || "Untitled") + "”", "ok");
+        loadConversations().then(() => { if (wasOpen) openConversation(c.id); });
+      },
+      expire: () => commit(false),
+    });
+  }
+  window.addEventListener("pagehide", () => { for (const commit of deleting.values()) commit(true); });
 
   function openConversation(id) {
     if (state.abort) state.abort.abort();
@@ -134,16 +184,27 @@
     state.lastSeq = 0;
     state.userSeq = 0;
     state.turn = null;
+    state.older = [];
+    state.historyBefore = 0;
+    state.settled = false;
+    state.pinned = true;
+    clearTimeout(settleTimer);
+    settleFirst = 0;
     dropAnswers();
     $("messages").textContent = "";
     $("messages").dataset.conversation = id || "";
     $("messages").dataset.lastSeq = "0";
+    $("messages").dataset.settled = "";
     setDrawer(false);
     setGenerating(false);
     state.ctxBase = 0; state.streamed = 0;
     if (id) { localStorage.setItem("lokiConv", id); history.replaceState(null, "", "#c=" + id); setTitle(state.titles[id]); }
     else { localStorage.removeItem("lokiConv"); history.replaceState(null, "", "#"); $("conv-title").textContent = "New chat"; setGauge(0, 0); }
-    for (const li of $("conversations").children) li.classList.toggle("active", li.dataset.id === id);
+    for (const li of $("conversations").children) {
+      li.classList.toggle("active", li.dataset.id === id);
+      const b = li.querySelector("button.title");
+      if (b) { if (li.dataset.id === id) b.setAttribute("aria-current", "true"); else b.removeAttribute("aria-current"); }
+    }
     if (id) { stream(id); refreshState(); }
   }
 
@@ -158,7 +219,9 @@
         const usedKey = localStorage.getItem("lokiKey");
         const headers = Object.assign({ Accept: "text/event-stream" }, authHeaders());
         if (state.lastSeq) headers["Last-Event-ID"] = String(state.lastSeq);
-        const resp = await fetch("/api/chat?conversation=" + encodeURIComponent(id), { headers, signal: ctrl.signal });
+        // a fresh open asks only for the last TAIL_TURNS turns (older pages: GET /api/chat/history)
+        const tail = state.lastSeq ? "" : "&tail_turns=" + TAIL_TURNS;
+        const resp = await fetch("/api/chat?conversation=" + encodeURIComponent(id) + tail, { headers, signal: ctrl.signal });
         if (resp.status === 401) { if (localStorage.getItem("lokiKey") === usedKey) await askKey(); continue; }
         if (resp.status === 404) { openConversation(null); loadConversations(); return; }
         if (!resp.ok || !resp.body) throw new Error("stream " + resp.status);
@@ -177,17 +240,26 @@
             buf = buf.slice(cut + 2);
             const f = parseFrame(block);
             if (f.event === "reconnect") { reconnectNow = true; break; }
+            if (f.event === "history") { try { state.historyBefore = JSON.parse(f.data).before || 0; } catch (e) { /* none */ } olderButton(); continue; }
             if (f.data) batch.push(f);
           }
+          let reopen = false;
           for (const f of batch) {
             let data;
             try { data = JSON.parse(f.data); } catch (e) { continue; }
             if (typeof data.seq === "number" && data.seq <= state.lastSeq) continue; // never twice
+            if (typeof data.merged_from === "number" && state.lastSeq && data.merged_from <= state.lastSeq) {
+              // resumed inside a run the server has merged since: part of its text is drawn
+              // already; reload the conversation rather than append it twice
+              reopen = true; break;
+            }
             handleEvent(data);
             if (typeof data.seq === "number") state.lastSeq = data.seq;
           }
           $("messages").dataset.lastSeq = String(state.lastSeq);
           scheduleRender();
+          if (!state.settled) settleSoon(id);
+          if (reopen) { reader.cancel().catch(() => {}); openConversation(id); return; }
           if (reconnectNow) { reader.cancel().catch(() => {}); break; }
         }
       } catch (e) {
@@ -213,14 +285,123 @@
   }
 
   // ---- drawing events ------------------------------------------------------------------
-  function box() { return $("messages"); }
+  function box() { return state.drawInto || $("messages"); }
 
   function add(el) {
     const m = box();
+    if (state.drawInto) { m.appendChild(el); return el; }
     const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 80;
     m.insertBefore(el, pendingBox());
-    if (atBottom) m.scrollTop = m.scrollHeight;
+    if (atBottom || !state.settled) m.scrollTop = m.scrollHeight;
     return el;
+  }
+
+  // ---- a long conversation: opened at its latest message, older items drawn on scroll up --
+  // Settled once the stream has been quiet SETTLE_MS, or a second after its first events at
+  // the latest (a reply streaming as the conversation opens never pauses that long).
+  let settleTimer = null;
+  let settleFirst = 0;
+  function settleSoon(id) {
+    clearTimeout(settleTimer);
+    if (!settleFirst) settleFirst = performance.now();
+    const wait = performance.now() - settleFirst > 1000 ? 0 : SETTLE_MS;
+    settleTimer = setTimeout(() => { if (state.conversation === id && !state.settled) settle(); }, wait);
+  }
+
+  // The items of the conversation drawn in #messages (not the queue's holder, nor the
+  // "older messages" button).
+  function items() {
+    return Array.from(box().children).filter((el) => el.id !== "pending" && el.id !== "older-btn");
+  }
+
+  // The opening replay is drawn: keep its last PAGE items, the earlier ones wait in
+  // state.older, and land on the latest message.
+  function settle() {
+    state.settled = true;
+    for (const a of state.dirty) a.render();
+    state.dirty.clear();
+    const all = items();
+    if (all.length > PAGE) {
+      state.older = all.slice(0, all.length - PAGE);
+      for (const el of state.older) el.remove();
+    }
+    olderButton();
+    toBottom();
+    box().dataset.settled = "1";
+  }
+
+  function toBottom() { if (state.paging) return; const m = box(); m.scrollTop = m.scrollHeight; state.pinned = true; }
+
+  // The button at the top of a paged conversation (the keyboard's way to older messages;
+  // scrolling up draws them too).
+  function olderButton() {
+    let b = $("older-btn");
+    if (!state.older.length && !state.historyBefore) { if (b) b.remove(); return; }
+    if (!b) {
+      b = document.createElement("button");
+      b.id = "older-btn"; b.type = "button"; b.className = "older";
+      b.onclick = () => showOlder();
+      box().prepend(b);
+    }
+    b.textContent = state.older.length ? "Show earlier messages (" + state.older.length + ")" : "Show earlier messages";
+  }
+
+  // Draws the PAGE items before the first one drawn, the view kept on what it showed.
+  function showOlder() {
+    if (!state.older.length) { loadOlderPage(); return; }
+    const m = box();
+    const first = items()[0] || null;
+    const before = first ? first.getBoundingClientRect().top : 0;
+    const page = state.older.splice(Math.max(0, state.older.length - PAGE));
+    const anchor = first || pendingBox();
+    for (const el of page) m.insertBefore(el, anchor);
+    if (first) m.scrollTop += first.getBoundingClientRect().top - before;
+    olderButton();
+  }
+
+  function onScroll() {
+    const m = box();
+    state.pinned = m.scrollHeight - m.scrollTop - m.clientHeight < 80;
+    if (state.settled && (state.older.length || state.historyBefore) && m.scrollTop < 400) showOlder();
+  }
+
+  // The turns before the first one the server sent (GET /api/chat/history), drawn off-screen
+  // with the live turn set aside (an older page never touches the reply streaming now, the
+  // gauge or the queue), then kept in state.older and shown like the hidden items.
+  let loadingOlder = false;
+  async function loadOlderPage() {
+    const id = state.conversation;
+    if (!state.historyBefore || loadingOlder || !id) return;
+    loadingOlder = true;
+    try {
+      const page = await apiJSON("/api/chat/history?conversation=" + encodeURIComponent(id)
+        + "&before=" + state.historyBefore + "&turns=" + TAIL_TURNS);
+      if (state.conversation !== id) return;
+      state.historyBefore = page.older ? page.before : 0;
+      state.older = drawPage(page.events || []).concat(state.older);
+      showOlder();
+      olderButton();
+    } catch (e) {
+      notice("Earlier messages could not be loaded: " + e.message, "error");
+    } finally {
+      loadingOlder = false;
+    }
+  }
+
+  function drawPage(events) {
+    const saved = { turn: state.turn, live: state.live, dirty: state.dirty };
+    const page = document.createElement("div");
+    state.drawInto = page; state.paging = true;
+    state.turn = null; state.live = new Set(); state.dirty = new Set();
+    try {
+      for (const ev of events) handleEvent(ev);
+      for (const a of state.dirty) a.render();
+      for (const a of state.live) { a.finish(); a.el.classList.remove("typing"); }
+    } finally {
+      state.drawInto = null; state.paging = false;
+      state.turn = saved.turn; state.live = saved.live; state.dirty = saved.dirty;
+    }
+    return Array.from(page.children);
   }
 
   function newTurn() { state.turn = { answer: null, reasoning: null, tools: {}, last: null, lastEl: null }; return state.turn; }
@@ -249,7 +430,7 @@
     const delta = choice.delta || {};
     const mark = (ev.loki && ev.loki.event) || null;
 
-    if (mark === "reset") { dropAnswers(); box().textContent = ""; state.turn = null; return; }
+    if (mark === "reset") { dropAnswers(); box().textContent = ""; state.older = []; state.turn = null; return; }
     if (mark === "subagent") { LokiSubagent.draw(box(), ev.loki); return; } // nested under its call
     if (mark === "verify") {
       const el = document.createElement("div");
@@ -314,8 +495,10 @@
       // inlined text files: a chip each, not their fenced text (attachments.js)
       const parts = window.LokiAttach ? window.LokiAttach.splitInlined(whole) : { text: whole, files: [] };
       const text = parts.text;
-      dropPending(text);
-      if (typeof ev.seq === "number") state.userSeq = ev.seq;
+      if (!state.paging) {
+        dropPending(text);
+        if (typeof ev.seq === "number") state.userSeq = ev.seq;
+      }
       const el = bubble("user");
       el.textContent = text;
       if (window.LokiAttach) window.LokiAttach.fileBlocks(el, parts.files);
@@ -405,7 +588,9 @@
         badge.append(" ", more);
       }
       add(badge);
+      const pinned = state.pinned || !state.settled;
       finishAnswers();
+      if (pinned) toBottom();
       state.turn = null;
       setGenerating(false);
       // the turn's own figure, else back to the last known one until the state is read again
@@ -445,14 +630,15 @@
     renderTimer = null;
     lastRender = performance.now();
     const m = box();
-    const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 120;
+    const atBottom = m.scrollHeight - m.scrollTop - m.clientHeight < 120 || !state.settled;
     for (const a of state.dirty) a.render();
     state.dirty.clear();
-    if (atBottom) m.scrollTop = m.scrollHeight;
+    if (atBottom) toBottom();
   }
 
   // ---- state, gauge, engine ------------------------------------------------------------
   function setGenerating(on) {
+    if (state.paging) return;
     state.generating = on;
     $("stop-btn").hidden = !on;
     showEngine();
@@ -482,7 +668,7 @@
     } catch (e) { /* the stream shows errors */ }
   }
   let stateTimer = null;
-  function refreshStateSoon() { clearTimeout(stateTimer); stateTimer = setTimeout(() => { refreshState(); loadConversations(); }, 300); }
+  function refreshStateSoon() { if (state.paging) return; clearTimeout(stateTimer); stateTimer = setTimeout(() => { refreshState(); loadConversations(); }, 300); }
 
   async function firstJSON(paths) {
     for (const p of paths) {
@@ -494,11 +680,59 @@
     return null;
   }
 
+  // The engine's info: read once here (a preset switched, a retry), and pushed by the gateway
+  // on every change (watchEngine), never polled.
   async function refreshEngine() {
-    state.engine = await firstJSON(["/api/engine"]);
+    const info = await firstJSON(["/api/engine"]);
+    if (info) setEngine(info);
+    else { state.engine = null; showEngine(); }
+    await refreshPresets();
+  }
+
+  function setEngine(info) {
+    state.engine = info && info.state !== "unknown" ? info : null;
     showEngine();
-    if (!state.engine) return;
-    if (!state.nctx && state.engine.n_ctx) setGauge(state.ctxBase + state.streamed, state.engine.n_ctx);
+    if (state.engine && !state.nctx && state.engine.n_ctx) setGauge(state.ctxBase + state.streamed, state.engine.n_ctx);
+  }
+
+  // GET /api/engine/events (SSE over fetch, for the key header): `event: engine` at once and
+  // on each change; reconnects after a drop. The preset picker is read again when the
+  // active preset changes.
+  async function watchEngine() {
+    let delay = 1000;
+    for (;;) {
+      try {
+        const usedKey = localStorage.getItem("lokiKey");
+        const resp = await fetch("/api/engine/events", { headers: Object.assign({ Accept: "text/event-stream" }, authHeaders()) });
+        if (resp.status === 401) { if (localStorage.getItem("lokiKey") === usedKey) await askKey(); continue; }
+        if (!resp.ok || !resp.body) throw new Error("engine events " + resp.status);
+        delay = 1000;
+        const reader = resp.body.getReader();
+        const dec = new TextDecoder();
+        let buf = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, { stream: true });
+          let cut;
+          while ((cut = buf.indexOf("\n\n")) >= 0) {
+            const f = parseFrame(buf.slice(0, cut));
+            buf = buf.slice(cut + 2);
+            if (f.event !== "engine" || !f.data) continue;
+            let info;
+            try { info = JSON.parse(f.data); } catch (e) { continue; }
+            const presetChanged = !state.engine || state.engine.preset_id !== info.preset_id;
+            setEngine(info);
+            if (presetChanged) refreshPresets();
+          }
+        }
+      } catch (e) { /* reconnect below */ }
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(delay * 2, 10000);
+    }
+  }
+
+  async function refreshPresets() {
     const presets = await firstJSON(["/api/presets"]);
     const sel = $("preset-picker");
     if (presets && Array.isArray(presets.presets)) {
@@ -513,24 +747,50 @@
     }
   }
 
-  // The engine pill: the supervisor's state, "generating" while this page's reply streams
-  // or another client holds the engine (in_flight leases).
+  // The engine pill: the supervisor's state in a word, "generating" while this page's reply
+  // streams or another client holds the engine (in_flight leases); under it one plain
+  // sentence when the model cannot use tools; the details (model, the template probe's
+  // notes, launch notes) behind the pill, a button that opens them.
+  const STATE_WORDS = {
+    ready: "Ready", generating: "Generating", starting: "Starting", failed: "Failed",
+    stopped: "Stopped", unknown: "Unknown",
+  };
+  const NO_TOOLS = "This model can't use tools: memory, recall and sub-agents are off";
+  function engineSummary(info) {
+    if (!info) return { st: "unknown", line: "" };
+    let st = info.state || "unknown";
+    if (st === "ready" && (state.generating || info.in_flight > 0)) st = "generating";
+    const noTools = info.template && info.template.supports_tools === false;
+    return { st: st, line: noTools ? NO_TOOLS : "" };
+  }
+
   function showEngine() {
     const info = state.engine;
     const pill = $("engine-state");
-    if (!info) { pill.textContent = "engine: unknown"; pill.className = "pill"; return; }
-    let st = info.state || "unknown";
-    if (st === "ready" && (state.generating || info.in_flight > 0)) st = "generating";
-    pill.textContent = "engine: " + st + (info.model ? " · " + String(info.model).split("/").pop() : "");
+    const { st, line } = engineSummary(info);
+    const model = info && info.model ? String(info.model).split("/").pop() : "";
+    pill.textContent = "Engine: " + (STATE_WORDS[st] || st) + (model ? " · " + model : "");
     pill.className = "pill " + st;
-    const tnotes = (info.template && info.template.notes) || []; // the template probe, in words
-    pill.title = tnotes.join("\n");
-    if (tnotes.length) pill.textContent += " · " + tnotes[0];
-    document.dispatchEvent(new CustomEvent("loki:engine", { detail: info })); // preset-editor.js
+    pill.dataset.state = st;
+    $("engine-note").textContent = line;
+    $("engine-note").hidden = !line;
+    const det = $("engine-details");
+    det.textContent = "";
+    const rows = [];
+    if (info) {
+      rows.push("State: " + (info.state || "unknown") + (info.in_flight ? " (" + info.in_flight + " request(s) in flight)" : ""));
+      if (info.model) rows.push("Model: " + info.model);
+      if (info.n_ctx) rows.push("Context window: " + info.n_ctx + " tokens");
+      for (const n of (info.template && info.template.notes) || []) rows.push(n); // the template probe
+      for (const n of info.notes || []) rows.push(n); // launch notes
+    } else rows.push("The engine supervisor does not answer.");
+    for (const r of rows) { const li = document.createElement("li"); li.textContent = r; det.appendChild(li); }
+    if (info) document.dispatchEvent(new CustomEvent("loki:engine", { detail: info })); // preset-editor.js
   }
 
   // ---- the context gauge: the server's ctx_used, plus one token per streamed delta --------
   function setCtxUsed(used) {
+    if (state.paging) return;
     state.ctxBase = used;
     state.streamed = 0;
     setGauge(used, state.nctx);
@@ -538,6 +798,7 @@
 
   let gaugeQueued = false;
   function countToken() {
+    if (state.paging) return;
     state.streamed++;
     if (gaugeQueued) return;
     gaugeQueued = true;
@@ -550,6 +811,7 @@
   // Until the list says otherwise: the first line of the first message, as the chat service
   // names a conversation (first line, 60 characters).
   function provisionalTitle(text) {
+    if (state.paging) return;
     const first = (text.trim().split("\n")[0] || "").slice(0, 60);
     if (first) setTitle(first);
   }
@@ -567,14 +829,31 @@
   }
 
   // ---- notices: what an action did, or that it is under way --------------------------------
+  // `action` ({label, onclick, expire}): a button after the text (an Undo); expire() runs
+  // when the notice goes without it being pressed (replaced, or its time out).
   let noticeTimer = null;
-  function notice(text, kind, ms) {
+  let noticeExpire = null;
+  function notice(text, kind, ms, action) {
     const n = $("notice");
+    const expire = noticeExpire;
+    noticeExpire = null;
+    if (expire) expire();
     n.textContent = text;
     n.className = kind || "";
     n.hidden = !text;
+    if (action) {
+      const b = document.createElement("button");
+      b.type = "button"; b.className = "notice-action"; b.textContent = action.label;
+      noticeExpire = action.expire || null;
+      b.onclick = () => { noticeExpire = null; action.onclick(); };
+      n.append(" ", b);
+    }
     clearTimeout(noticeTimer);
-    if (text && ms !== 0) noticeTimer = setTimeout(() => { n.hidden = true; }, ms || 4000);
+    if (text && ms !== 0) noticeTimer = setTimeout(() => {
+      n.hidden = true;
+      const ex = noticeExpire; noticeExpire = null;
+      if (ex) ex();
+    }, ms || 4000);
   }
 
   // The sidebar's picker: what the switch did is said under it (never a modal alert); a
@@ -694,15 +973,42 @@
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $("composer").requestSubmit(); }
     };
     $("stop-btn").onclick = () => control("stop");
-    $("reset-btn").onclick = () => { if (confirm("Empty this conversation?")) control("reset"); };
+    $("reset-btn").onclick = async () => {
+      const ok = await LokiDialog.ask({ title: "Empty this conversation?", text: "Its messages are removed; the conversation stays in the list.", ok: "Empty it", danger: true });
+      if (ok) control("reset");
+    };
     $("compact-btn").onclick = compactNow;
     $("export-btn").onclick = exportConversation;
+    // "+ New chat" opens the empty Untitled conversation there is, if any, rather than a
+    // second one.
     $("new-chat").onclick = async () => {
+      const btn = $("new-chat");
+      if (btn.getAttribute("aria-busy") === "true") return; // a double click makes one chat
+      btn.setAttribute("aria-busy", "true");
+      try { await newChat(); } finally { btn.removeAttribute("aria-busy"); }
+    };
+    async function newChat() {
+      await loadConversations();
+      // untitled (the chat service titles a conversation by its first message) and, as its
+      // state says, nothing in its log yet
+      for (const c of (state.list || []).filter((x) => !x.title && !deleting.has(x.id))) {
+        let st = null;
+        try { st = await apiJSON("/api/chat/state?conversation=" + encodeURIComponent(c.id)); } catch (e) { continue; }
+        if (st && !st.last_seq && !st.generating && !(st.pending && st.pending.length)) { openConversation(c.id); return; }
+      }
       try {
         const r = await apiJSON("/api/conversations", { method: "POST", json: {} });
         await loadConversations();
         openConversation(r.conversation.id);
       } catch (e) { openConversation(null); }
+    }
+    box().addEventListener("scroll", onScroll, { passive: true });
+    // an image drawn late (a thumbnail) keeps the view on the latest message
+    box().addEventListener("load", () => { if (state.pinned) toBottom(); }, true);
+    $("engine-state").onclick = () => {
+      const det = $("engine-details");
+      det.hidden = !det.hidden;
+      $("engine-state").setAttribute("aria-expanded", String(!det.hidden));
     };
     $("preset-picker").onchange = (ev) => switchPreset(ev.target.value);
     const fromHash = (location.hash.match(/c=([A-Za-z0-9_-]+)/) || [])[1];
@@ -711,14 +1017,17 @@
     // conversation already: do not switch away from it
     loadConversations().then(() => { if (!state.conversation) openConversation(start || null); });
     refreshEngine();
-    setInterval(refreshEngine, 10000);
+    watchEngine();
   }
 
   window.LokiApi = {
-    api: api, apiJSON: apiJSON, refreshEngine: refreshEngine,
+    api: api, apiJSON: apiJSON, refreshEngine: refreshEngine, notice: notice,
+    engine: () => state.engine,
     loadConversations: loadConversations, openConversation: openConversation,
     // the tasks panel opens a run's conversation (not in the sidebar's list: kind "task")
     openTaskRun: (id, title) => { state.titles[id] = title; openConversation(id); },
+    // the open conversation (attachments.js reads its thumbnails as that conversation's)
+    conversation: () => state.conversation,
   };
   window.lokiDebug = state;
   state.renderStats = LokiLive.stats;

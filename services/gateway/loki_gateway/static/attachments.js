@@ -1,6 +1,7 @@
 // Attachments in the composer: the attach button, drag and drop onto the chat, pasting an
 // image. Each file is uploaded at once (POST /api/chat/upload); the tray shows what the next
-// message carries, and a refusal (413 too large, 415 type not accepted, no vision on send)
+// message carries, and a refusal (413 too large, 415 type not accepted, an image while the
+// engine has no vision: at attach time, from the engine info app.js holds; on send as well)
 // is said inline above the composer, never silently dropped.
 // Thumbnails of a message's images are read through the API (the key travels with them);
 // an image the store no longer has shows a marker instead. A text file the gateway inlined in
@@ -56,8 +57,17 @@
     renderTray();
   }
 
+  // The engine as last pushed (app.js): false when it is known to have no vision.
+  function canSee() {
+    const info = window.LokiApi && window.LokiApi.engine ? window.LokiApi.engine() : null;
+    return !(info && info.vision === false);
+  }
+  const noVision = (name) => name + " not attached: the model in use cannot see images. Switch to a preset with vision to send it.";
+
   async function upload(file) {
     const name = file.name || "pasted image";
+    // an image the model could not see is refused here, not at Send
+    if (/^image\//.test(file.type || "") && !canSee()) { showError(noVision(name)); return null; }
     const fd = new FormData();
     fd.append("file", file, name);
     let resp, body = null;
@@ -66,6 +76,7 @@
       try { body = await resp.json(); } catch (e) { body = null; }
     } catch (e) { showError(errorText(name, 0, null)); return null; }
     if (!resp.ok) { showError(errorText(name, resp.status, body)); return null; }
+    if (body.kind === "image" && !canSee()) { showError(noVision(name)); return null; }
     showError("");
     const item = { id: body.id, name: body.name, kind: body.kind };
     if (body.kind === "image") item.url = URL.createObjectURL(file);
@@ -90,7 +101,10 @@
       fig.className = "thumb";
       fig.title = im.name + " (seen by the model in this turn only)";
       row.appendChild(fig);
-      window.LokiApi.api("/api/chat/attachment/" + encodeURIComponent(im.id)).then(async (r) => {
+      const conv = window.LokiApi.conversation ? window.LokiApi.conversation() : null;
+      const path = "/api/chat/attachment/" + encodeURIComponent(im.id) +
+        (conv ? "?conversation=" + encodeURIComponent(conv) : "");
+      window.LokiApi.api(path).then(async (r) => {
         if (!r.ok) throw new Error(String(r.status));
         const img = document.createElement("img");
         img.alt = im.name;

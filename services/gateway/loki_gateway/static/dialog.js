@@ -1,6 +1,7 @@
 // What Loki's dialogs share (tasks-panel.js, preset-editor.js, projects.js, memory-panel.js):
 // a dialog's open and close buttons, its status line, its error box (the server's message
-// shown while the dialog stays open), a row's button and a list's "nothing yet" row.
+// shown while the dialog stays open), a row's button, a list's "nothing yet" row, and ask():
+// a question or a name asked in a modal of Loki's own (app.js and projects.js).
 // Loaded before the panels; window.LokiDialog.
 "use strict";
 
@@ -50,5 +51,35 @@
     ul.appendChild(li);
   }
 
-  window.LokiDialog = { bind, status, error, button, emptyRow };
+  // Asks in Loki's own modal (#ask-dialog), never the browser's prompt()/confirm():
+  // {title, text, label (with value: a text field), ok, danger}. Resolves with the typed text
+  // (a field), true (no field), or null when cancelled (Cancel, Escape).
+  let asking = null;
+  function ask(opts) {
+    const dlg = $("ask-dialog");
+    if (asking) asking(null);
+    $("ask-title").textContent = opts.title || "";
+    $("ask-text").textContent = opts.text || "";
+    $("ask-text").hidden = !opts.text;
+    const field = opts.label !== undefined;
+    $("ask-field").hidden = !field;
+    $("ask-label").textContent = opts.label || "";
+    $("ask-input").value = field ? opts.value || "" : "";
+    $("ask-input").required = field;
+    const ok = $("ask-ok");
+    ok.textContent = opts.ok || "OK";
+    ok.className = opts.danger ? "danger" : "primary";
+    return new Promise((resolve) => {
+      const done = (v) => { asking = null; dlg.onclose = null; if (dlg.open) dlg.close(); resolve(v); };
+      asking = done;
+      $("ask-form").onsubmit = (ev) => { ev.preventDefault(); done(field ? $("ask-input").value : true); };
+      $("ask-cancel").onclick = () => done(null);
+      dlg.onclose = () => done(null);
+      dlg.showModal();
+      (field ? $("ask-input") : ok).focus();
+      if (field) $("ask-input").select();
+    });
+  }
+
+  window.LokiDialog = { bind, status, error, button, emptyRow, ask };
 })();

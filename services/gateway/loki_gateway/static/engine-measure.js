@@ -2,11 +2,11 @@
 // "Benchmark" starts /api/engine/bench on the preset in service and shows its progress (a
 // <progress> fed by GET /api/engine/bench every second), then a small chart of the median
 // speeds by depth (pp and tg) of this run beside the earlier runs of the preset, and a table
-// with the spread. "Optimise…" (opt-in: asks first) starts /api/engine/optimise, shows its
+// with the spread. "Optimise…" (opt-in: asks first, in Loki's own dialog) starts /api/engine/optimise, shows its
 // progress and its table, and proposes the fastest settings as a diff that "Apply to the
 // preset" saves through /api/presets (Loki never applies it by itself). Cancel stops either.
 // A refusal (external preset, a turn running) is shown as the server's message.
-// Uses window.LokiApi from app.js.
+// Uses window.LokiApi from app.js and window.LokiDialog.ask (Loki's own question).
 "use strict";
 
 (function () {
@@ -138,9 +138,13 @@
   }
 
   async function start(kind) {
-    if (kind === "optimise" && !confirm(
-      "The optimiser launches the engine again with several settings and benchmarks each " +
-      "(minutes; a turn that starts meanwhile stops it). Go on?")) return;
+    if (kind === "optimise" && !(await LokiDialog.ask({
+      title: "Optimise the engine?",
+      text: "The optimiser launches the engine again with several settings and benchmarks " +
+        "each (minutes; a turn that starts meanwhile stops it). Nothing is applied unless you " +
+        "apply the proposal.",
+      ok: "Optimise",
+    }))) return;
     try {
       const r = await LokiApi.apiJSON("/api/engine/" + kind, { method: "POST", json: {} });
       current = kind;

@@ -59,7 +59,8 @@
   }
 
   async function remove(p) {
-    if (!confirm("Delete the preset " + (p.name || p.id) + "?")) return;
+    const ok = await D.ask({ title: "Delete the preset " + (p.name || p.id) + "?", ok: "Delete", danger: true });
+    if (!ok) return;
     try {
       await LokiApi.apiJSON("/api/presets/" + encodeURIComponent(p.id), { method: "DELETE" });
       status("Deleted " + (p.name || p.id));

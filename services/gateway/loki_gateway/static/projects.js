@@ -50,12 +50,13 @@
   async function onPick(ev) {
     const id = ev.target.value;
     if (id !== NEW) { try { await activate(id); } catch (e) { await refresh(); } return; }
-    const name = prompt("Name of the new project");
-    if (!name || !name.trim()) { ev.target.value = activeId; return; }
+    ev.target.value = activeId; // until the new one exists
+    const name = await LokiDialog.ask({ title: "New project", label: "Name", value: "", ok: "Create" });
+    if (!name || !name.trim()) return;
     try {
       const made = await LokiApi.apiJSON("/api/projects", { method: "POST", json: { name: name.trim() } });
       await activate(made.project.id);
-    } catch (e) { alert("Not created: " + e.message); await refresh(); }
+    } catch (e) { LokiApi.notice("Project not created: " + e.message, "error", 8000); await refresh(); }
   }
 
   // ---- the dialog ----------------------------------------------------------------------
@@ -94,7 +95,7 @@
       desc.className = "desc";
       desc.textContent = p.description || p.file;
       li.append(title, desc);
-      li.onclick = () => editPage(p.file);
+      rowButton(li, () => editPage(p.file));
       ul.appendChild(li);
     }
     $("page-index").textContent = reply.index || "(no page yet)";
@@ -143,7 +144,9 @@
   }
 
   async function deletePage() {
-    if (!openPage || !confirm("Delete the page " + openPage + "?")) return;
+    if (!openPage) return;
+    const ok = await LokiDialog.ask({ title: "Delete the page " + openPage + "?", text: "Its text is removed from the project's memory.", ok: "Delete", danger: true });
+    if (!ok) return;
     try { await LokiApi.apiJSON(base() + "/pages/" + enc(openPage), { method: "DELETE" }); }
     catch (e) { fail(e); return; }
     openPage = null;
@@ -175,10 +178,21 @@
         ? `${t.latest.value} ${t.unit} (${t.latest.date}) · ${t.count} value${t.count === 1 ? "" : "s"}`
         : "no value yet";
       li.append(name, desc);
-      li.onclick = () => { openTracker = t.slug; drawTracker(t.slug); loadTrackers(); };
+      rowButton(li, () => { openTracker = t.slug; drawTracker(t.slug); loadTrackers(); });
       ul.appendChild(li);
     }
     if (!reply.trackers.length) LokiDialog.emptyRow(ul, "No tracker yet: log a first value below.", "desc");
+  }
+
+  // A list row that opens something: its content in a button (reached by Tab, opened by a
+  // click, Enter or Space).
+  function rowButton(li, open) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "row-open";
+    b.append(...li.childNodes);
+    b.onclick = open;
+    li.appendChild(b);
   }
 
   function dayOf(period) {
@@ -215,9 +229,13 @@
       box.dataset.ticks = JSON.stringify(out);
       return out;
     };
+    // no legend (its "Time: – Weight: --" said nothing until hovered); room on the right for
+    // the last date label, centred on the last point
     plot = new uPlot({
       width: width,
       height: 220,
+      padding: [12, 48, 0, 0],
+      legend: { show: false },
       series: [
         { value: (u, x) => (x == null ? "–" : dateOf(x)) },
         { label: label, stroke: "#3b5bdb", width: 2, points: { show: true, size: 6 } },
@@ -304,10 +322,15 @@
   }
 
   async function deleteProject() {
-    const typed = prompt(`Delete "${activeId}" with its pages, trackers and conversations? Type its id to confirm.`);
-    if (typed !== activeId) return;
+    const typed = await LokiDialog.ask({
+      title: "Delete this project?",
+      text: `"${activeId}" goes with its pages, trackers and conversations. Type its id to confirm.`,
+      label: "Project id", value: "", ok: "Delete", danger: true,
+    });
+    if (typed === null) return;
+    if (typed.trim() !== activeId) { fail(new Error("Not deleted: the id typed is not " + activeId)); return; }
     try {
-      await LokiApi.apiJSON(base() + "?confirm=" + enc(typed), { method: "DELETE" });
+      await LokiApi.apiJSON(base() + "?confirm=" + enc(activeId), { method: "DELETE" });
     } catch (e) { fail(e); return; }
     dialog.close();
     await refresh();
@@ -335,6 +358,7 @@
     refresh();
   }
 
-  window.LokiProjects = { active: () => activeId, refresh: refresh };
+  // plot(): the tracker's uPlot chart (null: none drawn), for the browser tests
+  window.LokiProjects = { active: () => activeId, refresh: refresh, plot: () => plot };
   init();
 })();

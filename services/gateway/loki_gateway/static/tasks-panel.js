@@ -2,8 +2,10 @@
 // /api/tasks, and a task's runs (/api/tasks/{id}/runs: due time, status, detail), each run's
 // conversation opened in the main view from here (the sidebar lists only the person's). A
 // schedule is a cron expression or an interval in seconds, in a time zone (the browser's by
-// default); the server's validation message is shown in the dialog, which stays open. Uses
-// window.LokiApi from app.js and window.LokiDialog (dialog.js).
+// default); the server's validation message is shown in the dialog, which stays open. As the
+// schedule is typed, the form shows its next three run times in its time zone, or why it is
+// refused (POST /api/tasks/preview), before anything is saved. Uses window.LokiApi from
+// app.js and window.LokiDialog (dialog.js).
 "use strict";
 
 (function () {
@@ -71,7 +73,9 @@
   }
 
   async function remove(t) {
-    if (!confirm("Delete the task " + (t.name || t.prompt.slice(0, 40)) + "?")) return;
+    const ok = await D.ask({ title: "Delete the task " + (t.name || t.prompt.slice(0, 40)) + "?",
+                             ok: "Delete", danger: true });
+    if (!ok) return;
     try {
       await LokiApi.apiJSON("/api/tasks/" + t.id, { method: "DELETE" });
       status("Deleted " + (t.name || "the task"));
@@ -101,11 +105,55 @@
     setKind(editing.cron ? "cron" : "interval");
     $("task-form-title").textContent = t ? "Edit " + (t.name || "task") : "New task";
     showError("");
+    showNext("");
     form().hidden = false;
+    previewSoon();
     field("prompt").focus();
   }
 
   function closeForm() { editing = null; form().hidden = true; showError(""); }
+
+  // ---- the next run times, as the schedule is typed ---------------------------------------
+  let previewTimer = null;
+  let previewSeq = 0;
+
+  function scheduleOf() {
+    const kind = field("kind").value;
+    return {
+      cron: kind === "cron" ? field("cron").value.trim() : null,
+      interval_s: kind === "interval" ? Number(field("interval_s").value) : null,
+      tz: field("tz").value.trim() || "UTC",
+    };
+  }
+
+  function showNext(text, isError) {
+    const p = $("task-next");
+    p.textContent = text;
+    p.classList.toggle("error", !!isError);
+    p.dataset.state = isError ? "error" : (text ? "ok" : "");
+  }
+
+  function previewSoon() {
+    clearTimeout(previewTimer);
+    previewTimer = setTimeout(preview, 250);
+  }
+
+  async function preview() {
+    if (!editing) return;
+    const body = scheduleOf();
+    if (body.cron === "") { showNext(""); return; }
+    const seq = ++previewSeq;
+    let reply;
+    try {
+      reply = await LokiApi.apiJSON("/api/tasks/preview", { method: "POST", json: body });
+    } catch (e) {
+      if (seq === previewSeq) showNext(e.message, true);
+      return;
+    }
+    if (seq !== previewSeq) return; // a later keystroke's answer wins
+    const when = (reply.next_runs || []).map((r) => r.local.replace("T", " "));
+    showNext("Next runs (" + reply.tz + "): " + when.join(" · "));
+  }
 
   async function save(ev) {
     ev.preventDefault();
@@ -184,7 +232,8 @@
     $("task-cancel").onclick = closeForm;
     $("task-runs-close").onclick = closeRuns;
     $("task-runs-refresh").onclick = () => { if (showingRuns) showRuns(showingRuns); };
-    field("kind").onchange = (ev) => setKind(ev.target.value);
+    field("kind").onchange = (ev) => { setKind(ev.target.value); previewSoon(); };
+    for (const name of ["cron", "interval_s", "tz"]) field(name).addEventListener("input", previewSoon);
     form().onsubmit = save;
   }
 

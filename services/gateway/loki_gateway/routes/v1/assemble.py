@@ -9,7 +9,12 @@ assembled here from the shared decoder's events (:class:`loki_shared.sse.SSEDeco
   ``index``, a new ``id`` at an index holding another is a new call), the last
   ``finish_reason``, ``usage`` and llama.cpp's ``timings`` (last value wins);
 - legacy completion (``object: "text_completion"``): the ``text`` fragments concatenated per
-  choice ``index`` (a prompt array is several completions), each with its ``finish_reason``.
+  choice ``index`` (a prompt array is several completions), each with its ``finish_reason``;
+- every other field a choice (or a chat delta) carried is kept, merged in stream order by
+  :class:`loki_shared.stream_fields.FieldMerger`: ``logprobs.content`` entries appended
+  token after token, a field Loki does not know kept as sent (a delta's unknown text field
+  joined, as ``content`` is); nothing is written by hand (``logprobs`` is ``null`` only
+  when the stream said so).
 
 A stream error (any of its three forms) becomes the engine error in OpenAI's shape
 (:func:`.protocol.engine_error`); a stream that ends without ``[DONE]`` is 502
@@ -24,12 +29,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from loki_shared.sse import SSEDecoder, StreamEvent
+from loki_shared.stream_fields import FieldMerger
 from loki_shared.tool_calls import ToolCallAssembler
 
 from .protocol import engine_error
 from .relay import CUT_MESSAGE
 
 _META = ("id", "created", "model", "system_fingerprint")
+#: The choice and delta fields assembled by hand; every other one is kept as the stream
+#: carried it (:class:`loki_shared.stream_fields.FieldMerger`).
+CHOICE_KNOWN = frozenset({"index", "delta", "finish_reason", "message"})
+DELTA_KNOWN = frozenset({"role", "content", "reasoning_content", "tool_calls"})
+TEXT_KNOWN = frozenset({"index", "text", "finish_reason"})
 
 
 class _Chat:
@@ -37,8 +48,11 @@ class _Chat:
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls = ToolCallAssembler()
+        self.extra = FieldMerger(CHOICE_KNOWN, join_text=False)
+        self.delta_extra = FieldMerger(DELTA_KNOWN, join_text=True)
 
     def take(self, choice: dict[str, Any]) -> None:
+        self.extra.take(choice)
         delta = choice.get("delta")
         if not isinstance(delta, dict):
             return
@@ -47,6 +61,7 @@ class _Chat:
         if isinstance(delta.get("reasoning_content"), str):
             self.reasoning.append(delta["reasoning_content"])
         self.calls.add_all(delta.get("tool_calls"))
+        self.delta_extra.take(delta)
 
     def choices(self, finish: str | None) -> list[dict[str, Any]]:
         message: dict[str, Any] = {
@@ -57,13 +72,19 @@ class _Chat:
             message["reasoning_content"] = "".join(self.reasoning)
         if self.calls:
             message["tool_calls"] = self.calls.as_openai()
-        return [{"index": 0, "message": message, "finish_reason": finish}]
+        for key, value in self.delta_extra.fields().items():
+            message.setdefault(key, value)
+        choice: dict[str, Any] = {"index": 0, "message": message}
+        choice.update(self.extra.fields())
+        choice["finish_reason"] = finish
+        return [choice]
 
 
 class _Text:
     def __init__(self) -> None:
         self.texts: dict[int, list[str]] = {}
         self.finishes: dict[int, str] = {}
+        self.extras: dict[int, FieldMerger] = {}
 
     def take(self, choice: dict[str, Any]) -> None:
         raw = choice.get("index")
@@ -73,18 +94,19 @@ class _Text:
             self.texts[index].append(choice["text"])
         if choice.get("finish_reason"):
             self.finishes[index] = choice["finish_reason"]
+        self.extras.setdefault(index, FieldMerger(TEXT_KNOWN, join_text=False)).take(choice)
 
     def choices(self, _: str | None) -> list[dict[str, Any]]:
         texts = self.texts or {0: []}
-        return [
-            {
-                "index": i,
-                "text": "".join(texts[i]),
-                "logprobs": None,
-                "finish_reason": self.finishes.get(i),
-            }
-            for i in sorted(texts)
-        ]
+        out = []
+        for i in sorted(texts):
+            choice: dict[str, Any] = {"index": i, "text": "".join(texts[i])}
+            extra = self.extras.get(i)
+            if extra is not None:
+                choice.update(extra.fields())
+            choice["finish_reason"] = self.finishes.get(i)
+            out.append(choice)
+        return out
 
 
 async def assemble(
@@ -135,7 +157,12 @@ def _finish(
         return engine_error(status, json.dumps({"error": decoder.error}).encode())
     if not decoder.done:
         return 502, {
-            "error": {"message": CUT_MESSAGE, "type": "upstream_error", "code": "stream_cut"}
+            "error": {
+                "message": CUT_MESSAGE,
+                "type": "upstream_error",
+                "param": None,
+                "code": "stream_cut",
+            }
         }
     figures = decoder.figures
     out: dict[str, Any] = {

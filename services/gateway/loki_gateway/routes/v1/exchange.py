@@ -12,6 +12,8 @@ answer was read, failed, or abandoned:
 3. the answer: an engine error in OpenAI's shape (:func:`.protocol.engine_error`), the
    stream relayed (:class:`.relay.Relay`, one client write per engine read), a non-streamed
    answer assembled (:func:`.assemble.assemble`), or the engine's JSON as is (embeddings);
+   the local engine's ``model`` members name the model as ``/v1/models`` does, by its file
+   name, never its path (:func:`.protocol.rename_models`; an external API's as it sent them);
 4. the perf record (kind ``foreign``), published in the background (the end of the client's
    answer does not wait for the JetStream ack), marked ``cut`` when the answer did not end
    properly.
@@ -44,12 +46,20 @@ from loki_shared.sse import StreamFigures
 
 from ...errors import ServiceUnavailable, UpstreamError
 from .assemble import assemble
-from .protocol import engine_error, passthrough_body, upstream_body, wants_usage
+from .protocol import (
+    engine_error,
+    model_id,
+    passthrough_body,
+    rename_models,
+    upstream_body,
+    wants_usage,
+)
 from .relay import CUT_MESSAGE, Relay
+from .responses import ResponsesReader, responses_body
 
 log = logging.getLogger("loki.gateway.v1")
 
-Mode = Literal["stream", "assemble", "json"]
+Mode = Literal["stream", "assemble", "json", "responses_stream", "responses"]
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -64,6 +74,10 @@ def join_url(base_url: str, path: str) -> str:
     if base.endswith("/v1") and path.startswith("/v1/"):
         base = base[: -len("/v1")]
     return base + path
+
+
+def _same(raw: bytes) -> bytes:
+    return raw
 
 
 def upstream_headers(api_key: str | None) -> dict[str, str]:
@@ -125,7 +139,8 @@ class Exchange(Response):
             ``/v1/embeddings``).
         body: the checked body.
         mode: ``stream`` (relayed), ``assemble`` (asked streamed, answered as one JSON),
-            ``json`` (the engine's JSON passed through).
+            ``json`` (the engine's JSON passed through), ``responses_stream`` /
+            ``responses`` (the Responses API, :mod:`.responses`).
         perf: publish a perf record.
     """
 
@@ -177,11 +192,12 @@ class Exchange(Response):
     async def _exchange(
         self, client: httpx.AsyncClient, lease_: Lease, send: Send, outcome: _Outcome
     ) -> None:
-        content = (
-            passthrough_body(self.request_body, lease_)
-            if self.mode == "json"
-            else upstream_body(self.request_body, lease_)
-        )
+        if self.mode == "json":
+            content = passthrough_body(self.request_body, lease_)
+        elif self.mode.startswith("responses"):
+            content = responses_body(self.request_body, lease_)
+        else:
+            content = upstream_body(self.request_body, lease_)
         req = client.build_request(
             "POST",
             join_url(lease_.base_url, self.path),
@@ -201,18 +217,23 @@ class Exchange(Response):
                 log.info("engine answered %s on %s: %s", resp.status_code, self.path, err["error"])
                 await _send_json(send, status, err)
             elif self.mode == "stream":
-                await self._relay(resp, send, outcome)
+                await self._relay(resp, send, outcome, rename=not lease_.external)
             elif self.mode == "assemble":
-                await self._assemble(resp, send, outcome)
+                await self._assemble(resp, send, outcome, rename=not lease_.external)
+            elif self.mode.startswith("responses"):
+                await self._responses(resp, send, outcome, rename=not lease_.external)
             else:
                 raw = await resp.aread()
                 outcome.cut = False
-                await _send_raw(send, 200, raw)
+                await _send_raw(send, 200, raw if lease_.external else rename_models(raw))
         finally:
             await resp.aclose()
 
-    async def _relay(self, resp: httpx.Response, send: Send, outcome: _Outcome) -> None:
+    async def _relay(
+        self, resp: httpx.Response, send: Send, outcome: _Outcome, rename: bool
+    ) -> None:
         relay = Relay(wants_usage(self.request_body))
+        name = rename_models if rename else _same
         outcome.figures = relay.decoder.figures
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         broken = None
@@ -222,22 +243,62 @@ class Exchange(Response):
                 if outcome.ttft is None and relay.first_data:
                     outcome.ttft = time.monotonic()
                 if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    await send({"type": "http.response.body", "body": name(out), "more_body": True})
         except httpx.HTTPError as exc:
             broken = f"{type(exc).__name__}"
-        tail = relay.close(broken)
+        tail = name(relay.close(broken))
         outcome.cut = relay.cut
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _assemble(self, resp: httpx.Response, send: Send, outcome: _Outcome) -> None:
+    async def _assemble(
+        self, resp: httpx.Response, send: Send, outcome: _Outcome, rename: bool
+    ) -> None:
         try:
             status, payload, decoder = await assemble(
                 resp.aiter_bytes(), text=self.path == "/v1/completions"
             )
+            if rename and "model" in payload:
+                payload["model"] = model_id(payload["model"])
         except httpx.HTTPError as exc:  # nothing sent yet: the exception handlers answer
             raise UpstreamError(f"{CUT_MESSAGE}: {type(exc).__name__}", code="stream_cut") from exc
         outcome.figures = decoder.figures
         outcome.cut = status != 200
+        await _send_json(send, status, payload)
+
+    async def _responses(
+        self, resp: httpx.Response, send: Send, outcome: _Outcome, rename: bool
+    ) -> None:
+        """A Responses API answer (:mod:`.responses`), streamed or not."""
+        reader = ResponsesReader()
+        outcome.figures = reader.figures
+        name = rename_models if rename else _same
+        streamed = self.mode == "responses_stream"
+        broken = None
+        if streamed:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        try:
+            async for data in resp.aiter_bytes():
+                events = reader.feed(data)
+                if outcome.ttft is None and reader.first_data:
+                    outcome.ttft = time.monotonic()
+                if streamed and events:
+                    out = name(events)
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+        except httpx.HTTPError as exc:
+            if not streamed:  # nothing sent yet: the exception handlers answer
+                raise UpstreamError(
+                    f"{CUT_MESSAGE}: {type(exc).__name__}", code="stream_cut"
+                ) from exc
+            broken = type(exc).__name__
+        rest = reader.close()
+        outcome.cut = reader.cut
+        if streamed:
+            tail = name(rest) + reader.tail(broken)
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            return
+        status, payload = reader.answer()
+        if rename and status == 200 and "model" in payload:
+            payload = {**payload, "model": model_id(payload["model"])}
         await _send_json(send, status, payload)
 
     def _publish(self, state: Any, outcome: _Outcome) -> None:
@@ -250,7 +311,9 @@ class Exchange(Response):
         record = build_record(
             kind="foreign",
             messages=messages,
-            model=str(figures.model or lease_.model or ""),
+            # the lease's model (the preset's, set by the supervisor): never the name the
+            # client sent nor the one the upstream answered with, which become metric labels
+            model=str(lease_.model or ""),
             preset="external" if lease_.external else "local",
             slot=lease_.id_slot,
             timings=figures.timings,

@@ -30,8 +30,10 @@ with, e.g. embeddings) stays 501; other 5xx become 502 ``upstream_error`` (:func
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 from typing import Any
 
 from loki_shared.messages.engine import Lease
@@ -75,6 +77,17 @@ COMPLETION_SCHEMA = {
         "max_tokens": {"type": "integer", "minimum": 1, "maximum": 16},
     },
 }
+RESPONSES_SCHEMA = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "model": {"type": "string"},
+        "input": {"type": ["string", "array"]},
+        "instructions": {"type": "string"},
+        "stream": {"type": "boolean"},
+        "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": 16},
+    },
+}
 EMBED_SCHEMA = {
     "type": "object",
     "required": ["input"],
@@ -86,7 +99,7 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     """Decode a request body that must be one JSON object.
 
     Raises:
-        BadRequest: empty, not UTF-8 JSON, or not an object.
+        BadRequest: empty, not UTF-8 JSON, nested too deeply, or not an object.
     """
     if not raw.strip():
         raise BadRequest("request body is empty; a JSON object is expected", code="invalid_json")
@@ -94,6 +107,8 @@ def parse_object(raw: bytes) -> dict[str, Any]:
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError as exc:
+        raise BadRequest("request body is nested too deeply", code="invalid_json") from exc
     if not isinstance(value, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     return value
@@ -221,6 +236,32 @@ def normalise_completion(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def normalise_responses(body: dict[str, Any]) -> dict[str, Any]:
+    """Check a ``/v1/responses`` body: ``input`` a string or an array of objects, ``stream``
+    a boolean, no ``previous_response_id`` (the engine keeps no responses: llama.cpp refuses
+    it too).
+
+    Raises:
+        BadRequest: what is wrong (``param`` names the field).
+    """
+    _check_stream(body)
+    value = body.get("input")
+    if not isinstance(value, (str, list)) or (
+        isinstance(value, list) and not all(isinstance(item, dict) for item in value)
+    ):
+        raise BadRequest(
+            "input must be a string or an array of input items", code="invalid_value", param="input"
+        )
+    if body.get("previous_response_id"):
+        raise BadRequest(
+            "previous_response_id is not supported: the engine keeps no responses; send the "
+            "whole conversation in input",
+            code="unsupported_value",
+            param="previous_response_id",
+        )
+    return body
+
+
 def normalise_embeddings(body: dict[str, Any]) -> dict[str, Any]:
     """Check a ``/v1/embeddings`` body (``input`` required).
 
@@ -269,8 +310,8 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
             "error": {
                 "message": message,
                 "type": "invalid_request_error",
-                "code": "context_length_exceeded",
                 "param": "messages",
+                "code": "context_length_exceeded",
             }
         }
         for extra in ("n_prompt_tokens", "n_ctx"):
@@ -282,6 +323,7 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
             "error": {
                 "message": message,
                 "type": str(error.get("type") or "not_supported_error"),
+                "param": None,
                 "code": error.get("code") if isinstance(error.get("code"), str) else None,
             }
         }
@@ -290,6 +332,7 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
             "error": {
                 "message": f"engine error: {message}",
                 "type": "upstream_error",
+                "param": None,
                 "code": str(error.get("type") or status),
             }
         }
@@ -299,6 +342,7 @@ def engine_error(status: int, raw: bytes) -> tuple[int, dict[str, Any]]:
         "error": {
             "message": message,
             "type": type_,
+            "param": error.get("param") if isinstance(error.get("param"), str) else None,
             "code": code if isinstance(code, str) else None,
         }
     }
@@ -349,13 +393,16 @@ def model_id(value: Any) -> Any:
 
 def models_reply(payload: Any) -> Any:
     """llama-server's ``/v1/models`` answer with every model id made a file name
-    (:func:`model_id`): ``data[].id`` (OpenAI) and ``models[].name`` / ``models[].model``
-    (llama-server's own list)."""
+    (:func:`model_id`): ``data[].id`` and ``data[].aliases[]`` (OpenAI's list; llama.cpp
+    adds the aliases) and ``models[].name`` / ``models[].model`` (llama-server's own list)."""
     if not isinstance(payload, dict):
         return payload
     for item in payload.get("data") or []:
-        if isinstance(item, dict) and "id" in item:
-            item["id"] = model_id(item["id"])
+        if isinstance(item, dict):
+            if "id" in item:
+                item["id"] = model_id(item["id"])
+            if isinstance(item.get("aliases"), list):
+                item["aliases"] = list(dict.fromkeys(model_id(a) for a in item["aliases"]))
     for item in payload.get("models") or []:
         if isinstance(item, dict):
             for key in ("name", "model"):
@@ -364,8 +411,43 @@ def models_reply(payload: Any) -> Any:
     return payload
 
 
+#: A ``"model": "<text>"`` member in an engine's JSON; group 2 is the JSON string's body.
+#: Never text inside a string: there every quote is escaped, so ``model`` cannot be followed
+#: by a bare quote.
+_MODEL_MEMBER = re.compile(rb'("model"\s*:\s*)"([^"\\]*(?:\\.[^"\\]*)*)"')
+#: A quick look for a ``model`` member whose value may hold a path (most chunks have none).
+_MODEL_PATH_HINT = re.compile(rb'"model"\s*:\s*"[^"]*[/\\]')
+
+
+@functools.lru_cache(maxsize=64)
+def _renamed(body: bytes) -> bytes | None:
+    """The JSON string for the model named by the JSON string body ``body`` (None: keep)."""
+    if b"/" not in body and b"\\" not in body:
+        return None
+    try:
+        value = json.loads(b'"' + body + b'"')
+    except ValueError:
+        return None
+    return json.dumps(model_id(value), ensure_ascii=False).encode("utf-8")
+
+
+def _model_member(match: re.Match[bytes]) -> bytes:
+    renamed = _renamed(match.group(2))
+    return match.group(0) if renamed is None else match.group(1) + renamed
+
+
+def rename_models(raw: bytes) -> bytes:
+    """An engine answer's bytes (JSON or SSE) with every ``model`` member naming a model by
+    a path made its file name (:func:`model_id`), as ``/v1/models`` lists it: llama-server
+    names the model by the path it was started with in every answer and chunk. Everything
+    else is left byte for byte."""
+    if _MODEL_PATH_HINT.search(raw) is None:
+        return raw
+    return _MODEL_MEMBER.sub(_model_member, raw)
+
+
 def error_frame(message: str, type_: str = "upstream_error", code: str | None = None) -> bytes:
     """A mid-stream SSE error event in OpenAI's shape: ``data: {"error": {"message",
-    "type", "code"}}`` (what the ``openai`` SDKs raise on)."""
-    payload = {"error": {"message": message, "type": type_, "code": code}}
+    "type", "param", "code"}}`` (what the ``openai`` SDKs raise on)."""
+    payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"

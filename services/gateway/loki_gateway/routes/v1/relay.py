@@ -9,7 +9,7 @@ the client per read from the engine, so nothing waits for more (no buffering).
   ``timings``, a ``finish_reason`` (perf record, usage opt-in), an error, or ``[DONE]``.
 - An error in any of the stream's three forms (``data: {"error": ...}``, an ``error:`` field,
   ``event: error``) reaches the client as ``data: {"error": ...}``, the one form the OpenAI
-  SDKs read.
+  SDKs read, with ``param`` (null when the engine named none).
 - The client that did not ask for ``stream_options.include_usage`` gets what llama-server
   sends without it: the usage-only chunk (``choices: []``) is dropped, its ``timings`` moved
   onto the chunk holding ``finish_reason`` (held back until the next event for that), and
@@ -117,10 +117,12 @@ class Relay:
     def _send(self, event: StreamEvent, block: bytes, out: list[bytes]) -> None:
         if event.kind == "error":
             self._release_held(out)
-            if event.chunk is not None:  # already data: {"error": ...}: as sent
+            error = dict(event.error or {})
+            if event.chunk is not None and "param" in error:  # OpenAI's shape already: as sent
                 out.append(block + b"\n\n")
-            else:  # an error: field or event: error, in the form clients read
-                out.append(_dump({"error": event.error}))
+            else:  # an error: field, event: error or no param: in the form clients read
+                error.setdefault("param", None)
+                out.append(_dump({"error": error}))
             return
         chunk = event.chunk
         if chunk is None or self.wants_usage:
