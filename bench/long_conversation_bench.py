@@ -123,9 +123,11 @@ def _paint_time(base: str, cid: str, last_question: str) -> float:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(base + "/")
-            page.wait_for_load_state("networkidle")
+            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            warm = context.new_page()
+            warm.goto(base + "/")  # the page keeps streams open: never "network idle"
+            warm.wait_for_selector("#input")
+            page = context.new_page()  # a new tab: the conversation's address typed in it
             t0 = time.monotonic()
             page.goto(base + f"/#c={cid}")
             page.wait_for_function(
