@@ -124,6 +124,38 @@ async def test_a_slow_engine_falls_back_to_the_estimate_logged_once(tok_engine, 
         assert not await counts.prime(MESSAGES) and tok_engine.tokenize_calls == calls
 
 
+class NoTokenizeEngine(FakeEngine):
+    """An engine that is not a llama-server: ``/tokenize`` and ``/apply-template`` answer
+    ``status`` (counted in ``counting_calls``)."""
+
+    status = 404
+    counting_calls = 0
+
+    async def _route(self, method, path, headers, body, writer):  # type: ignore[override]
+        if method == "POST" and path in ("/tokenize", "/apply-template"):
+            self.counting_calls += 1
+            await self._send_json(writer, self.status, {"error": {"message": "Not Found"}})
+            return True
+        return await super()._route(method, path, headers, body, writer)
+
+
+@pytest.mark.parametrize("status", [404, 501])
+async def test_an_engine_without_tokenize_is_not_asked_again(status):
+    with NoTokenizeEngine() as engine:
+        engine.status = status
+        async with httpx.AsyncClient() as http:
+            counts = TokenCounts(http, timeout_s=2.0)
+            counts.use(engine.url, None, "other", external=False)
+            assert not await counts.prime(MESSAGES)
+            asked = engine.counting_calls
+            assert asked >= 1 and counts.fallbacks == 1
+            # new texts, a prompt to measure: estimates, and nothing more is sent
+            assert not await counts.prime([ChatMessage(role="user", content="Something new.")])
+            assert await counts.text_prompt_tokens({"messages": [{"role": "user"}]}) is None
+            assert engine.counting_calls == asked and counts.fallbacks == 1
+            assert counts.message_tokens(MESSAGES[0]) == estimate_tokens(MESSAGES[0])
+
+
 async def test_the_turn_loop_counts_like_the_engine(chat_runner, nc, client, tok_engine, caplog):
     """Through the chat service: the count made when each request is built equals the
     engine's ``prompt_tokens`` (no ``[ctx]`` line), and ``ctx_used`` is exact."""

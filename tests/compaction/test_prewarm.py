@@ -10,7 +10,7 @@ import asyncio
 import time
 
 import pytest
-from fakes.fake_engine import text_reply
+from fakes.fake_engine import default_usage, text_reply
 
 from loki_shared import subjects
 from loki_shared.messages.perf import PerfRecord
@@ -72,6 +72,38 @@ async def test_prewarm_sends_the_next_requests_prefix_after_a_compaction(
     [rec] = [r for r in records if r.kind == "prewarm"]
     assert rec.conversation == cid
     assert supervisor.held() == 0  # every lease released, the prewarm's included
+
+
+async def test_with_reasoning_echo_the_prewarm_sends_the_reasoning_the_next_turn_sends(
+    chat_runner, supervisor, client, fake_engine
+):
+    """REASONING_ECHO on: the tail's answers carry their ``reasoning_content`` in the
+    prewarm exactly as in the next turn's request (else the prefix differs there)."""
+    await chat_runner.start(system_prompt="S.", prewarm=True, reasoning_echo=True)
+    fake_engine.push(
+        *(
+            text_reply(
+                f"Noted {i}.",
+                reasoning=f"Point {i} read.",
+                usage=default_usage(prompt_tokens=700 * i if i < 5 else 3300, completion_tokens=5),
+            )
+            for i in range(1, 6)
+        ),
+        text_reply(SUMMARY),
+        text_reply("warm", usage=default_usage(prompt_tokens=300, completion_tokens=1)),
+    )
+    cid, _ = await client.turn(point(1))
+    for i in range(2, 6):
+        await client.turn(point(i), cid)
+    assert len(summary_requests(fake_engine)) == 1
+    await until(lambda: fake_engine.requests[-1].json.get("max_tokens") == 1)
+    warm = fake_engine.requests[-1].json
+    fake_engine.push(reply("Sure.", 900))
+    await client.turn("Thanks", cid)
+    nxt = fake_engine.requests[-1].json
+    echoed = [m for m in nxt["messages"] if "reasoning_content" in m]
+    assert echoed, "the tail kept no answer with reasoning: nothing to compare"
+    assert warm["messages"] == nxt["messages"][:-1]
 
 
 async def test_the_next_turn_preempts_a_running_prewarm(

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loki_shared.messages.engine import LeaseRequest
 from loki_supervisor import slot_files, slot_persist
 from loki_supervisor.lease import LeaseManager
 from loki_supervisor.slot_persist import PART_PREFIX, PersistConfig, SlotPersister
@@ -96,6 +97,25 @@ async def test_no_save_while_a_request_runs_or_without_a_conversation(setup):
     persister.turn_done("conv-1", "f" * 32)
     persister.cancel_idle()
     assert await persister.save("stop") == "engine not ready"
+    await persister.close()
+
+
+async def test_no_idle_save_while_a_lease_is_waited_for(setup):
+    persister, api, _ = setup
+    persister.turn_done("conv-1", FP)
+    # a request queued for a lease (the engine not ready: it waits), none held
+    waiter = asyncio.create_task(persister.leases.acquire(LeaseRequest(kind="main", wait_s=5)))
+    await asyncio.sleep(0)
+    assert persister.leases.waiting == 1 and persister.leases.in_flight == 0
+    await asyncio.sleep(0.3)  # past IDLE_S (0.05 s here)
+    assert api.calls == []  # its grant decides again: nothing saved meanwhile
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    # the next turn's release saves once nothing is held or waited for
+    persister.turn_done("conv-1", FP)
+    await asyncio.sleep(0.3)
+    assert [a for a, _ in api.calls] == ["save"]
     await persister.close()
 
 

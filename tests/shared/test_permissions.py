@@ -34,14 +34,20 @@ def matches(pattern: str, subject: str) -> bool:
     return len(p) == len(s)
 
 
+def allowed(user: str, kind: str) -> list[str]:
+    """The ``allow`` list of ``kind`` (publish or subscribe) in the ``permissions`` block the
+    NATS configuration gives ``user`` (the user's own reply inbox included there, not here)."""
+    block = permissions.grant(user).nats_permissions()[kind]
+    assert isinstance(block, dict) and set(block) == {"allow"}, block
+    return list(block["allow"])
+
+
 def may_publish(user: str, subject: str) -> bool:
-    return any(matches(p, subject) for p in permissions.grant(user).publish)
+    return any(matches(p, subject) for p in allowed(user, "publish"))
 
 
 def may_subscribe(user: str, subject: str) -> bool:
-    row = permissions.grant(user)
-    own = f"{permissions.inbox_prefix(user)}.>"
-    return any(matches(p, subject) for p in (*row.subscribe, own))
+    return any(matches(p, subject) for p in allowed(user, "subscribe"))
 
 
 def publishers(subject: str) -> set[str]:
@@ -94,6 +100,8 @@ def test_perf_records_come_from_chat_the_gateway_and_the_bench_only() -> None:
 
 def test_no_user_reads_another_users_replies() -> None:
     for row in permissions.USERS:
+        # each reads its own replies (nats-py's inbox_prefix), through the NATS configuration
+        assert may_subscribe(row.user, f"{permissions.inbox_prefix(row.user)}.abc.1"), row.user
         for other in permissions.USERS:
             if other.user != row.user:
                 inbox = f"{permissions.inbox_prefix(other.user)}.abc.1"

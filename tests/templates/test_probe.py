@@ -126,6 +126,24 @@ async def test_a_template_that_moves_the_system_prompt_has_no_stable_prefix():
     assert p.stable_prefix is False and NOTE_UNSTABLE in p.notes
 
 
+async def test_a_template_that_rewrites_an_answer_once_a_turn_follows_has_no_stable_prefix():
+    base = chatml()
+
+    def render(messages, tool_list, gen):
+        # an earlier answer is rendered shorter once a user message follows it (as templates
+        # that strip an answer's thinking do): the request after an answer no longer starts
+        # with what the engine held, though both start with the first request
+        if messages[-1]["role"] == "user":
+            messages = [
+                {**m, "content": "(answered)"} if m["role"] == "assistant" else m for m in messages
+            ]
+        return base(messages, tool_list, gen)
+
+    p = await probe(render)
+    assert p.supports_tools is False and p.stable_prefix is False
+    assert NOTE_UNSTABLE in p.notes
+
+
 async def test_a_tool_result_that_re_renders_the_call_breaks_the_prefix():
     base = chatml(tools=True)
 
