@@ -119,6 +119,30 @@ async def test_no_idle_save_while_a_lease_is_waited_for(setup):
     await persister.close()
 
 
+async def test_a_cancelled_idle_save_never_runs(setup):
+    persister, api, _ = setup
+    persister.turn_done("conv-1", FP)
+    persister.cancel_idle()  # a lease asked for before the engine went idle
+    await asyncio.sleep(0.3)  # past IDLE_S
+    assert api.calls == []
+    assert await persister.save("stop") is None  # the turn is still saved before a stop
+    assert [a for a, _ in api.calls] == ["save"]
+    await persister.close()
+
+
+async def test_an_engine_without_its_window_yet_is_neither_saved_nor_cleaned(setup):
+    persister, api, slot_dir = setup
+    persister.engine_ready("http://engine", None, 0)  # answering, n_ctx not known yet
+    other = slot_files.SlotKey("b" * 12, 4096, "5" * 12, "6" * 16).filename
+    (slot_dir / other).write_bytes(b"x")  # stale for any known window: another model
+    persister.turn_done("conv-1", FP)
+    persister.cancel_idle()
+    assert await persister.save("stop") == "engine not ready"
+    assert persister.cleanup() == {}
+    assert api.calls == [] and [p.name for p in slot_dir.iterdir()] == [other]
+    await persister.close()
+
+
 async def test_the_newest_file_is_restored_and_stale_ones_go(setup):
     persister, api, slot_dir = setup
     old = slot_files.SlotKey("a" * 12, 4096, "1" * 12, "2" * 16).filename
