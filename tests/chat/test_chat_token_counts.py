@@ -124,6 +124,39 @@ async def test_a_slow_engine_falls_back_to_the_estimate_logged_once(tok_engine, 
         assert not await counts.prime(MESSAGES) and tok_engine.tokenize_calls == calls
 
 
+async def test_a_known_engine_is_not_looked_up_and_new_texts_are_counted(tok_engine):
+    looked_up: list[int] = []
+
+    async def locate():
+        looked_up.append(1)
+        return None
+
+    async with httpx.AsyncClient() as http:
+        counts = TokenCounts(http, timeout_s=2.0, locate=locate)
+        counts.use(tok_engine.url, None, "toy", external=False)  # a lease said which engine
+        assert await counts.prime(MESSAGES) is True and looked_up == []
+        assert counts.batches == 1
+        # nothing new: no batch; a new text and a tool call: counted in the next batch
+        assert await counts.prime(MESSAGES) is True and counts.batches == 1
+        call = {"id": "c1", "type": "function", "function": {"name": "ping", "arguments": "{}"}}
+        more = [
+            *MESSAGES,
+            ChatMessage(role="assistant", content="Calling.", tool_calls=[call]),
+            ChatMessage(role="user", content="A new question, with words."),
+        ]
+        calls = tok_engine.tokenize_calls
+        assert await counts.prime(more) is True and counts.batches == 2
+        assert tok_engine.tokenize_calls == calls + 3  # the new texts only
+        meter = ContextMeter(counter=counts)
+        wire = [{"role": "system", "content": SYSTEM}] + [
+            m.model_dump(exclude_none=True, exclude={"loki"}) for m in more
+        ]
+        await meter.prime(SYSTEM, more)
+        assert meter.view_tokens(SYSTEM, more) == toy_tokens(toy_render(wire))
+        # a whole request's prompt, as the engine builds it
+        assert await counts.text_prompt_tokens({"messages": wire}) == toy_tokens(toy_render(wire))
+
+
 class NoTokenizeEngine(FakeEngine):
     """An engine that is not a llama-server: ``/tokenize`` and ``/apply-template`` answer
     ``status`` (counted in ``counting_calls``)."""

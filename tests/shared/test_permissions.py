@@ -109,6 +109,15 @@ def test_no_user_reads_another_users_replies() -> None:
         assert not may_subscribe(row.user, "_INBOX.abc"), row.user
 
 
+def test_only_the_services_that_answer_requests_may_respond() -> None:
+    responders = {"gateway", "chat", "recall", "memory", "engine-supervisor", "perf"}
+    for row in permissions.USERS:
+        block = row.nats_permissions()
+        # nats-server's allow_responses: a reply to a request it received, nothing more
+        assert block.get("allow_responses", False) is (row.user in responders), row.user
+    assert {row.user for row in permissions.USERS} >= responders | {"cli", "backup", "bench"}
+
+
 def test_each_service_answers_its_own_health_subject_only() -> None:
     for service in permissions.SERVICES:
         if service == "gateway":  # checked over HTTP (/healthz)
