@@ -334,11 +334,14 @@ def preload(target: Target) -> None:
 
 def fresh(target: Target, name: str, file: str, root: str) -> bool:
     """Whether a mutant's child imports module ``name`` (``file``) afresh: every module of
-    the repository, except the shared package's when the target is not in it (its message
-    models cost the most to build again, and they never import a service's module)."""
+    the repository, except the shared package's for a supervisor target (its message models
+    cost the most to build again, and it never imports a supervisor module). A chat module
+    needs the shared package afresh too: its settings class reuses the shared package's
+    field definitions, which a second class cannot share."""
     if not file.startswith(root):
         return False
-    return target.path.startswith("shared/") or not name.startswith("loki_shared")
+    keep_shared = target.path.startswith("services/engine-supervisor/")
+    return not (keep_shared and name.startswith("loki_shared"))
 
 
 def run_tests(target: Target, timeout: float) -> tuple[str, float]:
@@ -571,12 +574,14 @@ def summarise(target: Target, doc: dict[str, Any] | None) -> dict[str, Any]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """The bench: run the targets whose cached outcome is stale (``LOKI_MUTATION_ONLY``:
-    only those named), then report every target."""
+    only those named; ``LOKI_MUTATION_RUN=0``: none, the report from the cache), then report
+    every target (``LOKI_MUTATION_MAX``: the cap; quick mode 15)."""
     restored = restore_leftovers()
     if restored:
         print(f"[mutation] restored a module left mutated: {restored}", file=sys.stderr)
     only = {n.strip() for n in os.environ.get("LOKI_MUTATION_ONLY", "").split(",") if n.strip()}
-    cap = int(os.environ.get("LOKI_MUTATION_MAX") or (20 if quick else 0))
+    cap = int(os.environ.get("LOKI_MUTATION_MAX") or (15 if quick else 0))
+    run_any = os.environ.get("LOKI_MUTATION_RUN", "1") != "0"
 
     def stop(_sig: int, _frame: Any) -> None:
         raise SystemExit("stopped")  # unwinds through run_target: the module is put back
@@ -584,7 +589,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     signal.signal(signal.SIGTERM, stop)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     for target in TARGETS:
-        if only and target.name not in only:
+        if not run_any or (only and target.name not in only):
             continue
         if outcome_of(target, cap) is not None:
             continue
