@@ -206,7 +206,20 @@ TARGETS: tuple[Target, ...] = (
 
 #: Survivors no test can tell apart from the code, by target name and the mutant's
 #: signature (``Class.method: operator: the original line``): why each is equivalent.
-EQUIVALENT: dict[str, dict[str, str]] = {}
+EQUIVALENT: dict[str, dict[str, str]] = {
+    "lease": {
+        "LeaseManager._drop: ReplaceUnaryOperator_Delete_Not: elif not waiter.future.done():": (
+            "the waiter has just left the queue and only its own acquire() held its future, "
+            "which returns or raises right after: cancelling that future or not changes "
+            "nothing anyone can see"
+        ),
+        "LeaseManager.pump: ReplaceContinueWithBreak: continue": (
+            "the branch of a finished waiter still queued: no path leaves one there (a "
+            "cancelled or timed-out acquire() removes its waiter in _drop, expire() and "
+            "close() remove theirs as they fail them), so the loop never takes it"
+        ),
+    },
+}
 
 
 # --------------------------------------------------------------------------- the mutants
@@ -265,7 +278,8 @@ def mutants(target: Target) -> list[dict[str, Any]]:
     lines = source.splitlines()
     ranges = scope_ranges(source, target.scope)
     module = get_ast_from_path(path)
-    out = []
+    out: list[dict[str, Any]] = []
+    seen: Counter[tuple[str, str, str]] = Counter()
     for name in OPERATORS:
         operator = get_operator(name)()
         positions = [p for node in ast_nodes(module) for p in operator.mutation_positions(node)]
@@ -273,15 +287,18 @@ def mutants(target: Target) -> list[dict[str, Any]]:
             line = start[0]
             if not any(a <= line <= b for _, a, b in ranges):
                 continue
+            where, code = enclosing(source, line), lines[line - 1].strip()
+            seen[(where, name, code)] += 1
             out.append(
                 {
                     "operator": name,
                     "occurrence": occurrence,
+                    "nth": seen[(where, name, code)],
                     "line": line,
                     "start": list(start),
                     "end": list(end),
-                    "where": enclosing(source, line),
-                    "code": lines[line - 1].strip(),
+                    "where": where,
+                    "code": code,
                 }
             )
     return out
@@ -302,8 +319,10 @@ def sample(found: list[dict[str, Any]], cap: int) -> list[dict[str, Any]]:
 
 
 def signature(m: dict[str, Any]) -> str:
-    """A mutant's name that survives line moves: ``where: operator: code``."""
-    return f"{m['where']}: {m['operator'].removeprefix('core/')}: {m['code']}"
+    """A mutant's name that survives line moves: ``where: operator: code``, then ``#n``
+    for the n-th (n > 1) of the same operator on the same code in the same function."""
+    name = f"{m['where']}: {m['operator'].removeprefix('core/')}: {m['code']}"
+    return name + (f" #{m['nth']}" if m.get("nth", 1) > 1 else "")
 
 
 # --------------------------------------------------------------------------- running
