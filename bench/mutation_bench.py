@@ -207,6 +207,14 @@ TARGETS: tuple[Target, ...] = (
 #: Survivors no test can tell apart from the code, by target name and the mutant's
 #: signature (``Class.method: operator: the original line``): why each is equivalent.
 EQUIVALENT: dict[str, dict[str, str]] = {
+    "tokens": {
+        "TokenCounts._engine: ReplaceComparisonOperator_GtE_Gt: if not self._known and "
+        "self.locate is not None and now >= self._locate_after:": (
+            "the boundary is a monotonic clock reading equal, to the last bit, to the time "
+            "the next look-up is allowed: the first look is at 0.0 (any reading passes "
+            "either way), later ones never land exactly on it"
+        ),
+    },
     "lease": {
         "LeaseManager._drop: ReplaceUnaryOperator_Delete_Not: elif not waiter.future.done():": (
             "the waiter has just left the queue and only its own acquire() held its future, "

@@ -155,6 +155,13 @@ async def test_a_known_engine_is_not_looked_up_and_new_texts_are_counted(tok_eng
         assert meter.view_tokens(SYSTEM, more) == toy_tokens(toy_render(wire))
         # a whole request's prompt, as the engine builds it
         assert await counts.text_prompt_tokens({"messages": wire}) == toy_tokens(toy_render(wire))
+        # an image KEEP_TURN_IMAGES keeps adds its measured cost to the exact text count
+        text = {"type": "text", "text": "What is on it?"}
+        image = {"type": "image_url", "image_url": {"url": "data:,"}, "loki_cost": 300}
+        plain = {"role": "user", "content": [text]}
+        with_image = {"role": "user", "content": [text, image]}
+        assert await counts.prime([with_image]) is True
+        assert counts.message_tokens(with_image) == counts.message_tokens(plain) + 300
 
 
 class NoTokenizeEngine(FakeEngine):
