@@ -142,11 +142,14 @@ async def test_a_known_engine_is_not_looked_up_and_new_texts_are_counted(tok_eng
         more = [
             *MESSAGES,
             ChatMessage(role="assistant", content="Calling.", tool_calls=[call]),
+            ChatMessage(role="tool", content="pong", tool_call_id="c1"),
+            ChatMessage(role="assistant", content=None, tool_calls=[{**call, "id": "c2"}]),
+            ChatMessage(role="tool", content="pong again", tool_call_id="c2"),
             ChatMessage(role="user", content="A new question, with words."),
         ]
         calls = tok_engine.tokenize_calls
         assert await counts.prime(more) is True and counts.batches == 2
-        assert tok_engine.tokenize_calls == calls + 3  # the new texts only
+        assert tok_engine.tokenize_calls == calls + 5  # the new texts only, each once
         meter = ContextMeter(counter=counts)
         wire = [{"role": "system", "content": SYSTEM}] + [
             m.model_dump(exclude_none=True, exclude={"loki"}) for m in more
