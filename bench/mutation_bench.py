@@ -207,6 +207,12 @@ TARGETS: tuple[Target, ...] = (
 #: Survivors no test can tell apart from the code, by target name and the mutant's
 #: signature (``Class.method: operator: the original line``): why each is equivalent.
 EQUIVALENT: dict[str, dict[str, str]] = {
+    "prewarm": {
+        "PrewarmJob: ReplaceFalseWithTrue: echo: bool = False": (
+            "a default no caller uses: both places that build a PrewarmJob (the turn's end "
+            "and the actor's slot owner) pass the turn's own REASONING_ECHO verdict"
+        ),
+    },
     "tokens": {
         "TokenCounts._engine: ReplaceComparisonOperator_GtE_Gt: if not self._known and "
         "self.locate is not None and now >= self._locate_after:": (
