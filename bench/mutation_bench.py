@@ -371,8 +371,8 @@ def fresh(target: Target, name: str, file: str, root: str) -> bool:
     cost the most to build again, and it never imports a supervisor module). A chat module
     needs the shared package afresh too: its settings class reuses the shared package's
     field definitions, which a second class cannot share."""
-    if not file.startswith(root):
-        return False
+    if not file.startswith(root) or file.startswith(sys.prefix + os.sep):
+        return False  # outside the repository, or in a virtual environment inside it
     keep_shared = target.path.startswith("services/engine-supervisor/")
     return not (keep_shared and name.startswith("loki_shared"))
 
