@@ -1,5 +1,6 @@
 """A task's schedule on its own (``loki_chat.tasks.schedule``): the due times of a span
-(interval and cron, both ends, the latest ``limit`` kept) and the checks of a spec."""
+(interval and cron, both ends, the latest ``limit`` kept) and the checks of a spec; and a
+run's outcome read from its conversation's last turn end (``loki_chat.tasks.scheduler``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 import pytest
 
 from loki_chat.tasks.schedule import check, due_times
+from loki_chat.tasks.scheduler import outcome
 from loki_shared.errors import InvalidRequest
-from loki_shared.messages.tasks import Task, TaskSpec
+from loki_shared.messages.chat import ChatEvent
+from loki_shared.messages.tasks import Task, TaskRun, TaskSpec
 
 ANCHOR = 1_000.0
 #: 2026-01-01 00:00 UTC: a cron schedule's span starts on a minute boundary.
@@ -74,3 +77,30 @@ def test_a_bad_spec_says_what_to_resend(spec: dict[str, Any], says: str) -> None
 )
 def test_a_good_spec_passes(spec: dict[str, Any]) -> None:
     check(TaskSpec(prompt="p", **spec))
+
+
+def end(finish: str = "stop", **loki: Any) -> ChatEvent:
+    return ChatEvent(
+        conversation="c", seq=2, ts=0.0, finish_reason=finish, loki={"event": "turn_end", **loki}
+    )
+
+
+@pytest.mark.parametrize(
+    ("log", "status", "detail"),
+    [
+        ([end()], "ok", ""),
+        ([end(error="engine unavailable: stopped")], "skipped", "engine unavailable: stopped"),
+        ([end(error="the engine answered 500")], "error", "the engine answered 500"),
+        ([end("stopped")], "error", "stopped"),
+        ([end(stopped=True)], "error", "stopped"),
+        ([], "error", "the turn did not end"),
+        ([end(error="boom"), end()], "ok", ""),  # the last turn end counts
+    ],
+)
+def test_a_runs_outcome_is_its_last_turn_end(
+    log: list[ChatEvent], status: str, detail: str
+) -> None:
+    run = TaskRun(task="t", due=1.0, status="running", conversation="c")
+    user = ChatEvent(conversation="c", seq=1, ts=0.0, loki={"event": "user"})
+    ended = outcome(run, [user, *log])
+    assert (ended.status, ended.detail) == (status, detail)
