@@ -123,6 +123,7 @@ TARGETS: tuple[Target, ...] = (
             "tests/chat/test_chat_verify.py",
             "tests/templates/test_template_chat.py",
             "tests/chat/test_chat_see_image.py",
+            "tests/chat/test_chat_subagent.py",
             "-k",
             "not real_engine and not engine",
         ),
