@@ -699,6 +699,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         )
     done = [s for s in summaries if s["status"] in ("ok", "partial")]
     total = sum(s["mutants"] for s in done)
+    seconds = sum(
+        m.get("seconds") or 0.0
+        for t in TARGETS
+        for m in ((outcome_of(t, cap) or unfinished(t) or {}).get("mutants") or [])
+    )
     live = sum(s["survived"] for s in done)
     tables = [
         _common.table(
@@ -726,6 +731,8 @@ def run(quick: bool = False) -> dict[str, Any]:
                     if cap
                     else "Every mutant in scope was run."
                 )
+                + f" The mutants' test runs took {seconds / 60:.0f} min in all on this "
+                "machine (outcomes cached: a run re-tests only what changed)."
             ),
         ),
         _common.table(
