@@ -213,6 +213,13 @@ TARGETS: tuple[Target, ...] = (
 #: Survivors no test can tell apart from the code, by target name and the mutant's
 #: signature (``Class.method: operator: the original line``): why each is equivalent.
 EQUIVALENT: dict[str, dict[str, str]] = {
+    "tasks schedule": {
+        "due_times: ReplaceComparisonOperator_LtE_Lt: if now <= after:": (
+            "a shortcut for an empty span: with now equal to the start the rest gives no due "
+            "time either (interval: the first index is past the last; cron: the next time is "
+            "after now)"
+        ),
+    },
     "recall delete": {
         "Owners.complete: ReplaceTrueWithFalse: return True": (
             "the value of complete(True) is never read: its one caller (the archive's start-up "

@@ -191,6 +191,40 @@ async def test_after_an_outage_longer_than_the_grace_the_latest_due_time_still_r
     assert user_messages(fake_engine) == [task_message(task, task.anchor + 100)]
 
 
+async def test_a_missed_due_time_exactly_the_grace_old_still_runs(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    svc = await chat_runner.start(task_tick_s=60.0, task_grace_s=30.0, task_wait_s=5.0)
+    named = await create(client, name="Backup", prompt="Back up.", interval_s=10)
+    # now = anchor + 100: the due time at 70 is exactly the grace (30 s) old, 60 older
+    await svc.scheduler.tick_task(named, named.anchor + 100)
+    runs = await settled_runs(client, named)
+    status = {r.due - named.anchor: r.status for r in runs}
+    assert status == {
+        100: "ok",
+        90: "ok",
+        80: "ok",
+        70: "ok",
+        60: "skipped",
+        50: "skipped",
+        40: "skipped",
+        30: "skipped",
+        20: "skipped",
+        10: "skipped",
+    }
+    # each run's conversation is titled by the task: its name, else its prompt's start
+    unnamed = await create(client, prompt="Water the plants.", interval_s=3600)
+    await svc.scheduler.tick_task(unnamed, unnamed.anchor + 3600)
+    [run] = await settled_runs(client, unnamed)
+    listed = await client.conversations("list", kind="task")
+    titles = {c.id: c.title for c in listed.conversations}
+    assert {titles[r.conversation] for r in runs if r.conversation} == {"Task: Backup"}
+    assert titles[run.conversation] == "Task: Water the plants."
+
+
 @pytest.mark.parametrize(
     ("spec", "says"),
     [
