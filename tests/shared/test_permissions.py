@@ -6,6 +6,7 @@ configuration like every test NATS; the harness user ``test`` watches what gets 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -116,6 +117,13 @@ def test_only_the_services_that_answer_requests_may_respond() -> None:
         # nats-server's allow_responses: a reply to a request it received, nothing more
         assert block.get("allow_responses", False) is (row.user in responders), row.user
     assert {row.user for row in permissions.USERS} >= responders | {"cli", "backup", "bench"}
+
+
+def test_the_table_cannot_be_changed_at_run_time() -> None:
+    row = permissions.grant("cli")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.subscribe = (*row.subscribe, "_INBOX.>")  # type: ignore[misc]
+    assert "_INBOX.>" not in permissions.grant("cli").nats_permissions()["subscribe"]["allow"]  # type: ignore[index]
 
 
 def test_each_service_answers_its_own_health_subject_only() -> None:
