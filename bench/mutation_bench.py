@@ -250,6 +250,11 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         ),
     },
     "tokens": {
+        "_texts: ReplaceTrueWithFalse: message = message.model_dump(exclude_none=True, "
+        'exclude={"loki", "reasoning_model"})': (
+            "a None field kept or left out reads the same: content and tool_calls are read "
+            "with `or` fallbacks, nothing else of the dump is used"
+        ),
         "TokenCounts._engine: ReplaceComparisonOperator_GtE_Gt: if not self._known and "
         "self.locate is not None and now >= self._locate_after:": (
             "the boundary is a monotonic clock reading equal, to the last bit, to the time "

@@ -16,8 +16,9 @@ import httpx
 import pytest
 from fakes.fake_engine import FakeEngine, default_usage, text_reply
 
+from loki_chat import tokens
 from loki_chat.meter import ContextMeter, estimate_tokens
-from loki_chat.tokens import TokenCounts
+from loki_chat.tokens import Engine, TokenCounts
 from loki_shared.messages.chat import ChatMessage
 
 TOKEN = re.compile(r"<\|[a-z_]+\|>|<s>|\w+|[^\w\s]")
@@ -54,6 +55,8 @@ class TokenizingEngine(FakeEngine):
             if path == "/tokenize":
                 self.tokenize_calls += 1
                 n = toy_tokens(data["content"])
+                if data.get("add_special") and not data["content"].startswith("<s>"):
+                    n += 1  # BOS, as llama-server adds it when asked
                 await self._send_json(writer, 200, {"tokens": list(range(n))})
             else:
                 await self._send_json(writer, 200, {"prompt": toy_render(data["messages"])})
@@ -221,3 +224,19 @@ async def test_the_turn_loop_counts_like_the_engine(chat_runner, nc, client, tok
         assert not [r for r in caplog.records if "[ctx]" in r.getMessage()]
     finally:
         await sup.stop()
+
+
+async def test_the_engine_is_looked_up_until_found_then_never_again(tok_engine, monkeypatch):
+    monkeypatch.setattr(tokens, "LOCATE_EVERY_S", 0.0)  # no pause between looks
+    answers = [None, Engine(tok_engine.url, None, "toy")]
+    looked_up: list[int] = []
+
+    async def locate():
+        looked_up.append(1)
+        return answers[min(len(looked_up), len(answers)) - 1]
+
+    async with httpx.AsyncClient() as http:
+        counts = TokenCounts(http, timeout_s=2.0, locate=locate)
+        assert await counts.prime(MESSAGES) is False  # not up yet: estimates
+        assert await counts.prime(MESSAGES) is True and counts.exact()  # found at the next look
+        assert await counts.prime(MESSAGES) is True and len(looked_up) == 2  # known: no look
