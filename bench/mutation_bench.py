@@ -263,6 +263,11 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         ),
     },
     "lease": {
+        "LeaseManager.expire: ReplaceComparisonOperator_Gt_GtE: gone += [h for h in "
+        "self.held.values() if h.holder in dead and h.deadline > now]": (
+            "a lease whose deadline is exactly now is in `gone` already (deadline <= now); "
+            "the boundary is a monotonic reading equal to a deadline to the last bit"
+        ),
         "LeaseManager._drop: ReplaceUnaryOperator_Delete_Not: elif not waiter.future.done():": (
             "the waiter has just left the queue and only its own acquire() held its future, "
             "which returns or raises right after: cancelling that future or not changes "

@@ -202,6 +202,17 @@ async def test_an_expired_lease_is_logged_with_why_it_went(caplog):
     assert orphan.lease_id in said and said.endswith("(holder chat-b:2 gone)")
 
 
+async def test_a_dead_holders_live_leases_go_with_its_unclaimed_grant():
+    lm, _ = manager(TWO, ttl=30.0)
+    t0 = time.monotonic()
+    main = await lm.acquire(req("main", holder="chat-a:1", ttl_s=120))
+    lm.renew(main.lease_id)  # claimed, good for 120 s; the holder last seen now
+    side = await lm.acquire(req("verify", holder="chat-a:1"))  # never claimed
+    gone = {h.lease.lease_id for h in lm.expire(t0 + 31.0)}  # chat-a silent past the TTL
+    assert gone == {side.lease_id, main.lease_id}  # its live lease goes with it
+    assert lm.held == {}
+
+
 async def test_closing_fails_every_waiter_at_once():
     lm = LeaseManager(lambda: None)  # the engine is not ready: requests wait
     waiters = [asyncio.create_task(lm.acquire(req(wait=30))) for _ in range(2)]
