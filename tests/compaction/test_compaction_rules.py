@@ -276,6 +276,8 @@ def test_a_summary_before_big_parts_is_skipped_not_the_end():
 def test_one_line_repeated_in_a_short_text_is_degenerate():
     assert is_degenerate("Done.\nDone.\nDone.\nNext: tests.")  # under 200 bytes: by lines
     assert not is_degenerate("Goal: a parser.\nDone: lexer.\nDone: tests.\nNext: errors.")
+    assert not is_degenerate("Done.\nDone.\nNext: tests.\nThen: docs.")  # half: not more
+    assert is_degenerate("a" * 200) and not is_degenerate("a" * 199)  # by zlib from 200 bytes
 
 
 def test_the_text_of_parts_joins_texts_and_names_images():
