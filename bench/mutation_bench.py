@@ -213,6 +213,11 @@ TARGETS: tuple[Target, ...] = (
 #: Survivors no test can tell apart from the code, by target name and the mutant's
 #: signature (``Class.method: operator: the original line``): why each is equivalent.
 EQUIVALENT: dict[str, dict[str, str]] = {
+    "compaction decide": {
+        "lookahead_tokens: ReplaceComparisonOperator_LtE_Lt: if n_ctx <= 0:": (
+            "a shortcut: with a window of 0 the result is capped at LOOKAHEAD_SHARE × 0 = 0 anyway"
+        ),
+    },
     "tasks schedule": {
         "due_times: ReplaceComparisonOperator_LtE_Lt: if now <= after:": (
             "a shortcut for an empty span: with now equal to the start the rest gives no due "

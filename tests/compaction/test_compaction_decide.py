@@ -12,6 +12,7 @@ from loki_chat.compaction.decide import (
     continuation_fits,
     continued,
     decide,
+    generation_tokens,
     lookahead_tokens,
     overflow_factor,
     plan_cut,
@@ -209,3 +210,20 @@ def test_leaves_no_room_counts_the_reply_cap_not_a_flat_share() -> None:
     assert not leaves_no_room(1800, 2048, None)
     assert leaves_no_room(1844, 2048, 512)
     assert not leaves_no_room(10_000, 0, 64)
+
+
+def test_no_refusal_to_forget_without_one() -> None:
+    for used in (100, 3500):  # nothing to do, and a threshold compaction
+        d = decide("end", used, 4096, threshold=0.75, since_step=0, refused_at=None)
+        assert d.forget_refusal is False
+
+
+def test_an_overflow_against_an_empty_estimate_is_no_factor() -> None:
+    overflow = OverflowInfo(status=400, body="too long", n_prompt_tokens=500)
+    assert overflow_factor(overflow, 0) == 1.0
+    assert overflow_factor(overflow, 250) == 2.0
+
+
+def test_a_generation_is_its_completion_tokens_else_its_characters() -> None:
+    assert generation_tokens({"completion_tokens": 7}, 400) == 7
+    assert generation_tokens({}, 400) == 100 and generation_tokens(None, 400) == 100
