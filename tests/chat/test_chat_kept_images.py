@@ -225,6 +225,10 @@ def test_settling_looks_at_every_image_of_a_message() -> None:
     first, second = [p for p in msg.content if p["type"] == "image_url"]
     second["loki_cost"] = 20  # B not measured
     assert settle_turn([msg], {A.id, B.id}, n_ctx=1000) == [A.id]
+    msg = ChatMessage(role="user", content=ref_content("x", [B, A]))
+    first, second = [p for p in msg.content if p["type"] == "image_url"]
+    first["loki_cost"], second["loki_cost"] = 0, 20  # a cost of 0: not measured either
+    assert settle_turn([msg], {A.id, B.id}, n_ctx=1000) == [A.id]
 
 
 async def test_a_message_whose_images_all_went_keeps_its_place_and_the_rest_follows() -> None:
