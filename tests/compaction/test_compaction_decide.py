@@ -20,6 +20,7 @@ from loki_chat.compaction.decide import (
     still_too_big,
     summary_message,
 )
+from loki_chat.compaction.rules import BIG_BLOCK_CHARS, excerpt
 from loki_chat.compaction.state import Stamp
 from loki_chat.context import OverflowInfo
 from loki_chat.meter import estimate_tokens
@@ -227,3 +228,17 @@ def test_an_overflow_against_an_empty_estimate_is_no_factor() -> None:
 def test_a_generation_is_its_completion_tokens_else_its_characters() -> None:
     assert generation_tokens({"completion_tokens": 7}, 400) == 7
     assert generation_tokens({}, 400) == 100 and generation_tokens(None, 400) == 100
+
+
+def test_the_cut_sizes_the_request_it_reinjects() -> None:
+    """The gain counts the re-injected request as it will be sent: its excerpt from
+    BIG_BLOCK_CHARS characters on (exactly that many included), else whole."""
+    for size in (BIG_BLOCK_CHARS - 1, BIG_BLOCK_CHARS):
+        request = "q" * size
+        msgs = [U("a" * 4000), A("b" * 400), U(request), A("d" * 3000)]
+        cut = plan_cut(msgs)
+        assert cut is not None and cut.reinject and cut.request is msgs[2]
+        sent = request if size < BIG_BLOCK_CHARS else excerpt(request, "r0000000")
+        wrapper = ChatMessage(role="user", content=SUMMARY_HEADER + REQUEST_HEADER + sent)
+        torso = sum(estimate_tokens(m) for m in cut.torso)
+        assert cut.gain == torso - estimate_tokens(wrapper), size
