@@ -213,6 +213,19 @@ async def test_a_dead_holders_live_leases_go_with_its_unclaimed_grant():
     assert lm.held == {}
 
 
+async def test_a_claimed_lease_that_expires_takes_nothing_else_with_it():
+    """A lease its holder received (renewed once) and then stopped renewing goes alone:
+    the holder's next request, queued behind it, is served, not refused."""
+    lm, _ = manager(ONE, ttl=30.0)
+    t0 = time.monotonic()
+    first = await lm.acquire(req(holder="chat-a:1"))
+    lm.renew(first.lease_id)
+    queued = asyncio.create_task(lm.acquire(req(wait=60, holder="chat-a:1")))
+    await asyncio.sleep(0.02)
+    assert [h.lease.lease_id for h in lm.expire(t0 + 31.0)] == [first.lease_id]
+    assert (await asyncio.wait_for(queued, 1)).lease_id in lm.held
+
+
 async def test_closing_fails_every_waiter_at_once():
     lm = LeaseManager(lambda: None)  # the engine is not ready: requests wait
     waiters = [asyncio.create_task(lm.acquire(req(wait=30))) for _ in range(2)]
