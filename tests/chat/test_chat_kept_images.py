@@ -241,3 +241,22 @@ async def test_a_message_whose_images_all_went_keeps_its_place_and_the_rest_foll
 
     view, changed = await KeptImages().wire_view([msg, *rest], shelf, vision=True)
     assert changed and [m.content for m in view] == ["x\n\n" + marker("red.png"), "Red.", "And?"]
+
+
+async def test_a_measured_image_is_not_measured_again_and_a_turn_starts_with_kept_ones_only():
+    msg = ChatMessage(role="user", content=ref_content("x", [A, B]))
+    first, second = [p for p in msg.content if p["type"] == "image_url"]
+    first.update(loki_cost=16, loki_kept=True)  # A kept and measured; B left by a crash
+
+    async def shelf():
+        return {A.id: A, B.id: B}
+
+    KeptImages.start([msg])  # B: its marker
+    assert [p.get("loki_ref") for p in msg.content if p.get("type") == "image_url"] == [A.id]
+    assert marker("blue.png") in "".join(
+        p.get("text", "") for p in msg.content if p.get("type") == "text"
+    )
+    turn = KeptImages()
+    view, _ = await turn.wire_view([msg], shelf, vision=True)
+    assert turn.new == []  # A's cost is known: nothing to measure
+    assert [p["image_url"]["url"] for p in view[0].content if p.get("type") == "image_url"] == [RED]
