@@ -3,7 +3,7 @@
 VENV ?= .venv
 export LOKI_VENV := $(abspath $(VENV))
 
-.PHONY: up test lint bench bench-quick install install-test
+.PHONY: up test lint bench bench-quick mutation install install-test
 
 up: install
 	$(VENV)/bin/loki up
@@ -24,6 +24,11 @@ bench: install-test
 
 bench-quick: install-test
 	$(VENV)/bin/python -m bench --quick
+
+# Mutation testing of the rule modules (bench/mutation_bench.py; cosmic-ray): re-tests the
+# modules whose code or tests changed since the cached run, then rewrites BENCHMARKS.md.
+mutation: install-test
+	$(VENV)/bin/python -m bench --only mutation
 
 install:
 	scripts/install.sh

@@ -212,3 +212,51 @@ async def test_see_image_images_are_kept_and_measured_too(chat_runner, seeing, f
         if p["type"] == "image_url"
     ]
     assert [(p["loki_cost"], p["loki_kept"]) for p in parts] == [(16, True), (16, True)]
+
+
+def test_settling_looks_at_every_image_of_a_message() -> None:
+    """An image already kept, not the turn's, or not measured does not end the look at the
+    next one of the same message."""
+    msg = ChatMessage(role="user", content=ref_content("x", [B, A]))
+    first, second = [p for p in msg.content if p["type"] == "image_url"]
+    first["loki_cost"], second["loki_cost"] = 30, 20
+    assert settle_turn([msg], {A.id}, n_ctx=1000) == [A.id]  # B: not the turn's
+    msg = ChatMessage(role="user", content=ref_content("x", [B, A]))
+    first, second = [p for p in msg.content if p["type"] == "image_url"]
+    second["loki_cost"] = 20  # B not measured
+    assert settle_turn([msg], {A.id, B.id}, n_ctx=1000) == [A.id]
+    msg = ChatMessage(role="user", content=ref_content("x", [B, A]))
+    first, second = [p for p in msg.content if p["type"] == "image_url"]
+    first["loki_cost"], second["loki_cost"] = 0, 20  # a cost of 0: not measured either
+    assert settle_turn([msg], {A.id, B.id}, n_ctx=1000) == [A.id]
+
+
+async def test_a_message_whose_images_all_went_keeps_its_place_and_the_rest_follows() -> None:
+    msg = ChatMessage(role="user", content=ref_content("x", [A]))
+    msg.content[1].update(loki_cost=16, loki_kept=True)
+    rest = [ChatMessage(role="assistant", content="Red."), ChatMessage(role="user", content="And?")]
+
+    async def shelf():
+        return {}  # the image is gone from the shelf
+
+    view, changed = await KeptImages().wire_view([msg, *rest], shelf, vision=True)
+    assert changed and [m.content for m in view] == ["x\n\n" + marker("red.png"), "Red.", "And?"]
+
+
+async def test_a_measured_image_is_not_measured_again_and_a_turn_starts_with_kept_ones_only():
+    msg = ChatMessage(role="user", content=ref_content("x", [A, B]))
+    first, second = [p for p in msg.content if p["type"] == "image_url"]
+    first.update(loki_cost=16, loki_kept=True)  # A kept and measured; B left by a crash
+
+    async def shelf():
+        return {A.id: A, B.id: B}
+
+    KeptImages.start([msg])  # B: its marker
+    assert [p.get("loki_ref") for p in msg.content if p.get("type") == "image_url"] == [A.id]
+    assert marker("blue.png") in "".join(
+        p.get("text", "") for p in msg.content if p.get("type") == "text"
+    )
+    turn = KeptImages()
+    view, _ = await turn.wire_view([msg], shelf, vision=True)
+    assert turn.new == []  # A's cost is known: nothing to measure
+    assert [p["image_url"]["url"] for p in view[0].content if p.get("type") == "image_url"] == [RED]

@@ -70,3 +70,20 @@ async def test_stop_during_a_subagent_ends_it_and_the_call_gets_a_result(
     assert [m.role for m in stored][-2:] == ["assistant", "tool"]
     assert stored[-1].tool_call_id == "c1" and stored[-1].content == STOPPED
     assert supervisor.held() == 0
+
+
+async def test_a_subagent_lease_is_job_done_only_on_its_last_request(
+    chat_runner, supervisor, client, fake_engine
+):
+    await start_with_subagent(chat_runner)
+    fake_engine.push(
+        tool_reply([("c1", "subagent", '{"task": "look it up"}')]),  # main: delegates
+        tool_reply([("r1", "recall_search", '{"query": "sky"}')]),  # the sub-agent's tool step
+        text_reply("Blue."),  # the sub-agent's answer: its last request
+        text_reply("The sub-agent says blue."),
+    )
+    _, end = await client.turn("What colour is the sky?")
+    assert end.finish_reason == "stop"
+    kinds = {f"{supervisor.lease_prefix}{i + 1}": r.kind for i, r in enumerate(supervisor.leases)}
+    done = [r.job_done for r in supervisor.release_requests if kinds[r.lease_id] == "subagent"]
+    assert done == [False, True]  # a step that called a tool leaves the job open

@@ -16,8 +16,9 @@ import httpx
 import pytest
 from fakes.fake_engine import FakeEngine, default_usage, text_reply
 
+from loki_chat import tokens
 from loki_chat.meter import ContextMeter, estimate_tokens
-from loki_chat.tokens import TokenCounts
+from loki_chat.tokens import Engine, TokenCounts
 from loki_shared.messages.chat import ChatMessage
 
 TOKEN = re.compile(r"<\|[a-z_]+\|>|<s>|\w+|[^\w\s]")
@@ -54,6 +55,8 @@ class TokenizingEngine(FakeEngine):
             if path == "/tokenize":
                 self.tokenize_calls += 1
                 n = toy_tokens(data["content"])
+                if data.get("add_special") and not data["content"].startswith("<s>"):
+                    n += 1  # BOS, as llama-server adds it when asked
                 await self._send_json(writer, 200, {"tokens": list(range(n))})
             else:
                 await self._send_json(writer, 200, {"prompt": toy_render(data["messages"])})
@@ -124,6 +127,81 @@ async def test_a_slow_engine_falls_back_to_the_estimate_logged_once(tok_engine, 
         assert not await counts.prime(MESSAGES) and tok_engine.tokenize_calls == calls
 
 
+async def test_a_known_engine_is_not_looked_up_and_new_texts_are_counted(tok_engine):
+    looked_up: list[int] = []
+
+    async def locate():
+        looked_up.append(1)
+        return None
+
+    async with httpx.AsyncClient() as http:
+        counts = TokenCounts(http, timeout_s=2.0, locate=locate)
+        counts.use(tok_engine.url, None, "toy", external=False)  # a lease said which engine
+        assert await counts.prime(MESSAGES) is True and looked_up == []
+        assert counts.batches == 1
+        # nothing new: no batch; a new text and a tool call: counted in the next batch
+        assert await counts.prime(MESSAGES) is True and counts.batches == 1
+        call = {"id": "c1", "type": "function", "function": {"name": "ping", "arguments": "{}"}}
+        more = [
+            *MESSAGES,
+            ChatMessage(role="assistant", content="Calling.", tool_calls=[call]),
+            ChatMessage(role="tool", content="pong", tool_call_id="c1"),
+            ChatMessage(role="assistant", content=None, tool_calls=[{**call, "id": "c2"}]),
+            ChatMessage(role="tool", content="pong again", tool_call_id="c2"),
+            ChatMessage(role="user", content="A new question, with words."),
+        ]
+        calls = tok_engine.tokenize_calls
+        assert await counts.prime(more) is True and counts.batches == 2
+        assert tok_engine.tokenize_calls == calls + 5  # the new texts only, each once
+        meter = ContextMeter(counter=counts)
+        wire = [{"role": "system", "content": SYSTEM}] + [
+            m.model_dump(exclude_none=True, exclude={"loki"}) for m in more
+        ]
+        await meter.prime(SYSTEM, more)
+        assert meter.view_tokens(SYSTEM, more) == toy_tokens(toy_render(wire))
+        # a whole request's prompt, as the engine builds it
+        assert await counts.text_prompt_tokens({"messages": wire}) == toy_tokens(toy_render(wire))
+        # an image KEEP_TURN_IMAGES keeps adds its measured cost to the exact text count
+        text = {"type": "text", "text": "What is on it?"}
+        image = {"type": "image_url", "image_url": {"url": "data:,"}, "loki_cost": 300}
+        plain = {"role": "user", "content": [text]}
+        with_image = {"role": "user", "content": [text, image]}
+        assert await counts.prime([with_image]) is True
+        assert counts.message_tokens(with_image) == counts.message_tokens(plain) + 300
+
+
+class NoTokenizeEngine(FakeEngine):
+    """An engine that is not a llama-server: ``/tokenize`` and ``/apply-template`` answer
+    ``status`` (counted in ``counting_calls``)."""
+
+    status = 404
+    counting_calls = 0
+
+    async def _route(self, method, path, headers, body, writer):  # type: ignore[override]
+        if method == "POST" and path in ("/tokenize", "/apply-template"):
+            self.counting_calls += 1
+            await self._send_json(writer, self.status, {"error": {"message": "Not Found"}})
+            return True
+        return await super()._route(method, path, headers, body, writer)
+
+
+@pytest.mark.parametrize("status", [404, 501])
+async def test_an_engine_without_tokenize_is_not_asked_again(status):
+    with NoTokenizeEngine() as engine:
+        engine.status = status
+        async with httpx.AsyncClient() as http:
+            counts = TokenCounts(http, timeout_s=2.0)
+            counts.use(engine.url, None, "other", external=False)
+            assert not await counts.prime(MESSAGES)
+            asked = engine.counting_calls
+            assert asked >= 1 and counts.fallbacks == 1
+            # new texts, a prompt to measure: estimates, and nothing more is sent
+            assert not await counts.prime([ChatMessage(role="user", content="Something new.")])
+            assert await counts.text_prompt_tokens({"messages": [{"role": "user"}]}) is None
+            assert engine.counting_calls == asked and counts.fallbacks == 1
+            assert counts.message_tokens(MESSAGES[0]) == estimate_tokens(MESSAGES[0])
+
+
 async def test_the_turn_loop_counts_like_the_engine(chat_runner, nc, client, tok_engine, caplog):
     """Through the chat service: the count made when each request is built equals the
     engine's ``prompt_tokens`` (no ``[ctx]`` line), and ``ctx_used`` is exact."""
@@ -146,3 +224,19 @@ async def test_the_turn_loop_counts_like_the_engine(chat_runner, nc, client, tok
         assert not [r for r in caplog.records if "[ctx]" in r.getMessage()]
     finally:
         await sup.stop()
+
+
+async def test_the_engine_is_looked_up_until_found_then_never_again(tok_engine, monkeypatch):
+    monkeypatch.setattr(tokens, "LOCATE_EVERY_S", 0.0)  # no pause between looks
+    answers = [None, Engine(tok_engine.url, None, "toy")]
+    looked_up: list[int] = []
+
+    async def locate():
+        looked_up.append(1)
+        return answers[min(len(looked_up), len(answers)) - 1]
+
+    async with httpx.AsyncClient() as http:
+        counts = TokenCounts(http, timeout_s=2.0, locate=locate)
+        assert await counts.prime(MESSAGES) is False  # not up yet: estimates
+        assert await counts.prime(MESSAGES) is True and counts.exact()  # found at the next look
+        assert await counts.prime(MESSAGES) is True and len(looked_up) == 2  # known: no look

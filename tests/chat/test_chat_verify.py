@@ -13,6 +13,7 @@ from fakes.fake_engine import Stream, chunk, default_usage, text_reply, tool_rep
 
 from loki_chat.tools import ToolBox
 from loki_chat.verify import VERIFY_PROMPT, Verdict, corrective_reminder, parse_verdict
+from tests.chat.test_chat_bounded_replies import idle
 
 #: A one-message turn with the system prompt ``S.`` and no tools, as the chat service sent
 #: it before the verifier existed: with the verifier off it must stay byte-identical.
@@ -172,6 +173,27 @@ async def test_a_subagent_turn_is_never_verified(chat_runner, supervisor, client
     await client.turn("delegate")
     kinds = [lease.kind for lease in supervisor.leases]
     assert kinds == ["main", "subagent", "main", "verify"]
+
+
+async def test_a_continue_is_never_verified(chat_runner, supervisor, client, fake_engine):
+    supervisor.max_tokens = 8  # the preset's cap: the first answer is cut there
+    await start(chat_runner, verify=True)
+    cut = text_reply("2+2 is", finish_reason="length", usage=default_usage(30, 8))
+    fake_engine.push(cut, text_reply(" 4."), verdict("fail", "should never be asked"))
+    cid, end = await client.turn("What is 2+2?")
+    assert end.finish_reason == "length"  # cut: not verified either
+    await idle(client, cid)
+    assert (await client.control(cid, "continue")).ok
+    ends = await client.tap.wait_turn_ends(cid, 2)
+    assert ends[1].finish_reason == "stop" and ends[1].loki["steps"] == 1
+    # the Continue ended by stop, yet no verify lease, request nor corrective round
+    assert [lease.kind for lease in supervisor.leases] == ["main", "main"]
+    assert len(fake_engine.requests) == 2
+    assert loki_events(client, cid, "verify") == []
+    stored = (await client.state(cid)).messages
+    assert [m.role for m in stored] == ["system", "user", "assistant"]
+    assert stored[-1].content == "2+2 is 4."
+    assert supervisor.held() == 0
 
 
 @pytest.mark.parametrize(

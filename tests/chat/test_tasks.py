@@ -136,19 +136,30 @@ async def test_a_task_due_during_a_persons_turn_runs_after_it(
     fake_engine: FakeEngine,
 ) -> None:
     await chat_runner.start(task_tick_s=0.1, task_grace_s=60.0, task_wait_s=10.0)
+    # what the engine was doing when each request after the person's arrived: the
+    # person's stream (about 4 s: eight writes 0.5 s apart) finished or not
+    arrivals: list[tuple[str, int, int]] = []
+
+    def respond(body: dict[str, Any]) -> Stream:
+        content = body["messages"][1]["content"]
+        arrivals.append((content, fake_engine.completed_streams, fake_engine.active_streams))
+        return text_reply("done")
+
+    fake_engine.responder = respond
     fake_engine.push(text_reply("slow answer", pieces=4, delay_s=0.5))
     reply = await client.send("take your time")
     await fake_engine.await_requests(1)
     task = await create(client, prompt="Check the mail.", interval_s=3600)
-    now = time.time()
     await chat_runner.running[0][0].scheduler.tick_task(task, task.anchor + 3600.5)
-    end = (await client.tap.wait_turn_ends(reply.conversation))[0]
+    # claimed at once, while the person's turn still streams: the run waits, nothing sent
+    claimed = (await tasks_req(client, action="runs", task=task.id)).runs
+    assert [r.status for r in claimed] == ["running"]
+    assert len(fake_engine.requests) == 1 and fake_engine.completed_streams == 0
+    await client.tap.wait_turn_ends(reply.conversation)
     runs = await settled_runs(client, task)
     assert [r.status for r in runs] == ["ok"]
-    assert runs[0].started >= now  # claimed while the person's turn ran, ran after it
-    assert end.ts <= time.time()
-    task_request = fake_engine.requests[1].json["messages"][1]["content"]
-    assert task_request == task_message(task, runs[0].due)
+    # its request reached the engine only once the person's stream had ended
+    assert arrivals == [(task_message(task, runs[0].due), 1, 0)]
 
 
 async def test_missed_due_times_run_the_latest_once_and_skip_the_rest(
@@ -171,6 +182,58 @@ async def test_missed_due_times_run_the_latest_once_and_skip_the_rest(
     # a second look at the same span claims nothing again
     await svc.scheduler.tick_task(task, task.anchor + 105)
     assert len(await settled_runs(client, task)) == 10
+
+
+async def test_after_an_outage_longer_than_the_grace_the_latest_due_time_still_runs(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    svc = await chat_runner.start(task_tick_s=60.0, task_grace_s=2.0, task_wait_s=5.0)
+    task = await create(client, prompt="Back up.", interval_s=10)
+    # down for 105 s: every due time is older than the grace (2 s), the latest 5 s old
+    await svc.scheduler.tick_task(task, task.anchor + 105)
+    runs = await settled_runs(client, task)
+    assert [r.due for r in runs] == [task.anchor + 10 * k for k in range(10, 0, -1)]
+    assert runs[0].status == "ok" and runs[0].conversation is not None
+    assert {r.status for r in runs[1:]} == {"skipped"}
+    assert {r.detail for r in runs[1:]} == {MISSED}
+    assert user_messages(fake_engine) == [task_message(task, task.anchor + 100)]
+
+
+async def test_a_missed_due_time_exactly_the_grace_old_still_runs(
+    chat_runner: ChatRunner,
+    supervisor: FakeSupervisor,
+    client: ChatClient,
+    fake_engine: FakeEngine,
+) -> None:
+    svc = await chat_runner.start(task_tick_s=60.0, task_grace_s=30.0, task_wait_s=5.0)
+    named = await create(client, name="Backup", prompt="Back up.", interval_s=10)
+    # now = anchor + 100: the due time at 70 is exactly the grace (30 s) old, 60 older
+    await svc.scheduler.tick_task(named, named.anchor + 100)
+    runs = await settled_runs(client, named)
+    status = {r.due - named.anchor: r.status for r in runs}
+    assert status == {
+        100: "ok",
+        90: "ok",
+        80: "ok",
+        70: "ok",
+        60: "skipped",
+        50: "skipped",
+        40: "skipped",
+        30: "skipped",
+        20: "skipped",
+        10: "skipped",
+    }
+    # each run's conversation is titled by the task: its name, else its prompt's start
+    unnamed = await create(client, prompt="Water the plants.", interval_s=3600)
+    await svc.scheduler.tick_task(unnamed, unnamed.anchor + 3600)
+    [run] = await settled_runs(client, unnamed)
+    listed = await client.conversations("list", kind="task")
+    titles = {c.id: c.title for c in listed.conversations}
+    assert {titles[r.conversation] for r in runs if r.conversation} == {"Task: Backup"}
+    assert titles[run.conversation] == "Task: Water the plants."
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from loki_chat.compaction.decide import (
     continuation_fits,
     continued,
     decide,
+    generation_tokens,
     lookahead_tokens,
     overflow_factor,
     plan_cut,
@@ -19,6 +20,7 @@ from loki_chat.compaction.decide import (
     still_too_big,
     summary_message,
 )
+from loki_chat.compaction.rules import BIG_BLOCK_CHARS, excerpt
 from loki_chat.compaction.state import Stamp
 from loki_chat.context import OverflowInfo
 from loki_chat.meter import estimate_tokens
@@ -209,3 +211,34 @@ def test_leaves_no_room_counts_the_reply_cap_not_a_flat_share() -> None:
     assert not leaves_no_room(1800, 2048, None)
     assert leaves_no_room(1844, 2048, 512)
     assert not leaves_no_room(10_000, 0, 64)
+
+
+def test_no_refusal_to_forget_without_one() -> None:
+    for used in (100, 3500):  # nothing to do, and a threshold compaction
+        d = decide("end", used, 4096, threshold=0.75, since_step=0, refused_at=None)
+        assert d.forget_refusal is False
+
+
+def test_an_overflow_against_an_empty_estimate_is_no_factor() -> None:
+    overflow = OverflowInfo(status=400, body="too long", n_prompt_tokens=500)
+    assert overflow_factor(overflow, 0) == 1.0
+    assert overflow_factor(overflow, 250) == 2.0
+
+
+def test_a_generation_is_its_completion_tokens_else_its_characters() -> None:
+    assert generation_tokens({"completion_tokens": 7}, 400) == 7
+    assert generation_tokens({}, 400) == 100 and generation_tokens(None, 400) == 100
+
+
+def test_the_cut_sizes_the_request_it_reinjects() -> None:
+    """The gain counts the re-injected request as it will be sent: its excerpt from
+    BIG_BLOCK_CHARS characters on (exactly that many included), else whole."""
+    for size in (BIG_BLOCK_CHARS - 1, BIG_BLOCK_CHARS):
+        request = "q" * size
+        msgs = [U("a" * 4000), A("b" * 400), U(request), A("d" * 3000)]
+        cut = plan_cut(msgs)
+        assert cut is not None and cut.reinject and cut.request is msgs[2]
+        sent = request if size < BIG_BLOCK_CHARS else excerpt(request, "r0000000")
+        wrapper = ChatMessage(role="user", content=SUMMARY_HEADER + REQUEST_HEADER + sent)
+        torso = sum(estimate_tokens(m) for m in cut.torso)
+        assert cut.gain == torso - estimate_tokens(wrapper), size

@@ -9,13 +9,16 @@ from loki_chat.compaction.rules import (
     SummaryError,
     big_parts,
     budget_tokens,
+    cites_ids,
     clean_summary,
     is_degenerate,
     last_request,
     strip_torso,
     tail_start,
+    text_of,
 )
 from loki_shared.messages.chat import ChatMessage, LokiMeta, ToolCall, ToolCallFunction
+from loki_shared.messages.engine import TemplateProbe
 
 
 def U(text: str, injected: str | None = None) -> ChatMessage:
@@ -256,3 +259,32 @@ def test_continuation_demand_joins_a_trailing_user_message_with_content_parts():
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     assert body["messages"][1]["content"] == [*parts, {"type": "text", "text": "DEMAND"}]
     assert sent["messages"][1]["content"] == parts  # the sent request is left as it was
+
+
+@pytest.mark.parametrize(("supports_tools", "cite"), [(False, False), (True, True), (None, True)])
+def test_recall_ids_are_cited_unless_the_template_drops_tools(supports_tools, cite):
+    probe = TemplateProbe(template_hash="h", supports_tools=supports_tools)
+    assert cites_ids(probe) is cite
+    assert cites_ids(None) is True  # not probed (an external API): as before the probe
+
+
+def test_a_summary_before_big_parts_is_skipped_not_the_end():
+    torso = [U("s" * 2000, "summary"), U("y" * 800), T("c", "w" * 900, name="write")]
+    assert [(p.index, p.role) for p in big_parts(torso)] == [(1, "user"), (2, "tool")]
+
+
+def test_one_line_repeated_in_a_short_text_is_degenerate():
+    assert is_degenerate("Done.\nDone.\nDone.\nNext: tests.")  # under 200 bytes: by lines
+    assert not is_degenerate("Goal: a parser.\nDone: lexer.\nDone: tests.\nNext: errors.")
+    assert not is_degenerate("Done.\nDone.\nNext: tests.\nThen: docs.")  # half: not more
+    assert is_degenerate("a" * 200) and not is_degenerate("a" * 199)  # by zlib from 200 bytes
+
+
+def test_the_text_of_parts_joins_texts_and_names_images():
+    parts = [
+        {"type": "text", "text": "Look:"},
+        {"type": "image_url", "image_url": {"url": "data:,"}},
+        {"type": "text", "text": "what is it?"},
+    ]
+    assert text_of(ChatMessage(role="user", content=parts)) == "Look:\n[image]\nwhat is it?"
+    assert text_of(ChatMessage(role="assistant", content=None)) == ""

@@ -7,13 +7,20 @@ cancels it too; never on an external preset; off: nothing is sent."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
+import httpx
 import pytest
-from fakes.fake_engine import text_reply
+from fakes.fake_engine import default_usage, text_reply
 
+from loki_chat.engine import EngineClient
+from loki_chat.prewarm import PrewarmJob, run_prewarm
 from loki_shared import subjects
+from loki_shared.messages.chat import ChatMessage
+from loki_shared.messages.engine import Lease
 from loki_shared.messages.perf import PerfRecord
+from tests.chat.conftest import chat_settings
 
 from .conftest import summary_requests
 from .test_compaction_tail_reuse import SUMMARY, five_points, point, reply
@@ -72,6 +79,38 @@ async def test_prewarm_sends_the_next_requests_prefix_after_a_compaction(
     [rec] = [r for r in records if r.kind == "prewarm"]
     assert rec.conversation == cid
     assert supervisor.held() == 0  # every lease released, the prewarm's included
+
+
+async def test_with_reasoning_echo_the_prewarm_sends_the_reasoning_the_next_turn_sends(
+    chat_runner, supervisor, client, fake_engine
+):
+    """REASONING_ECHO on: the tail's answers carry their ``reasoning_content`` in the
+    prewarm exactly as in the next turn's request (else the prefix differs there)."""
+    await chat_runner.start(system_prompt="S.", prewarm=True, reasoning_echo=True)
+    fake_engine.push(
+        *(
+            text_reply(
+                f"Noted {i}.",
+                reasoning=f"Point {i} read.",
+                usage=default_usage(prompt_tokens=700 * i if i < 5 else 3300, completion_tokens=5),
+            )
+            for i in range(1, 6)
+        ),
+        text_reply(SUMMARY),
+        text_reply("warm", usage=default_usage(prompt_tokens=300, completion_tokens=1)),
+    )
+    cid, _ = await client.turn(point(1))
+    for i in range(2, 6):
+        await client.turn(point(i), cid)
+    assert len(summary_requests(fake_engine)) == 1
+    await until(lambda: fake_engine.requests[-1].json.get("max_tokens") == 1)
+    warm = fake_engine.requests[-1].json
+    fake_engine.push(reply("Sure.", 900))
+    await client.turn("Thanks", cid)
+    nxt = fake_engine.requests[-1].json
+    echoed = [m for m in nxt["messages"] if "reasoning_content" in m]
+    assert echoed, "the tail kept no answer with reasoning: nothing to compare"
+    assert warm["messages"] == nxt["messages"][:-1]
 
 
 async def test_the_next_turn_preempts_a_running_prewarm(
@@ -163,3 +202,89 @@ async def test_with_prewarm_the_turn_end_looks_ahead_at_the_next_message(
     assert compaction_turns(client, cid) == ([(5, "end")] if on else [(6, "start")])
     assert len(summary_requests(fake_engine)) == 1
     assert len(prewarm_leases(supervisor)) == (1 if on else 0)
+
+
+class OneLease:
+    """What :func:`run_prewarm` asks of the leases: here one granted lease, never lost."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.lost = False
+
+    def prewarm_lease(self, cid: str, wait_s: float | None = None):
+        @contextlib.asynccontextmanager
+        async def held():
+            yield self
+
+        return held()
+
+
+@pytest.mark.parametrize("system", [None, "S.\n\nThe project's snapshot line."])
+async def test_the_prewarm_sends_the_system_message_the_turn_sent(fake_engine, tmp_path, system):
+    """The turn's last system message (a project's snapshot line added to it) is the
+    prewarm's; without one, the configured system prompt."""
+    settings = chat_settings(
+        "nats://127.0.0.1:1", "redis://127.0.0.1:1", tmp_path, system_prompt="S."
+    )
+    lease = Lease(lease_id="l1", kind="prewarm", base_url=fake_engine.url, model="fake-model")
+    job = PrewarmJob("c1", [ChatMessage(role="user", content="Hi.")], None, system=system)
+    records: list[PerfRecord] = []
+    async with httpx.AsyncClient() as http:
+        engine = EngineClient(http, [0.05])
+        outcome = await run_prewarm(
+            job, settings=settings, leases=OneLease(lease), engine=engine, publish=records.append
+        )
+    assert outcome == "done" and [r.kind for r in records] == ["prewarm"]
+    sent = fake_engine.requests[-1].json
+    assert sent["messages"][0] == {"role": "system", "content": system or "S."}
+    assert sent["messages"][1:] == [{"role": "user", "content": "Hi."}]
+    assert sent["max_tokens"] == 1
+
+
+async def test_the_prewarm_check_skips_or_lets_it_go(fake_engine, tmp_path):
+    """The check run once the lease is granted (PREWARM after an engine restart asks
+    whether SLOT_PERSIST restored the slot): an outcome sends nothing, None sends it."""
+    settings = chat_settings("nats://127.0.0.1:1", "redis://127.0.0.1:1", tmp_path)
+    lease = Lease(lease_id="l1", kind="prewarm", base_url=fake_engine.url, model="fake-model")
+    job = PrewarmJob("c1", [ChatMessage(role="user", content="Hi.")], None)
+    asked: list[str] = []
+
+    async def restored(held: Lease) -> str | None:
+        asked.append(held.lease_id)
+        return "restored"
+
+    async def not_restored(held: Lease) -> str | None:
+        asked.append(held.lease_id)
+        return None
+
+    async with httpx.AsyncClient() as http:
+        engine = EngineClient(http, [0.05])
+        kw = dict(settings=settings, leases=OneLease(lease), engine=engine, publish=lambda r: None)
+        assert await run_prewarm(job, check=restored, **kw) == "restored"
+        assert fake_engine.requests == []
+        assert await run_prewarm(job, check=not_restored, **kw) == "done"
+        assert len(fake_engine.requests) == 1 and asked == ["l1", "l1"]
+
+
+async def test_a_lease_lost_as_the_answer_ends_counts_as_preempted(fake_engine, tmp_path):
+    """The supervisor revoked the lease while the last bytes came: the slot is another
+    request's now, so the prewarm reports a pre-emption and publishes no record."""
+    settings = chat_settings("nats://127.0.0.1:1", "redis://127.0.0.1:1", tmp_path)
+    lease = Lease(lease_id="l1", kind="prewarm", base_url=fake_engine.url, model="fake-model")
+    held = OneLease(lease)
+
+    class RevokedAtTheEnd(EngineClient):
+        async def stream(self, *args, **kwargs):
+            result = await super().stream(*args, **kwargs)
+            held.lost = True  # seen at the renewal that follows the answer
+            return result
+
+    job = PrewarmJob("c1", [ChatMessage(role="user", content="Hi.")], None)
+    records: list[PerfRecord] = []
+    async with httpx.AsyncClient() as http:
+        engine = RevokedAtTheEnd(http, [0.05])
+        outcome = await run_prewarm(
+            job, settings=settings, leases=held, engine=engine, publish=records.append
+        )
+    assert outcome == "preempted" and records == []
+    assert len(fake_engine.requests) == 1

@@ -4,6 +4,8 @@ expiry of a dead holder, renewal, waiting for a ready engine."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import pytest
 
@@ -182,6 +184,57 @@ async def test_a_late_claim_of_a_holder_that_renewed_lately_drops_nothing_else()
         assert (await waiter).lease_id
     finally:
         await lm.close()
+
+
+async def test_an_expired_lease_is_logged_with_why_it_went(caplog):
+    caplog.set_level(logging.WARNING, logger="loki_supervisor.lease")
+    lm = LeaseManager(lambda: target, ttl=30.0, claim_s=0.3)
+    first = await lm.acquire(req(holder="chat-a:1"))
+    lm.renew(first.lease_id)  # chat-a is alive: it renewed just now
+    lm.release(first.lease_id)
+    late = await lm.acquire(req(holder="chat-a:1"))  # granted, its claim never comes
+    assert lm.expire(time.monotonic() + 1.0)[0].lease.lease_id == late.lease_id
+    said = caplog.records[-1].getMessage()
+    assert late.lease_id in said and said.endswith("without release or renewal")
+    orphan = await lm.acquire(req(holder="chat-b:2"))  # a holder never seen again
+    lm.expire(time.monotonic() + 31.0)
+    said = caplog.records[-1].getMessage()
+    assert orphan.lease_id in said and said.endswith("(holder chat-b:2 gone)")
+
+
+async def test_a_dead_holders_live_leases_go_with_its_unclaimed_grant():
+    lm, _ = manager(TWO, ttl=30.0)
+    t0 = time.monotonic()
+    main = await lm.acquire(req("main", holder="chat-a:1", ttl_s=120))
+    lm.renew(main.lease_id)  # claimed, good for 120 s; the holder last seen now
+    side = await lm.acquire(req("verify", holder="chat-a:1"))  # never claimed
+    gone = {h.lease.lease_id for h in lm.expire(t0 + 31.0)}  # chat-a silent past the TTL
+    assert gone == {side.lease_id, main.lease_id}  # its live lease goes with it
+    assert lm.held == {}
+
+
+async def test_a_claimed_lease_that_expires_takes_nothing_else_with_it():
+    """A lease its holder received (renewed once) and then stopped renewing goes alone:
+    the holder's next request, queued behind it, is served, not refused."""
+    lm, _ = manager(ONE, ttl=30.0)
+    t0 = time.monotonic()
+    first = await lm.acquire(req(holder="chat-a:1"))
+    lm.renew(first.lease_id)
+    queued = asyncio.create_task(lm.acquire(req(wait=60, holder="chat-a:1")))
+    await asyncio.sleep(0.02)
+    assert [h.lease.lease_id for h in lm.expire(t0 + 31.0)] == [first.lease_id]
+    assert (await asyncio.wait_for(queued, 1)).lease_id in lm.held
+
+
+async def test_closing_fails_every_waiter_at_once():
+    lm = LeaseManager(lambda: None)  # the engine is not ready: requests wait
+    waiters = [asyncio.create_task(lm.acquire(req(wait=30))) for _ in range(2)]
+    await asyncio.sleep(0.02)
+    assert lm.waiting == 2
+    await lm.close()
+    for waiter in waiters:
+        with pytest.raises(Unavailable, match="supervisor stopping"):
+            await asyncio.wait_for(waiter, 1)
 
 
 async def test_external_preset_has_no_slot_and_no_limit():

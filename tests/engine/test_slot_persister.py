@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loki_shared.messages.engine import LeaseRequest
 from loki_supervisor import slot_files, slot_persist
 from loki_supervisor.lease import LeaseManager
 from loki_supervisor.slot_persist import PART_PREFIX, PersistConfig, SlotPersister
@@ -96,6 +97,49 @@ async def test_no_save_while_a_request_runs_or_without_a_conversation(setup):
     persister.turn_done("conv-1", "f" * 32)
     persister.cancel_idle()
     assert await persister.save("stop") == "engine not ready"
+    await persister.close()
+
+
+async def test_no_idle_save_while_a_lease_is_waited_for(setup):
+    persister, api, _ = setup
+    persister.turn_done("conv-1", FP)
+    # a request queued for a lease (the engine not ready: it waits), none held
+    waiter = asyncio.create_task(persister.leases.acquire(LeaseRequest(kind="main", wait_s=5)))
+    await asyncio.sleep(0)
+    assert persister.leases.waiting == 1 and persister.leases.in_flight == 0
+    await asyncio.sleep(0.3)  # past IDLE_S (0.05 s here)
+    assert api.calls == []  # its grant decides again: nothing saved meanwhile
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    # the next turn's release saves once nothing is held or waited for
+    persister.turn_done("conv-1", FP)
+    await asyncio.sleep(0.3)
+    assert [a for a, _ in api.calls] == ["save"]
+    await persister.close()
+
+
+async def test_a_cancelled_idle_save_never_runs(setup):
+    persister, api, _ = setup
+    persister.turn_done("conv-1", FP)
+    persister.cancel_idle()  # a lease asked for before the engine went idle
+    await asyncio.sleep(0.3)  # past IDLE_S
+    assert api.calls == []
+    assert await persister.save("stop") is None  # the turn is still saved before a stop
+    assert [a for a, _ in api.calls] == ["save"]
+    await persister.close()
+
+
+async def test_an_engine_without_its_window_yet_is_neither_saved_nor_cleaned(setup):
+    persister, api, slot_dir = setup
+    persister.engine_ready("http://engine", None, 0)  # answering, n_ctx not known yet
+    other = slot_files.SlotKey("b" * 12, 4096, "5" * 12, "6" * 16).filename
+    (slot_dir / other).write_bytes(b"x")  # stale for any known window: another model
+    persister.turn_done("conv-1", FP)
+    persister.cancel_idle()
+    assert await persister.save("stop") == "engine not ready"
+    assert persister.cleanup() == {}
+    assert api.calls == [] and [p.name for p in slot_dir.iterdir()] == [other]
     await persister.close()
 
 

@@ -20,6 +20,7 @@ from loki_gateway.bus import Bus
 from loki_gateway.routes import chat as chat_routes
 from loki_gateway.routes import recall as recall_routes
 from loki_recall.archive import BLOCKS_KEY
+from loki_recall.owners import Owners, owners
 from loki_recall.service import RecallService
 from loki_recall.tools import NO_MATCH, not_found_text
 from loki_shared import memkey, recall_purge, subjects
@@ -380,3 +381,17 @@ async def test_chat_recall_tools_send_the_scope() -> None:
     scoped = recall_tools(request, 1.0, RecallScope(project="p7"))
     await scoped[0].run({"id": "r1"})
     assert sent[-1].scope == RecallScope(project="p7")
+
+
+async def test_the_owner_sets_say_which_names_are_gone(redis_db: str) -> None:
+    redis = Redis.from_url(redis_db)
+    try:
+        store = Owners(redis)
+        conv, project = owners("c-deleted", "p1")
+        assert await store.gone([]) == []
+        assert await store.gone([conv, project]) == [False, False]
+        await store.record(conv)  # the deletion of a conversation, before it is applied
+        assert await store.gone([conv, project]) == [True, False]
+        assert await store.pending() == [conv]
+    finally:
+        await redis.aclose()

@@ -6,6 +6,7 @@ configuration like every test NATS; the harness user ``test`` watches what gets 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -34,14 +35,20 @@ def matches(pattern: str, subject: str) -> bool:
     return len(p) == len(s)
 
 
+def allowed(user: str, kind: str) -> list[str]:
+    """The ``allow`` list of ``kind`` (publish or subscribe) in the ``permissions`` block the
+    NATS configuration gives ``user`` (the user's own reply inbox included there, not here)."""
+    block = permissions.grant(user).nats_permissions()[kind]
+    assert isinstance(block, dict) and set(block) == {"allow"}, block
+    return list(block["allow"])
+
+
 def may_publish(user: str, subject: str) -> bool:
-    return any(matches(p, subject) for p in permissions.grant(user).publish)
+    return any(matches(p, subject) for p in allowed(user, "publish"))
 
 
 def may_subscribe(user: str, subject: str) -> bool:
-    row = permissions.grant(user)
-    own = f"{permissions.inbox_prefix(user)}.>"
-    return any(matches(p, subject) for p in (*row.subscribe, own))
+    return any(matches(p, subject) for p in allowed(user, "subscribe"))
 
 
 def publishers(subject: str) -> set[str]:
@@ -94,11 +101,29 @@ def test_perf_records_come_from_chat_the_gateway_and_the_bench_only() -> None:
 
 def test_no_user_reads_another_users_replies() -> None:
     for row in permissions.USERS:
+        # each reads its own replies (nats-py's inbox_prefix), through the NATS configuration
+        assert may_subscribe(row.user, f"{permissions.inbox_prefix(row.user)}.abc.1"), row.user
         for other in permissions.USERS:
             if other.user != row.user:
                 inbox = f"{permissions.inbox_prefix(other.user)}.abc.1"
                 assert not may_subscribe(row.user, inbox), (row.user, other.user)
         assert not may_subscribe(row.user, "_INBOX.abc"), row.user
+
+
+def test_only_the_services_that_answer_requests_may_respond() -> None:
+    responders = {"gateway", "chat", "recall", "memory", "engine-supervisor", "perf"}
+    for row in permissions.USERS:
+        block = row.nats_permissions()
+        # nats-server's allow_responses: a reply to a request it received, nothing more
+        assert block.get("allow_responses", False) is (row.user in responders), row.user
+    assert {row.user for row in permissions.USERS} >= responders | {"cli", "backup", "bench"}
+
+
+def test_the_table_cannot_be_changed_at_run_time() -> None:
+    row = permissions.grant("cli")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.subscribe = (*row.subscribe, "_INBOX.>")  # type: ignore[misc]
+    assert "_INBOX.>" not in permissions.grant("cli").nats_permissions()["subscribe"]["allow"]  # type: ignore[index]
 
 
 def test_each_service_answers_its_own_health_subject_only() -> None:

@@ -6,12 +6,15 @@ the caps disagreement, an engine without ``/apply-template``, and the cache by t
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from loki_supervisor.probe import (
+    NOTE_CAPS,
+    NOTE_NO_REASONING,
     NOTE_NO_TOOLS,
     NOTE_STRICT,
     NOTE_UNSTABLE,
@@ -109,6 +112,52 @@ async def test_a_template_that_renders_tools_and_reasoning():
     assert NOTE_NO_TOOLS not in p.notes
 
 
+async def test_notes_are_said_only_for_what_the_template_lacks():
+    bare = await probe(chatml())
+    assert bare.notes == [NOTE_NO_TOOLS, NOTE_NO_REASONING]
+    full = await probe(chatml(tools=True, reasoning=True))
+    assert full.notes == []
+
+
+async def test_tools_count_as_rendered_only_with_their_description():
+    def names_only(messages, tool_list, gen):
+        out = chatml()(messages, tool_list, gen)
+        if tool_list:  # the names, not what they do: the model cannot use them
+            out = "Tools: " + ", ".join(t["function"]["name"] for t in tool_list) + out
+        return out
+
+    p = await probe(names_only)
+    assert p.supports_tools is False and NOTE_NO_TOOLS in p.notes
+
+
+async def test_caps_are_compared_only_with_a_rendering_verdict():
+    def no_tools(messages, tool_list, gen):
+        if tool_list:
+            raise Raise("tools are not supported")
+        return chatml()(messages, tool_list, gen)
+
+    p = await probe(no_tools, caps={"supports_tools": True})
+    assert p.supports_tools is None and p.caps_supports_tools is True
+    assert not any(n.startswith(NOTE_CAPS.split("{")[0]) for n in p.notes)
+
+
+async def test_a_prefix_check_whose_rendering_fails_is_undecided():
+    def no_closed_turn(messages, tool_list, gen):
+        if not gen:  # a conversation ending with an answer is refused
+            raise Raise("cannot render without a generation prompt")
+        return chatml(tools=True)(messages, tool_list, gen)
+
+    assert (await probe(no_closed_turn)).stable_prefix is None
+
+    def no_tool_results(messages, tool_list, gen):
+        if messages[-1]["role"] == "tool":
+            raise Raise("tool results are not supported")
+        return chatml(tools=True)(messages, tool_list, gen)
+
+    p = await probe(no_tool_results)
+    assert p.supports_tools is True and p.stable_prefix is None
+
+
 async def test_the_rendering_wins_over_chat_template_caps():
     p = await probe(chatml(tools=True), caps={"supports_tools": False})
     assert p.supports_tools is True and p.caps_supports_tools is False
@@ -124,6 +173,24 @@ async def test_strict_alternation_is_a_template_that_raises_on_two_user_messages
 async def test_a_template_that_moves_the_system_prompt_has_no_stable_prefix():
     p = await probe(chatml(system_last=True))
     assert p.stable_prefix is False and NOTE_UNSTABLE in p.notes
+
+
+async def test_a_template_that_rewrites_an_answer_once_a_turn_follows_has_no_stable_prefix():
+    base = chatml()
+
+    def render(messages, tool_list, gen):
+        # an earlier answer is rendered shorter once a user message follows it (as templates
+        # that strip an answer's thinking do): the request after an answer no longer starts
+        # with what the engine held, though both start with the first request
+        if messages[-1]["role"] == "user":
+            messages = [
+                {**m, "content": "(answered)"} if m["role"] == "assistant" else m for m in messages
+            ]
+        return base(messages, tool_list, gen)
+
+    p = await probe(render)
+    assert p.supports_tools is False and p.stable_prefix is False
+    assert NOTE_UNSTABLE in p.notes
 
 
 async def test_a_tool_result_that_re_renders_the_call_breaks_the_prefix():
@@ -164,7 +231,8 @@ async def test_an_engine_without_apply_template_gives_an_error_and_no_verdict():
     )
 
 
-async def test_the_cache_probes_a_template_once_and_retries_a_failed_probe():
+async def test_the_cache_probes_a_template_once_and_retries_a_failed_probe(caplog):
+    caplog.set_level(logging.INFO, logger="loki_supervisor.probe")
     calls: list[dict[str, Any]] = []
     cache = ProbeCache()
     async with client_for(chatml(tools=True, reasoning=True), calls) as client:
@@ -181,3 +249,9 @@ async def test_the_cache_probes_a_template_once_and_retries_a_failed_probe():
     async with client_for(chatml(), calls) as client:
         later = await cache.get(client, "http://e", None, template="T3", model="m", caps=None)
     assert later.error is None and later.supports_tools is False
+    # each verdict is logged once, naming the model (an unnamed one as "the model")
+    said = [r.getMessage() for r in caplog.records if "supports_tools=" in r.getMessage()]
+    assert len(said) == 3 and all(" of m: supports_tools=" in line for line in said)
+    async with client_for(chatml()) as client:
+        await cache.get(client, "http://e", None, template="T4", model="", caps=None)
+    assert " of the model: " in caplog.records[-1].getMessage()
