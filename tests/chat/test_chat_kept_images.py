@@ -105,6 +105,26 @@ async def test_kept_by_reference_measured_resent_then_changed(
     assert state.messages[1].content == "What is this?\n\n" + marker("red.png")
 
 
+async def test_a_later_image_is_measured_beside_the_kept_ones(
+    chat_runner, seeing, fake_engine, client
+):
+    """An image sent while another is kept costs its own tokens: the kept one's measured
+    cost is taken out of the prompt before the new one is measured (16 each, not 32)."""
+    await start(chat_runner)
+    fake_engine.push(text_reply("A red square."), text_reply("A blue one."))
+    cid = await send(client, "What is this?", [A])
+    await send(client, "And this?", [B], cid)
+    state = await client.state(cid)
+    costs = [
+        p.get("loki_cost")
+        for m in state.messages
+        if isinstance(m.content, list)
+        for p in m.content
+        if p.get("type") == "image_url"
+    ]
+    assert costs == [VisionTokenEngine.image_tokens] * 2
+
+
 async def test_budget_is_ten_percent_of_the_window(chat_runner, nc, fake_engine, client):
     """n_ctx 300: 30 tokens for kept images. Two images of 16 in one message: the first is
     kept, the second would exceed (32): it and the rest of the turn stay ephemeral."""
