@@ -35,6 +35,8 @@ from tests.deploy.compose_model import BASE, ROOT, UNRAID, compose_binary, docke
 
 HERE = Path(__file__).resolve().parent
 OVERRIDE = HERE / "docker-compose.test.yml"
+#: the stand-in of the Unraid override's one registry image (busybox)
+UNRAID_OVERRIDE = HERE / "docker-compose.test-unraid.yml"
 STANDINS = HERE / "standins.yml"
 ENGINE_DOCKERFILE = ROOT / "services/engine-supervisor/Dockerfile"
 
@@ -193,6 +195,7 @@ class Compose:
     unraid: bool = False
     profiles: tuple[str, ...] = ("cpu",)
     extra_env: dict[str, str] = field(default_factory=dict)
+    extra_files: tuple[Path, ...] = ()
 
     def env(self) -> dict[str, str]:
         env = {
@@ -216,7 +219,7 @@ class Compose:
         return env
 
     def argv(self, *args: str) -> list[str]:
-        files = [BASE, *([UNRAID] if self.unraid else []), OVERRIDE]
+        files = [BASE, *([UNRAID] if self.unraid else []), OVERRIDE, *self.extra_files]
         argv = [str(compose_binary()), "-p", PROJECT, "--project-directory", str(ROOT)]
         argv += ["--env-file", os.devnull]
         for f in files:
