@@ -24,7 +24,7 @@ PASSPHRASE = "compose-check backup passphrase"
 def chat_turn(c: StackClient, text: str, conversation: str | None = None) -> str:
     conv = c.send(text, conversation)
     c.events(conv)
-    c.wait_idle(conv)
+    c.wait_idle(conv, timeout=600)
     return conv
 
 
@@ -36,8 +36,14 @@ def roles(c: StackClient, conv: str) -> list[str]:
 def snapshot(compose: Compose, c: StackClient) -> dict:
     """What must survive: the conversations (each one's messages), the presets, and every
     persistent Redis key (the archive's among them), listed as the backup user."""
-    convs = c.http.get("/api/conversations").json()
-    ids = sorted(x["id"] if isinstance(x, dict) else x for x in convs.get("conversations", convs))
+    ids: list[str] = []
+    deadline = time.monotonic() + 120  # after an `up`, until chat lists them again
+    while time.monotonic() < deadline:
+        r = c.http.get("/api/conversations", params={"kind": "all"})
+        ids = sorted(x["id"] for x in r.json()["conversations"]) if r.status_code == 200 else []
+        if ids:
+            break
+        time.sleep(2)
     password = (compose.workdir / "secrets" / "backup" / "loki_redis_password").read_text()
     keys = compose(
         "exec", "-T", "-e", f"REDISCLI_AUTH={password}", "redis",

@@ -4,13 +4,15 @@ suite's real Redis: each service reads and writes its own keys and is refused an
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import redis
 
 from loki_shared import permissions
 from loki_shared.settings import LokiSettings
 
-from ..conftest import AUTH, plain_url
+from ..conftest import AUTH, plain_url, start_redis
 
 #: a key each service owns, under its patterns in the table
 OWN = {
@@ -85,3 +87,25 @@ def test_every_grant_with_keys_stays_under_loki() -> None:
     for row in permissions.USERS:
         for pattern in (*row.redis_keys, *row.redis_reads):
             assert pattern.startswith("loki:"), (row.user, pattern)
+
+
+def test_a_transaction_survives_a_restart(tmp_path: Path) -> None:
+    """A MULTI/EXEC block (how Redis records Loki's fenced Lua writes in its append-only file)
+    is replayed after a restart: Redis 7.0 replays it as ``default`` and checks it at EXEC, so
+    ``default`` keeps its permissions while off (found by the compose check's down/up)."""
+    server = start_redis(tmp_path / "redis")
+    chat = login(server.url, "chat")
+    pipe = chat.pipeline(transaction=True)
+    pipe.set("loki:chat:conv:kept", b"blob")
+    pipe.hset("loki:chat:index", "kept", b"entry")
+    pipe.execute()
+    chat.close()
+    server.process.stop()
+    again = start_redis(tmp_path / "redis", port=server.port)
+    try:
+        chat = login(again.url, "chat")
+        assert chat.get("loki:chat:conv:kept") == b"blob"
+        assert chat.hget("loki:chat:index", "kept") == b"entry"
+        chat.close()
+    finally:
+        again.process.stop()
