@@ -3,7 +3,7 @@
 VENV ?= .venv
 export LOKI_VENV := $(abspath $(VENV))
 
-.PHONY: up test lint bench bench-quick mutation install install-test
+.PHONY: up test lint bench bench-quick mutation install install-test compose-check
 
 up: install
 	$(VENV)/bin/loki up
@@ -18,6 +18,11 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict -p loki_shared
 	$(VENV)/bin/mypy -p loki_chat -p loki_gateway -p loki_recall -p loki_memory -p loki_supervisor -p loki_perf -p loki_cli
+
+# The stack on a real Docker engine (issue 36): images built from the Dockerfiles, `docker
+# compose up` with the CPU engine, checked while it runs (tests/compose; part of `make test`).
+compose-check: install-test
+	$(VENV)/bin/python -m pytest tests/compose -x
 
 bench: install-test
 	$(VENV)/bin/python -m bench

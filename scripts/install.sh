@@ -203,13 +203,15 @@ if [ "$WITH_TEST" = 1 ]; then
   fi
 fi
 
-# 6. Test extras from Debian (never a downloaded binary): chromium for the browser test, and
-#    prometheus (with promtool) for the Prometheus tests.
+# 6. Test extras from Debian (never a downloaded binary): chromium for the browser test,
+#    prometheus (with promtool) for the Prometheus tests, and for the compose check
+#    (tests/compose, `make compose-check`) a Docker engine (docker.io) and debootstrap.
 if [ "$WITH_TEST" = 1 ]; then
-  need_chromium=0 need_prometheus=0
+  need_chromium=0 need_prometheus=0 need_docker=0
   command -v chromium >/dev/null 2>&1 || need_chromium=1
   { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need_prometheus=1
-  if [ "$need_chromium$need_prometheus" != 00 ]; then
+  { command -v dockerd && command -v debootstrap; } >/dev/null 2>&1 || need_docker=1
+  if [ "$need_chromium$need_prometheus$need_docker" != 000 ]; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
       # Two installs at once (two clones, a CI run beside a session) wait for each other's
       # dpkg/apt lock instead of failing.
@@ -225,8 +227,13 @@ if [ "$WITH_TEST" = 1 ]; then
         DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y -qq --no-install-recommends \
           prometheus >/dev/null
       fi
+      if [ "$need_docker" = 1 ]; then
+        say "installing Debian's docker.io and debootstrap for the compose check"
+        DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y -qq --no-install-recommends \
+          docker.io debootstrap >/dev/null
+      fi
     else
-      say "chromium or prometheus missing and apt-get unavailable: the tests needing them will fail"
+      say "chromium, prometheus, docker.io or debootstrap missing and apt-get unavailable: the tests needing them will fail"
     fi
   fi
 fi

@@ -3,8 +3,9 @@
 Authorization is on everywhere (issue 22): :func:`start_nats` runs nats-server with the users
 and permissions of :mod:`loki_shared.permissions` (one password per user, generated once per
 test session in :data:`AUTH`) plus the test harness's own user ``test`` (no restriction: the
-tests play every service's peers), and :func:`start_redis` runs Redis with ``requirepass``.
-The URLs they return carry the harness's login (``nats://test:...@``, ``redis://:...@``);
+tests play every service's peers), and :func:`start_redis` runs Redis with the ACL users of
+the same table (``default`` off) plus the harness's ``test`` (every key and command).
+The URLs they return carry the harness's login (``nats://test:...@``, ``redis://test:...@``);
 :func:`login_env` gives a service process its own user instead, as ``loki up`` does.
 
 - ``nats_server`` / ``nats_url``: a real NATS with JetStream (session-wide, temp storage).
@@ -53,6 +54,9 @@ class SessionAuth:
     def nats_extra(self) -> dict[str, tuple[str, dict[str, object]]]:
         return {TEST_USER: (self.test_password, {})}
 
+    def redis_extra(self) -> dict[str, tuple[str, list[str]]]:
+        return {TEST_USER: (self.test_password, ["~*", "&*", "+@all"])}
+
 
 AUTH = SessionAuth(credentials.Credentials.generate(), secrets.token_urlsafe(16))
 
@@ -74,17 +78,19 @@ def start_nats(data_dir: Path, **kwargs: Any) -> RunningServer:
 
 
 def start_redis(data_dir: Path, **kwargs: Any) -> RunningServer:
-    """:func:`loki_shared.servers.start_redis` with ``requirepass`` (the session's Redis
-    password); the returned URL carries it."""
+    """:func:`loki_shared.servers.start_redis` with the ACL users (the session's passwords)
+    and ``test``; the returned URL logs in as ``test``."""
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    conf = credentials.write_redis_config(_conf_path(data_dir, "redis"), AUTH.creds)
+    conf = credentials.write_redis_config(
+        _conf_path(data_dir, "redis"), AUTH.creds, extra=AUTH.redis_extra()
+    )
     server = servers.start_redis(data_dir, config=conf, **kwargs)
-    server.url = credentials.with_userinfo(server.url, None, AUTH.creds.redis)
+    server.url = credentials.with_userinfo(server.url, TEST_USER, AUTH.test_password)
     return server
 
 
 def login_env(user: str) -> dict[str, str]:
-    """``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` / ``LOKI_REDIS_PASSWORD`` of ``user`` (a
+    """``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` / ``LOKI_REDIS_USER`` / ``LOKI_REDIS_PASSWORD`` of ``user`` (a
     user of the table): a service process given these logs in as itself, whatever login its
     URLs carry."""
     return credentials.service_env(AUTH.creds, user)

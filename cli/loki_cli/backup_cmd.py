@@ -10,11 +10,12 @@ Which stack:
   on the home's data folders (as ``loki up`` would), restores, and stops them; ``loki up``
   then serves the restored data.
 
-Logins (issue 22): the stores ``loki up`` started are reached as NATS user ``backup`` and with
-the Redis password, both read from ``LOKI_HOME/credentials.json``; stores named by the
-environment with ``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` / ``LOKI_REDIS_PASSWORD`` (or in
-their URLs). ``loki restore`` starting the embedded stores of an empty home generates its
-credentials first, so the ``loki up`` that follows uses the same ones.
+Logins (issues 22, 36): the stores ``loki up`` started are reached as NATS and Redis user
+``backup``, the passwords read from ``LOKI_HOME/credentials.json``; stores named by the
+environment with ``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` / ``LOKI_REDIS_USER`` /
+``LOKI_REDIS_PASSWORD`` (or in their URLs). ``loki restore`` starting the embedded stores of
+an empty home generates its credentials first, so the ``loki up`` that follows uses the same
+ones.
 
 The passphrase comes from ``--passphrase-file``, else ``LOKI_BACKUP_PASSPHRASE``, else a
 prompt (asked twice for a new backup).
@@ -67,13 +68,14 @@ def _env_login(nats_url: str, redis_url: str) -> tuple[str, str]:
         nats_url = credentials.with_userinfo(nats_url, user, password or "")
     redis_password = os.environ.get("LOKI_REDIS_PASSWORD")
     if redis_password:
-        redis_url = credentials.with_userinfo(redis_url, None, redis_password)
+        redis_user = os.environ.get("LOKI_REDIS_USER") or None
+        redis_url = credentials.with_userinfo(redis_url, redis_user, redis_password)
     return nats_url, redis_url
 
 
 def _embedded_login(home: Path, url: str, store: str) -> str:
     """``url`` of a store ``loki up`` started on ``home``, logged in as user ``backup`` (NATS)
-    or with the password (Redis) of ``home``'s credentials.
+    or ``backup`` (Redis) with ``home``'s credentials.
 
     Raises:
         BackupError: the credentials file is missing or unreadable.
@@ -84,7 +86,7 @@ def _embedded_login(home: Path, url: str, store: str) -> str:
         raise BackupError(f"the stack's credentials: {exc}") from exc
     if store == "nats":
         return credentials.with_userinfo(url, "backup", creds.nats.get("backup", ""))
-    return credentials.with_userinfo(url, None, creds.redis)
+    return credentials.with_userinfo(url, "backup", creds.redis.get("backup", ""))
 
 
 def _fail(exc: Exception) -> typer.Exit:

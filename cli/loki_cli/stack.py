@@ -10,8 +10,9 @@ restart of the whole stack.
 The embedded NATS and Redis require a login (issue 22): the passwords are generated once into
 ``LOKI_HOME/credentials.json`` (0600, :func:`loki_shared.credentials.ensure`), nats-server runs
 with the per-user permissions of :mod:`loki_shared.permissions` (``LOKI_HOME/run/nats.conf``)
-and Redis with ``requirepass`` (``LOKI_HOME/run/redis.conf``); each service gets only its own
-NATS user (``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD``) and the Redis password. With
+and Redis with one ACL user per service (``LOKI_HOME/run/redis.conf``); each service gets only
+its own NATS user (``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD``) and Redis user
+(``LOKI_REDIS_USER`` / ``LOKI_REDIS_PASSWORD``). With
 ``LOKI_NATS_URL`` / ``LOKI_REDIS_URL`` the servers are someone else's: their credentials come
 from the environment as it is.
 
@@ -128,7 +129,7 @@ class Stack:
     # -- environment ---------------------------------------------------------------------
     def service_env(self, name: str | None = None) -> dict[str, str]:
         """The environment service ``name`` gets (every service's when None): with embedded
-        servers, its own NATS user and the Redis password."""
+        servers, its own NATS user and its own Redis user."""
         env = dict(os.environ)
         env.update(
             LOKI_HOME=str(self.config.home),
@@ -148,7 +149,7 @@ class Stack:
             if not self.config.nats_url:
                 env.update(LOKI_NATS_USER=name, LOKI_NATS_PASSWORD=login["LOKI_NATS_PASSWORD"])
             if not self.config.redis_url:
-                env["LOKI_REDIS_PASSWORD"] = login["LOKI_REDIS_PASSWORD"]
+                env.update(LOKI_REDIS_USER=name, LOKI_REDIS_PASSWORD=login["LOKI_REDIS_PASSWORD"])
         return env
 
     def nats_login(self, user: str = "cli") -> dict[str, Any]:

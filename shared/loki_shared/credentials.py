@@ -1,17 +1,19 @@
-"""The stores' credentials: one NATS password per user of :data:`loki_shared.permissions.USERS`
-and the Redis password, generated once.
+"""The stores' credentials: one NATS password and one Redis password per user of
+:data:`loki_shared.permissions.USERS` (and the Redis health user), generated once.
 
 - ``loki up``: :func:`ensure` creates ``LOKI_HOME/credentials.json`` (mode 0600) on the first
   start and reads it on every later one; the launcher starts nats-server with the
   configuration :func:`write_nats_config` writes from it (``LOKI_HOME/run/nats.conf``, 0600)
-  and Redis with ``requirepass``, and gives each service its own user only
+  and Redis with the ACL users of :func:`write_redis_config`, and gives each service its own
+  users only
   (:func:`service_env`).
 - Docker Compose: ``python -m loki_shared.credentials init DIR`` (the compose service
   ``loki-secrets``, run before the others) writes the same file into DIR once, then from it one
   subfolder per container (:func:`init_folder`): ``nats/``, ``redis/`` and one per user.
 
 A service reads its own credentials from ``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` /
-``LOKI_REDIS_PASSWORD`` (:class:`loki_shared.settings.LokiSettings`, at start-up).
+``LOKI_REDIS_USER`` / ``LOKI_REDIS_PASSWORD`` (:class:`loki_shared.settings.LokiSettings`, at
+start-up).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from . import permissions
 FILE = "credentials.json"
 #: The nats-server configuration ``loki up`` writes, under LOKI_HOME.
 NATS_CONF = Path("run") / "nats.conf"
-#: The Redis configuration (``requirepass``) ``loki up`` writes, under LOKI_HOME.
+#: The Redis configuration (its ACL users) ``loki up`` writes, under LOKI_HOME.
 REDIS_CONF = Path("run") / "redis.conf"
 #: Bytes of randomness per password (URL-safe base64: 43 characters).
 PASSWORD_BYTES = 32
@@ -47,32 +49,38 @@ class Credentials:
 
     Attributes:
         nats: NATS user -> password, one for every user of ``permissions.USERS``.
-        redis: the Redis password (``requirepass``).
+        redis: Redis ACL user -> password, one for each of ``permissions.redis_users()``.
     """
 
     nats: dict[str, str]
-    redis: str
+    redis: dict[str, str]
 
     @classmethod
     def generate(cls) -> Credentials:
         """Fresh random passwords (``secrets.token_urlsafe``, 256 bits each)."""
         return cls(
             nats={row.user: _password() for row in permissions.USERS},
-            redis=_password(),
+            redis={user: _password() for user in permissions.redis_users()},
         )
 
     def to_json(self) -> dict[str, object]:
-        return {"nats": dict(self.nats), "redis": self.redis}
+        return {"nats": dict(self.nats), "redis": dict(self.redis)}
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> Credentials:
-        """Raises: CredentialsError: a field is missing or not a string."""
+        """A file of before issue 36 (one Redis password, a string) reads with no Redis
+        passwords: :func:`ensure` then generates them.
+
+        Raises: CredentialsError: a field is missing or not a string."""
         nats, redis = data.get("nats"), data.get("redis")
-        if not isinstance(nats, dict) or not isinstance(redis, str) or not redis:
-            raise CredentialsError("credentials: 'nats' (object) and 'redis' (string) expected")
-        if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in nats.items()):
-            raise CredentialsError("credentials: every NATS password must be a string")
-        return cls(nats=dict(nats), redis=redis)
+        if isinstance(redis, str):
+            redis = {}
+        if not isinstance(nats, dict) or not isinstance(redis, dict):
+            raise CredentialsError("credentials: 'nats' and 'redis' (objects) expected")
+        for table in (nats, redis):
+            if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in table.items()):
+                raise CredentialsError("credentials: every password must be a string")
+        return cls(nats=dict(nats), redis=dict(redis))
 
 
 def _password() -> str:
@@ -126,8 +134,12 @@ def ensure(folder: Path, mode: int = 0o600) -> Credentials:
         return creds
     creds = load(path)
     missing = [row.user for row in permissions.USERS if row.user not in creds.nats]
-    if missing:
-        creds = Credentials({**creds.nats, **{u: _password() for u in missing}}, creds.redis)
+    missing_redis = [u for u in permissions.redis_users() if u not in creds.redis]
+    if missing or missing_redis:
+        creds = Credentials(
+            {**creds.nats, **{u: _password() for u in missing}},
+            {**creds.redis, **{u: _password() for u in missing_redis}},
+        )
         _write_private(path, json.dumps(creds.to_json(), indent=1), mode)
     return creds
 
@@ -144,16 +156,21 @@ def write_nats_config(
     return path
 
 
-def write_redis_config(path: Path, creds: Credentials, mode: int = 0o600) -> Path:
-    """Write Redis's configuration file holding ``requirepass`` to ``path`` (``mode``) and
-    return ``path``: Redis reads it first, so the password is not on its command line."""
-    _write_private(path, f"requirepass {creds.redis}\n", mode)
+def write_redis_config(
+    path: Path,
+    creds: Credentials,
+    extra: dict[str, tuple[str, list[str]]] | None = None,
+    mode: int = 0o600,
+) -> Path:
+    """Write Redis's configuration file (its ACL users, ``default`` off: see
+    :func:`permissions.redis_config`) to ``path`` (``mode``) and return ``path``."""
+    _write_private(path, permissions.redis_config(creds.redis, extra or {}), mode)
     return path
 
 
 def service_env(creds: Credentials, user: str) -> dict[str, str]:
-    """The ``LOKI_*`` variables that log ``user`` in: its NATS user and password, and the
-    Redis password.
+    """The ``LOKI_*`` variables that log ``user`` in: its NATS user and password, and its
+    Redis ACL user (same name) and password.
 
     Raises:
         KeyError: ``user`` has no password in ``creds``.
@@ -161,7 +178,8 @@ def service_env(creds: Credentials, user: str) -> dict[str, str]:
     return {
         "LOKI_NATS_USER": user,
         "LOKI_NATS_PASSWORD": creds.nats[user],
-        "LOKI_REDIS_PASSWORD": creds.redis,
+        "LOKI_REDIS_USER": user,
+        "LOKI_REDIS_PASSWORD": creds.redis[user],
     }
 
 
@@ -207,9 +225,10 @@ def init_folder(folder: Path) -> Credentials:
     mounted read-only into that container only:
 
     - ``nats/nats.conf``: the ``authorization`` block (:func:`write_nats_config`);
-    - ``redis/redis.conf`` (``requirepass``) and ``redis/password`` (the health check's);
+    - ``redis/redis.conf`` (the ACL users) and ``redis/password`` (the password of the health
+      check's user, :data:`permissions.REDIS_HEALTH_USER`);
     - ``<user>/`` for every user of the table: ``loki_nats_user``, ``loki_nats_password``,
-      ``loki_redis_password``, read through ``LOKI_SECRETS_DIR``
+      ``loki_redis_user``, ``loki_redis_password``, read through ``LOKI_SECRETS_DIR``
       (:class:`loki_shared.settings.LokiSettings`).
 
     ``folder`` is made 0700 (only its owner reaches it on the host); the subfolders 0755 and
@@ -224,8 +243,8 @@ def init_folder(folder: Path) -> Credentials:
     creds = ensure(folder)
     files: dict[str, str] = {
         "nats/nats.conf": permissions.nats_config(creds.nats),
-        "redis/redis.conf": f"requirepass {creds.redis}\n",
-        "redis/password": creds.redis,
+        "redis/redis.conf": permissions.redis_config(creds.redis),
+        "redis/password": creds.redis[permissions.REDIS_HEALTH_USER],
     }
     for row in permissions.USERS:
         for key, value in service_env(creds, row.user).items():

@@ -1,4 +1,5 @@
-"""Who may say what on the bus: one NATS user per service, with per-subject permissions.
+"""Who may say what on the bus and in the store: one NATS user and one Redis ACL user per
+service, with per-subject permissions and per-key patterns.
 
 :data:`USERS` is the one table: the nats-server configuration is generated from it
 (:func:`nats_config`, written by ``loki up`` into ``LOKI_HOME`` and by the compose init step,
@@ -24,10 +25,20 @@ Rules the table enforces (issue 22): only the gateway publishes ``loki.memory.ke
 publishes ``loki.projects.changed``; only the supervisor answers ``loki.engine.>``; perf records
 are published by chat, the gateway and the bench (and by ``backup``, which writes a backup's
 records back into an empty stack on restore); each service answers only its own health subjects.
+
+Redis (issue 36): the same table gives each user its Redis ACL user (:func:`redis_config`):
+the key patterns it owns (read and write) and those it only reads, the command categories of
+:data:`REDIS_COMMANDS`, no Pub/Sub channel; the ``default`` user is off, and the health checks
+log in as :data:`REDIS_HEALTH_USER`, which may only ``PING``. Only the gateway writes the
+memory-key record ``loki:memory:kdf`` (recall and memory read it); only chat writes
+conversations (``loki:chat:*``, attachments included: the gateway writes those under
+``loki:chat:att:*``), tasks and the recall purge queue; only recall the archive; only memory
+the projects; only the supervisor the presets; ``backup`` reads and writes every ``loki:*`` key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -102,6 +113,9 @@ class Grant:
             see :func:`inbox_prefix`).
         responds: whether it answers requests (NATS ``allow_responses``: it may publish once
             on the reply subject of a request it received).
+        redis_keys: Redis key patterns (glob, as Redis ACL ``~``) it reads and writes.
+        redis_reads: Redis key patterns it only reads (ACL ``%R~``).
+        redis_extra: ACL rules added after :data:`REDIS_COMMANDS` (e.g. ``+keys``).
     """
 
     user: str
@@ -109,6 +123,17 @@ class Grant:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...] = ()
     responds: bool = False
+    redis_keys: tuple[str, ...] = ()
+    redis_reads: tuple[str, ...] = ()
+    redis_extra: tuple[str, ...] = ()
+
+    def redis_rules(self) -> list[str]:
+        """This grant's Redis ACL rules (after ``reset``): key patterns, no channels, the
+        commands. A user with no key gets ``PING`` only."""
+        keys = [f"~{p}" for p in self.redis_keys] + [f"%R~{p}" for p in self.redis_reads]
+        if not keys:
+            return ["resetchannels", "-@all", "+ping"]
+        return [*keys, "resetchannels", *REDIS_COMMANDS, *self.redis_extra]
 
     def nats_permissions(self) -> dict[str, object]:
         """This grant as nats-server's ``permissions`` block (a JSON-compatible dict)."""
@@ -162,6 +187,33 @@ _CHAT_EVENTS = f"{subjects.CHAT_EVENTS_PREFIX}.>"
 _CHAT_INSTANCES = f"{subjects.CHAT_INSTANCE_PREFIX}.*"
 _HEALTH_ALL = f"{subjects.HEALTH_PREFIX}.>"
 
+#: Redis command categories of a service user: reads, writes, key commands (SCAN, EXPIRE,
+#: TYPE...), Lua scripts (the fenced writes), MULTI/EXEC, the connection commands (AUTH, PING,
+#: SELECT, HELLO, CLIENT SETINFO); never one of ``@dangerous`` (FLUSHALL, KEYS, CONFIG,
+#: DEBUG, ACL...). Categories: https://redis.io/docs/latest/operate/oss_and_stack/management/security/acl/
+REDIS_COMMANDS: tuple[str, ...] = (
+    "-@all",
+    "+@read",
+    "+@write",
+    "+@keyspace",
+    "+@scripting",
+    "+@transaction",
+    "+@connection",
+    "-@dangerous",
+)
+#: The Redis user of the health checks (compose's ``redis-cli ping``): ``PING`` only.
+REDIS_HEALTH_USER = "health"
+#: Key patterns of the Redis table (every Loki key starts with ``loki:``).
+REDIS_ALL = "loki:*"
+_R_CHAT = "loki:chat:*"
+_R_ATTACHMENTS = "loki:chat:att:*"
+_R_TASKS = "loki:task:*"
+_R_RECALL = "loki:recall:*"
+_R_PURGE = ("loki:recall:purge", "loki:recall:gone")
+_R_PROJECTS = "loki:projects:*"
+_R_ENGINE = "loki:engine:*"
+_R_KDF = "loki:memory:kdf"
+
 #: The table: every NATS user Loki knows, in the order docs/architecture.md shows them.
 USERS: tuple[Grant, ...] = (
     Grant(
@@ -188,6 +240,7 @@ USERS: tuple[Grant, ...] = (
             subjects.ENGINE_STATE,  # the web UI's engine pill (GET /api/engine/events)
         ),
         responds=True,
+        redis_keys=(_R_ATTACHMENTS, _R_KDF),
     ),
     Grant(
         user="chat",
@@ -215,6 +268,7 @@ USERS: tuple[Grant, ...] = (
             *_health("chat"),
         ),
         responds=True,
+        redis_keys=(_R_CHAT, _R_TASKS, *_R_PURGE),
     ),
     Grant(
         user="recall",
@@ -228,6 +282,8 @@ USERS: tuple[Grant, ...] = (
         ),
         subscribe=(_RECALL_ALL, subjects.MEMORY_KEY, *_health("recall")),
         responds=True,
+        redis_keys=(_R_RECALL,),
+        redis_reads=(_R_KDF,),
     ),
     Grant(
         user="memory",
@@ -240,6 +296,8 @@ USERS: tuple[Grant, ...] = (
         ),
         subscribe=(*_PROJECTS_REQUESTS, subjects.MEMORY_KEY, *_health("memory")),
         responds=True,
+        redis_keys=(_R_PROJECTS,),
+        redis_reads=(_R_KDF,),
     ),
     Grant(
         user="engine-supervisor",
@@ -247,6 +305,7 @@ USERS: tuple[Grant, ...] = (
         publish=(subjects.ENGINE_STATE, *_health("engine-supervisor")),
         subscribe=(_ENGINE_ALL, *_health("engine-supervisor")),
         responds=True,
+        redis_keys=(_R_ENGINE,),
     ),
     Grant(
         user="perf",
@@ -281,6 +340,8 @@ USERS: tuple[Grant, ...] = (
             "$JS.API.>",
             "$KV.>",
         ),
+        redis_keys=(REDIS_ALL,),
+        redis_extra=("+keys",),  # the snapshot script lists loki:* with KEYS
     ),
     Grant(
         user="bench",
@@ -296,6 +357,7 @@ USERS: tuple[Grant, ...] = (
             *js_consume(subjects.STREAM_PERF),
         ),
         subscribe=(_CHAT_EVENTS,),
+        redis_reads=(_R_RECALL,),
     ),
 )
 
@@ -349,6 +411,48 @@ def nats_config(
     # A send carrying images holds them as data URLs (``LOKI_UPLOAD_MAX_MB`` each, base64):
     # nats-server's default 1 MiB per message is too small for them.
     return f"{head}\nmax_payload: {MAX_PAYLOAD}\nauthorization: {body}\n"
+
+
+def redis_users() -> tuple[str, ...]:
+    """Every Redis ACL user: the table's users and :data:`REDIS_HEALTH_USER`."""
+    return (*(row.user for row in USERS), REDIS_HEALTH_USER)
+
+
+def redis_config(
+    passwords: Mapping[str, str], extra: Mapping[str, tuple[str, list[str]]] | None = None
+) -> str:
+    """Redis's configuration: the ACL users of :data:`USERS` (:meth:`Grant.redis_rules`), the
+    health user, and the ``default`` user off with no password (a client that does not log in
+    can do nothing; see the comment below for why its permissions stay whole).
+
+    Args:
+        passwords: Redis user -> password, one for each of :func:`redis_users`.
+        extra: more users, name -> (password, ACL rules); the test fixtures add their own.
+
+    Returns:
+        ``user`` directives of redis.conf. Passwords appear only as their SHA-256 (``#hex``),
+        so the file holds no secret.
+
+    Raises:
+        KeyError: a user has no password.
+    """
+    rules: dict[str, tuple[str, list[str]]] = {
+        row.user: (passwords[row.user], row.redis_rules()) for row in USERS
+    }
+    rules[REDIS_HEALTH_USER] = (passwords[REDIS_HEALTH_USER], ["resetchannels", "-@all", "+ping"])
+    rules.update(dict(extra or {}))
+    lines = [
+        "# Generated by loki_shared.permissions: edit the table there, not this file.",
+        # `default` is off and has no password: no client can log in as it. Its permissions
+        # stay whole because Redis 7.0 replays the append-only file's MULTI/EXEC blocks as
+        # `default` and checks them at EXEC: without them a restart drops every transaction
+        # (Loki's fenced writes), logging "NOPERM ACLs rules changed ..." (issue 36).
+        "user default reset off ~* &* +@all",
+    ]
+    for name, (password, acl) in rules.items():
+        digest = hashlib.sha256(password.encode()).hexdigest()
+        lines.append(" ".join(["user", name, "reset", "on", f"#{digest}", *acl]))
+    return "\n".join(lines) + "\n"
 
 
 def _perm(perms: Mapping[str, object]) -> dict[str, object]:

@@ -37,7 +37,9 @@ class LokiSettings(BaseSettings):
       credentials given in the URL).
     - ``LOKI_NATS_PASSWORD`` — the password of that NATS user.
     - ``LOKI_REDIS_URL`` — Redis URL (default ``redis://127.0.0.1:6379/0``).
-    - ``LOKI_REDIS_PASSWORD`` — Redis's ``requirepass`` password; unset: none (or in the URL).
+    - ``LOKI_REDIS_USER`` — this process's Redis ACL user (issue 36: one per service, see
+      :mod:`loki_shared.permissions`); unset: none (or in the URL).
+    - ``LOKI_REDIS_PASSWORD`` — the password of that Redis user; unset: none (or in the URL).
     - ``LOKI_SECRETS_DIR`` — a folder of secret files, one per variable named like it in lower
       case (``loki_nats_password``...): how compose hands each container its own credentials
       (:mod:`loki_shared.credentials`). The environment wins over a file.
@@ -56,7 +58,8 @@ class LokiSettings(BaseSettings):
     nats_user: str | None = Field(default=None, description="NATS user of this process.")
     nats_password: SecretStr | None = Field(default=None, description="Its NATS password.")
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
-    redis_password: SecretStr | None = Field(default=None, description="Redis password.")
+    redis_user: str | None = Field(default=None, description="Redis ACL user of this process.")
+    redis_password: SecretStr | None = Field(default=None, description="Its Redis password.")
     secret_key: SecretStr | None = Field(
         default=None,
         description="Service sealing key (base64 of 32 bytes, or any passphrase-like string).",
@@ -98,7 +101,10 @@ class LokiSettings(BaseSettings):
         }
 
     def redis_options(self) -> dict[str, Any]:
-        """Keyword arguments of ``Redis.from_url``: the ``password`` when one is set."""
-        if self.redis_password is None:
-            return {}
-        return {"password": self.redis_password.get_secret_value()}
+        """Keyword arguments of ``Redis.from_url``: ``username`` and ``password`` when set."""
+        out: dict[str, Any] = {}
+        if self.redis_user:
+            out["username"] = self.redis_user
+        if self.redis_password is not None:
+            out["password"] = self.redis_password.get_secret_value()
+        return out

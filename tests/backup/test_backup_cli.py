@@ -42,7 +42,7 @@ def test_loki_backup_reads_the_running_stack_and_restore_fills_an_empty_home(tmp
         config=credentials.write_redis_config(home / credentials.REDIS_CONF, creds),
     )
     try:
-        r = redis.Redis.from_url(redis_a.url, password=creds.redis)
+        r = redis.Redis.from_url(redis_a.url, username="backup", password=creds.redis["backup"])
         r.set(b"loki:chat:conv:x", b"\x01blob")
         r.hset(b"loki:chat:index", b"x", b"\x01entry")
         (home / "secret.key").write_text("A" * 43 + "=\n")

@@ -443,7 +443,7 @@ def test_unraid_appdata_follows_env() -> None:
 
 def test_each_container_gets_its_own_credentials_only(rendered: tuple[str, str, dict]) -> None:
     """Issue 22: ``loki-secrets`` generates the passwords first; NATS runs with the generated
-    permissions, Redis with ``requirepass``, and each container mounts only its own folder
+    permissions, Redis with its ACL users, and each container mounts only its own folder
     of LOKI_SECRETS_DIR (its NATS user's password, not another's)."""
     from loki_shared import permissions
 
@@ -504,7 +504,7 @@ def test_the_init_step_writes_what_the_containers_mount(tmp_path: Path) -> None:
             if name == "nats":
                 assert (folder / "nats.conf").read_text().count('"user"') >= 5
             elif name == "redis":
-                assert (folder / "redis.conf").read_text().startswith("requirepass ")
+                assert "user default off" in (folder / "redis.conf").read_text()
                 assert (folder / "password").read_text()
             else:
                 assert (folder / "loki_nats_password").read_text(), name

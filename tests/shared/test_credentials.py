@@ -25,8 +25,10 @@ def test_generated_once_into_the_home_mode_0600(tmp_path: Path) -> None:
     path = home / credentials.FILE
     assert mode(path) == 0o600
     assert set(first.nats) == {row.user for row in permissions.USERS}
-    assert len(set(first.nats.values()) | {first.redis}) == len(first.nats) + 1  # all distinct
-    assert all(len(p) >= 40 for p in [*first.nats.values(), first.redis])
+    assert set(first.redis) == set(permissions.redis_users())
+    every = [*first.nats.values(), *first.redis.values()]
+    assert len(set(every)) == len(every)  # all distinct
+    assert all(len(p) >= 40 for p in every)
     assert credentials.ensure(home) == first  # read back, never regenerated
     # a user the table gains later gets a password; the others keep theirs
     data = json.loads(path.read_text())
@@ -68,14 +70,16 @@ def test_compose_init_folder_and_a_service_logging_in_from_its_own_folder(
     assert {p.name for p in chat.iterdir()} == {
         "loki_nats_user",
         "loki_nats_password",
+        "loki_redis_user",
         "loki_redis_password",
     }
     assert (chat / "loki_nats_password").read_text() == creds.nats["chat"]
-    assert (folder / "redis" / "redis.conf").read_text() == f"requirepass {creds.redis}\n"
+    assert (folder / "redis" / "redis.conf").read_text() == permissions.redis_config(creds.redis)
+    assert (folder / "redis" / "password").read_text() == creds.redis["health"]
     assert "chat" not in {p.name for p in (folder / "gateway").iterdir()}
     # the settings read the folder LOKI_SECRETS_DIR names; the environment wins over it
     monkeypatch.setenv("LOKI_SECRETS_DIR", str(chat))
-    for var in ("LOKI_NATS_USER", "LOKI_NATS_PASSWORD", "LOKI_REDIS_PASSWORD"):
+    for var in ("LOKI_NATS_USER", "LOKI_NATS_PASSWORD", "LOKI_REDIS_USER", "LOKI_REDIS_PASSWORD"):
         monkeypatch.delenv(var, raising=False)
     settings = LokiSettings()
     login = settings.nats_options()
@@ -84,7 +88,7 @@ def test_compose_init_folder_and_a_service_logging_in_from_its_own_folder(
         "password": creds.nats["chat"],
         "inbox_prefix": "_INBOX.chat",
     }
-    assert settings.redis_options() == {"password": creds.redis}
+    assert settings.redis_options() == {"username": "chat", "password": creds.redis["chat"]}
     monkeypatch.setenv("LOKI_NATS_PASSWORD", "from-env")
     assert LokiSettings().nats_options()["password"] == "from-env"
     monkeypatch.delenv("LOKI_NATS_PASSWORD")

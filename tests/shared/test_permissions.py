@@ -391,12 +391,15 @@ def test_redis_without_the_password_is_refused(redis_url: str) -> None:
     with pytest.raises(redis.exceptions.AuthenticationError):
         bare.ping()
     bare.close()
-    wrong = redis.Redis.from_url(plain_url(redis_url), password="not-the-password")
+    wrong = redis.Redis.from_url(plain_url(redis_url), username="chat", password="not-the-password")
     with pytest.raises(redis.exceptions.AuthenticationError):
         wrong.ping()
     wrong.close()
     settings = LokiSettings(
-        redis_url=plain_url(redis_url), redis_password=AUTH.creds.redis, home=Path(".")
+        redis_url=plain_url(redis_url),
+        redis_user="chat",
+        redis_password=AUTH.creds.redis["chat"],
+        home=Path("."),
     )
     ok = redis.Redis.from_url(settings.redis_url, **settings.redis_options())
     assert ok.ping() is True

@@ -27,7 +27,7 @@ from .passphrase import PASSPHRASE_ENV, read_passphrase
 
 def target_from_env() -> Target:
     """The stack the ``LOKI_*`` environment describes, logged in with its credentials
-    (``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` / ``LOKI_REDIS_PASSWORD`` or
+    (``LOKI_NATS_USER`` / ``LOKI_NATS_PASSWORD`` / ``LOKI_REDIS_USER`` / ``LOKI_REDIS_PASSWORD`` or
     ``LOKI_SECRETS_DIR``: in compose, the ``loki-backup`` service's, user ``backup``)."""
     s = LokiSettings()
     nats_url, redis_url = s.nats_url, s.redis_url
@@ -35,7 +35,7 @@ def target_from_env() -> Target:
     if login:
         nats_url = with_userinfo(nats_url, login["user"], login["password"])
     if s.redis_password is not None:
-        redis_url = with_userinfo(redis_url, None, s.redis_password.get_secret_value())
+        redis_url = with_userinfo(redis_url, s.redis_user, s.redis_password.get_secret_value())
     return Target(
         redis_url=redis_url,
         nats_url=nats_url,
