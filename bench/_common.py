@@ -447,11 +447,16 @@ def llama(
 
 @contextmanager
 def stack(
-    home: Path, env: dict[str, str] | None = None, engine_timeout: float = 240.0
+    home: Path,
+    env: dict[str, str] | None = None,
+    engine_timeout: float = 240.0,
+    redis_url: str | None = None,
 ) -> Iterator[Any]:
     """The whole Loki stack (:class:`loki_cli.stack.Stack`: NATS, Redis, the services)
     on a free port with data under ``home``; yields the stack once the gateway listens and
     the supervisor reports the engine ready. ``stack.config.web_port`` is the gateway's port.
+    ``redis_url``: a Redis the bench started itself (no ACL users: the bench reads its
+    ``INFO`` and ``MEMORY USAGE``) instead of the embedded one.
 
     Raises:
         loki_cli.stack.StackError: a part did not start.
@@ -464,6 +469,7 @@ def stack(
         web_port=servers.free_port(),
         env=dict(env or {}),
         echo=os.environ.get("LOKI_BENCH_ECHO", "").lower() in ("1", "true", "on", "yes"),
+        redis_url=redis_url,
     )
     running = Stack(config, log=lambda line: None)
     running.start()
