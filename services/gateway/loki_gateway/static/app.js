@@ -226,19 +226,9 @@
         if (resp.status === 404) { openConversation(null); loadConversations(); return; }
         if (!resp.ok || !resp.body) throw new Error("stream " + resp.status);
         delay = 500;
-        const reader = resp.body.getReader();
-        const dec = new TextDecoder();
-        let buf = "";
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          buf += dec.decode(value, { stream: true });
-          let cut;
+        for await (const received of sseFrames(resp)) {
           const batch = [];
-          while ((cut = buf.indexOf("\n\n")) >= 0) {
-            const block = buf.slice(0, cut);
-            buf = buf.slice(cut + 2);
-            const f = parseFrame(block);
+          for (const f of received) {
             if (f.event === "reconnect") { reconnectNow = true; break; }
             if (f.event === "history") { try { state.historyBefore = JSON.parse(f.data).before || 0; } catch (e) { /* none */ } olderButton(); continue; }
             if (f.data) batch.push(f);
@@ -259,13 +249,37 @@
           $("messages").dataset.lastSeq = String(state.lastSeq);
           scheduleRender();
           if (!state.settled) settleSoon(id);
-          if (reopen) { reader.cancel().catch(() => {}); openConversation(id); return; }
-          if (reconnectNow) { reader.cancel().catch(() => {}); break; }
+          if (reopen) { openConversation(id); return; } // leaving the loop cancels the reader
+          if (reconnectNow) break;
         }
       } catch (e) {
         if (ctrl.signal.aborted) return;
       }
       if (!reconnectNow) { await new Promise((r) => setTimeout(r, delay)); delay = Math.min(delay * 2, 5000); }
+    }
+  }
+
+  // The frames of an SSE response read with fetch(), a batch per network read (a batch is
+  // drawn at once); the reader is cancelled when the loop over it ends early.
+  async function* sseFrames(resp) {
+    const reader = resp.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        buf += dec.decode(value, { stream: true });
+        const batch = [];
+        let cut;
+        while ((cut = buf.indexOf("\n\n")) >= 0) {
+          batch.push(parseFrame(buf.slice(0, cut)));
+          buf = buf.slice(cut + 2);
+        }
+        yield batch;
+      }
+    } finally {
+      reader.cancel().catch(() => {});
     }
   }
 
@@ -707,17 +721,8 @@
         if (resp.status === 401) { if (localStorage.getItem("lokiKey") === usedKey) await askKey(); continue; }
         if (!resp.ok || !resp.body) throw new Error("engine events " + resp.status);
         delay = 1000;
-        const reader = resp.body.getReader();
-        const dec = new TextDecoder();
-        let buf = "";
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          buf += dec.decode(value, { stream: true });
-          let cut;
-          while ((cut = buf.indexOf("\n\n")) >= 0) {
-            const f = parseFrame(buf.slice(0, cut));
-            buf = buf.slice(cut + 2);
+        for await (const received of sseFrames(resp)) {
+          for (const f of received) {
             if (f.event !== "engine" || !f.data) continue;
             let info;
             try { info = JSON.parse(f.data); } catch (e) { continue; }
