@@ -504,7 +504,7 @@ def test_the_init_step_writes_what_the_containers_mount(tmp_path: Path) -> None:
             if name == "nats":
                 assert (folder / "nats.conf").read_text().count('"user"') >= 5
             elif name == "redis":
-                assert "user default off" in (folder / "redis.conf").read_text()
+                assert "user default reset off" in (folder / "redis.conf").read_text()
                 assert (folder / "password").read_text()
             else:
                 assert (folder / "loki_nats_password").read_text(), name

@@ -216,7 +216,8 @@ def user_contents(events: list[dict]) -> list[str]:
 
 def check_log(events: list[dict], contiguous: bool = True) -> None:
     """One display log, one writer at a time: seqs strictly increasing (and without a gap when
-    ``contiguous``), every turn ends once, and no assistant output outside a turn.
+    ``contiguous``: a merged event of a compacted turn stands for the seqs from its
+    ``merged_from`` to its own), every turn ends once, and no assistant output outside a turn.
 
     After a crash the log may skip seqs: events the dead owner published live but never
     persisted are dropped, and their seqs are not reused (a client that saw them live must
@@ -224,7 +225,8 @@ def check_log(events: list[dict], contiguous: bool = True) -> None:
     seqs = [e["seq"] for e in events]
     assert all(a < b for a, b in zip(seqs, seqs[1:])), seqs
     if contiguous:
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+        starts = [e.get("merged_from") or e["seq"] for e in events]
+        assert all(start == prev + 1 for prev, start in zip(seqs, starts[1:])), seqs
     open_turn = False
     pending_user = False
     for e in events:

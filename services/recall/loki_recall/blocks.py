@@ -40,8 +40,13 @@ KIND_PLAIN = b"P"
 KIND_MEMORY = b"M"
 #: Blocks asked of Redis in one ``HMGET``.
 FETCH_CHUNK = 512
+# KEYS: the seq counter. ARGV: '1' when the memory key is not held, the KDF key's name. The
+# KDF key is read by name rather than declared in KEYS: Redis checks a script's declared keys
+# as written, and the recall service may only read it (its ACL user has it read-only); the
+# EXISTS inside is checked as the read it is. Atomic with the INCR, so no block is numbered
+# after the memory became encrypted without the check seeing it.
 _NEXT_SEQ = """
-if ARGV[1] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if ARGV[1] == '1' and redis.call('EXISTS', ARGV[2]) == 1 then return 0 end
 return redis.call('INCR', KEYS[1])
 """
 # KEYS: blocks, gone, owner set of the conversation (or of the project again), of the project.
@@ -157,7 +162,7 @@ class BlockStore:
         """
         try:
             seq = int(
-                await self._next_seq(keys=[SEQ_KEY, KDF_REDIS_KEY], args=[0 if memory_held else 1])
+                await self._next_seq(keys=[SEQ_KEY], args=[0 if memory_held else 1, KDF_REDIS_KEY])
             )
         except RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
