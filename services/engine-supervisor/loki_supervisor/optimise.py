@@ -268,7 +268,8 @@ class Optimiser:
         self._restore = restore
         task = self._task
         if task is not None and not task.done():
-            task.cancel()
+            if not task.cancelling():  # once: a second cancel would cut the preset's relaunch
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
@@ -279,7 +280,12 @@ class Optimiser:
             if self.sup.leases.kind_active(TURN_KINDS) and not task.done():
                 log.info("optimiser stopped: a turn asked for the engine")
                 self._stopped_by_turn = True
-                task.cancel()
+                # once, then no more: the search's end relaunches the preset in service (the
+                # turn waits for it), and a second cancel would cut that relaunch and leave
+                # the job "running" for ever
+                if not task.cancelling():
+                    task.cancel()
+                return
 
     async def _run(self, candidates: list[Preset], ctx: dict[str, Any]) -> None:
         sup = self.sup
