@@ -29,6 +29,7 @@ from loki_shared.messages.engine import (
     PresetsReply,
     PresetsRequest,
 )
+from loki_supervisor.optimise import WATCH_S
 
 from .conftest import request, wait_info
 
@@ -187,14 +188,30 @@ async def test_optimiser_proposes_the_measured_fastest_of_two_ubatch_values_and_
     assert kept.result.search_id == result.search_id  # the table is kept
 
     # a turn that asks for the engine during a search stops it; the preset comes back first
+    # a search long enough that the turn comes while it measures (three candidates to launch)
     again = OptimiseRequest(
-        action="start", candidates=[{"ubatch": 64}], depths=[0], n_pp=32, n_tg=4, reps=1
+        action="start",
+        candidates=[{"ubatch": 64}, {"ubatch": 128}, {"ubatch": 256}],
+        depths=[0],
+        n_pp=32,
+        n_tg=4,
+        reps=2,
     )
     started = await request(nc, subjects.ENGINE_OPTIMISE, again, OptimiseReply, 30)
     assert started.job.state == "running"
-    await asyncio.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until a candidate is being launched or measured
+        now = await request(
+            nc, subjects.ENGINE_OPTIMISE, OptimiseRequest(action="status"), OptimiseReply
+        )
+        if now.job.step.startswith(("candidate", "row 1", "row 2")):
+            break
+        await asyncio.sleep(0.1)
     async with engine_lease(nc, LeaseRequest(kind="main", conversation="c1", wait_s=300)) as held:
         assert held.lease.base_url
+        # held past a few of the watcher's looks (a lease granted between two of them and
+        # released at once could pass unseen, and the search would end "done")
+        await asyncio.sleep(4 * WATCH_S)
     stopped = await _until_done(
         nc, subjects.ENGINE_OPTIMISE, OptimiseRequest(action="status"), OptimiseReply, 120
     )
@@ -204,7 +221,10 @@ async def test_optimiser_proposes_the_measured_fastest_of_two_ubatch_values_and_
     assert "--ubatch-size" not in info.argv
 
     # and cancel stops it too
-    started = await request(nc, subjects.ENGINE_OPTIMISE, again, OptimiseReply, 30)
+    one = OptimiseRequest(
+        action="start", candidates=[{"ubatch": 64}], depths=[0], n_pp=32, n_tg=4, reps=1
+    )
+    started = await request(nc, subjects.ENGINE_OPTIMISE, one, OptimiseReply, 30)
     assert started.job.state == "running"
     cancelled = await request(
         nc, subjects.ENGINE_OPTIMISE, OptimiseRequest(action="cancel"), OptimiseReply, 300

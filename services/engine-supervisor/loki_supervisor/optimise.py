@@ -177,6 +177,10 @@ class Optimiser:
         self._watcher: asyncio.Task[None] | None = None
         self._stopped_by_turn = False
         self._restore = True
+        #: the search is over and the preset in service is being launched again: nothing
+        #: cancels that (the turn that stopped the search waits for it)
+        self._ending = False
+        self._cancel_asked = False
 
     @property
     def running(self) -> bool:
@@ -258,6 +262,8 @@ class Optimiser:
         )
         self._stopped_by_turn = False
         self._restore = True
+        self._ending = False
+        self._cancel_asked = False
         ctx = {"preset": preset, "base_plan": base_plan, "facts": facts, "plan": plan}
         self._task = asyncio.create_task(self._run(candidates, ctx), name="optimise")
         self._watcher = asyncio.create_task(self._watch(self._task), name="optimise-watch")
@@ -266,9 +272,11 @@ class Optimiser:
         """Stop the search; the preset in service is launched again as it was unless
         ``restore`` is False (a preset switch or save that launches one itself follows)."""
         self._restore = restore
+        self._cancel_asked = True  # seen between steps too (a step may absorb the cancel)
         task = self._task
         if task is not None and not task.done():
-            if not task.cancelling():  # once: a second cancel would cut the preset's relaunch
+            # once, and never once the search is over (the preset's relaunch is not cut)
+            if not task.cancelling() and not self._ending:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -280,10 +288,10 @@ class Optimiser:
             if self.sup.leases.kind_active(TURN_KINDS) and not task.done():
                 log.info("optimiser stopped: a turn asked for the engine")
                 self._stopped_by_turn = True
-                # once, then no more: the search's end relaunches the preset in service (the
-                # turn waits for it), and a second cancel would cut that relaunch and leave
-                # the job "running" for ever
-                if not task.cancelling():
+                # once, and not when the search is already over: its end relaunches the
+                # preset in service (the turn waits for it); a cancel then would cut that
+                # relaunch and leave the job "running" for ever
+                if not task.cancelling() and not self._ending:
                     task.cancel()
                 return
 
@@ -301,6 +309,8 @@ class Optimiser:
             table[0].pp, table[0].tg = bench_mod.summary(run.points)
             table[0].verdict = "measured"
             for i, cand in enumerate(candidates, start=1):
+                if self._cancel_asked or self._stopped_by_turn:
+                    raise asyncio.CancelledError
                 row = table[i]
                 self.job.step = f"candidate {i}: {row.settings}"
                 why = self._refusal(cand, ctx)
@@ -321,6 +331,8 @@ class Optimiser:
                     continue
                 row.pp, row.tg = bench_mod.summary(run.points)
                 row.verdict = "measured"
+            if self._cancel_asked or self._stopped_by_turn:
+                raise asyncio.CancelledError
             self._finish(table)
         except asyncio.CancelledError:
             state = "cancelled"
@@ -330,16 +342,19 @@ class Optimiser:
             log.warning("optimiser failed: %s", exc)
             state, error = "failed", str(exc)
         finally:
-            # the preset in service comes back before the job says it ended
-            if launched and self._restore:
-                self.job.step = "launching the preset again"
-                why = await asyncio.shield(sup.launch_and_wait(preset))
-                if why is not None:
-                    log.warning("the preset in service did not come back: %s", why)
-            if state == "done":
-                self.job.done = self.job.total
-                await sup.bench_store.save_search(self.result)
-            self.job.state, self.job.error, self.job.step = state, error, step  # type: ignore[assignment]
+            self._ending = True
+            try:
+                # the preset in service comes back before the job says it ended
+                if launched and self._restore:
+                    self.job.step = "launching the preset again"
+                    why = await asyncio.shield(sup.launch_and_wait(preset))
+                    if why is not None:
+                        log.warning("the preset in service did not come back: %s", why)
+                if state == "done":
+                    self.job.done = self.job.total
+                    await sup.bench_store.save_search(self.result)
+            finally:  # the job always says how it ended (the service closing cuts the wait)
+                self.job.state, self.job.error, self.job.step = state, error, step  # type: ignore[assignment]
 
     def _progress(self, row: int, plan: bench_mod.BenchPlan) -> Any:
         """Progress of row ``row``'s benchmark, landing in the search's job."""
