@@ -299,3 +299,28 @@ async def chat_runner(
 async def chat(chat_runner: ChatRunner, supervisor: FakeSupervisor) -> ChatService:
     """One in-process chat service, with the fake supervisor pointing at the fake engine."""
     return await chat_runner.start()
+
+
+@pytest.fixture
+def fake_stack(tmp_path: Path, fake_engine: FakeEngine) -> Iterator[Any]:
+    """The whole stack (``loki up``'s processes) following the scripted engine
+    (``LOKI_ENGINE_URL``), once its engine is ready; ``stack.config.web_port`` is the
+    gateway's port."""
+    from loki_cli.stack import Stack, StackConfig
+    from loki_shared import servers
+
+    stack = Stack(
+        StackConfig(
+            home=tmp_path / "home",
+            web_port=servers.free_port(),
+            echo=False,
+            env={"LOKI_ENGINE_URL": fake_engine.url, "LOKI_SECRET_KEY": SECRET},
+        ),
+        log=lambda line: None,
+    )
+    stack.start()
+    try:
+        stack.wait_engine_ready(timeout=60)
+        yield stack
+    finally:
+        stack.stop()
