@@ -164,6 +164,10 @@ class EngineLease:
         request: what to ask (``kind``, ``conversation``, ``wait_s``, ...).
         timeout: NATS timeout of the lease request (default ``wait_s + 5``).
         stop: when set while the lease is awaited, entry gives up with :class:`LeaseStopped`.
+        detach: asked at the exit; when it answers True the release goes on in the
+            background and the holder goes on at once (a process that is stopping persists
+            its partial replies before its budget runs out, whether the supervisor answers
+            or not: the lease's TTL covers a release that never arrives).
 
     Attributes:
         renewals: renewals the supervisor accepted.
@@ -181,8 +185,10 @@ class EngineLease:
         *,
         timeout: float | None = None,
         stop: asyncio.Event | None = None,
+        detach: Callable[[], bool] | None = None,
     ) -> None:
         self._request: Request = nats if _is_function(nats) else requester(nats)
+        self._detach = detach
         self.request = request
         self.timeout = timeout if timeout is not None else float(request.wait_s) + 5.0
         self._stop = stop
@@ -370,6 +376,8 @@ class EngineLease:
         if self._renewer is not None:
             self._renewer.cancel()
         releasing = _spawn(self._send_release(self._lease.lease_id))
+        if self._detach is not None and self._detach():
+            return  # kept referenced in _BACKGROUND until it is answered or times out
         # Shielded: a cancelled holder (client gone, stop) still releases; the release
         # goes on in the background when the cancellation arrives during it.
         self.released = await asyncio.shield(releasing)
@@ -381,9 +389,10 @@ def lease(
     *,
     timeout: float | None = None,
     stop: asyncio.Event | None = None,
+    detach: Callable[[], bool] | None = None,
 ) -> EngineLease:
     """An engine lease to hold with ``async with`` (see :class:`EngineLease`)."""
-    return EngineLease(nats, request, timeout=timeout, stop=stop)
+    return EngineLease(nats, request, timeout=timeout, stop=stop, detach=detach)
 
 
 __all__ = [

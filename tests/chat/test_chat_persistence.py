@@ -154,9 +154,15 @@ async def test_kill_9_mid_turn_loses_nothing_persisted(
     assert json.loads(fake_engine.requests[1].body)["messages"][:3] == sent[:3]
 
 
+@pytest.mark.parametrize("release_answered", [True, False], ids=["answered", "silent"])
 async def test_sigterm_mid_turn_keeps_partial_and_frees_the_lock(
-    nats_url, redis_db, tmp_path, supervisor, fake_engine, client, chat_runner
+    nats_url, redis_db, tmp_path, supervisor, fake_engine, client, chat_runner, release_answered
 ):
+    """SIGTERM mid-reply: the process exits 0 within its stop budget, the partial reply is
+    persisted (``stopped``) and the lock released, whether the supervisor answers the turn's
+    lease release or not (silent: a whole stack stopping at once; the release waits 5 s for
+    an answer, more than the budget's share for the turns, so it must not come first)."""
+    supervisor.silent_release = not release_answered
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
     env.update(
         LOKI_NATS_URL=nats_url,
@@ -164,6 +170,7 @@ async def test_sigterm_mid_turn_keeps_partial_and_frees_the_lock(
         LOKI_HOME=str(tmp_path / "h"),
         LOKI_SECRET_KEY=SECRET,
         LOKI_LOCK_TTL_S="30",
+        LOKI_STOP_TIMEOUT_S="6",  # 3 s for the turns: less than a release's 5 s wait
         PYTHONUNBUFFERED="1",
     )
     proc = subprocess.Popen(
@@ -189,7 +196,7 @@ async def test_sigterm_mid_turn_keeps_partial_and_frees_the_lock(
         cid = reply.conversation
         await client.tap.wait(lambda: len(client.tap.text(cid)) > 10)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
+        assert await asyncio.to_thread(proc.wait, 15) == 0  # the fakes answer meanwhile
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -62,6 +62,7 @@ class FakeSupervisor:
     verify: bool | None = None  # the preset's VERIFY feature, sent with leases
     slot_persist: dict[str, Any] | None = None  # what ``info`` says of SLOT_PERSIST
     extra_in_flight: int = 0  # requests ``info`` counts in flight beside the live leases
+    silent_release: bool = False  # releases recorded, never answered (a supervisor away)
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -115,12 +116,12 @@ class FakeSupervisor:
             return Lease(error=ErrorInfo(type="not_found", message="expired"))
         return Lease(lease_id=req.lease_id, base_url=self.base_url, ttl_s=self.ttl_s)
 
-    def release(self, req: ReleaseRequest) -> ReleaseReply:
+    def release(self, req: ReleaseRequest) -> ReleaseReply | None:
         self.released.append(req.lease_id)
         self.release_requests.append(req)
         ok = self.live.pop(req.lease_id, None) is not None
         self.release_count += ok
-        return ReleaseReply(ok=ok)
+        return None if self.silent_release else ReleaseReply(ok=ok)
 
     def held(self) -> int:
         """Leases granted and not released."""
@@ -148,13 +149,15 @@ class FakeSupervisor:
 
 def responder(model: Any, handler: Any) -> Any:
     """A nats-py callback: decode the request as ``model`` (None: no body), call
-    ``handler`` (plain or async) and respond with its reply's JSON."""
+    ``handler`` (plain or async) and respond with its reply's JSON (no reply: no response)."""
 
     async def cb(msg: Any) -> None:
         request = model.model_validate_json(msg.data) if model else None
         reply = handler(request)
         if hasattr(reply, "__await__"):
             reply = await reply
+        if reply is None:
+            return
         await msg.respond(reply.model_dump_json().encode())
 
     return cb

@@ -180,6 +180,29 @@ async def test_released_when_the_body_raises_or_is_cancelled(nc):
     assert await settle(nc, 0) == 0
 
 
+async def test_a_detached_exit_does_not_wait_for_the_release(nc):
+    """``detach`` answering True at the exit (a process stopping): the holder goes on before
+    the supervisor answers, and the release still arrives in the background; False: the exit
+    waits for the answer as usual."""
+    answered = asyncio.Event()
+
+    async def slow_request(subject: str, payload: bytes, timeout: float) -> bytes:
+        reply = await requester(nc)(subject, payload, timeout)
+        if subject == subjects.ENGINE_RELEASE:
+            await asyncio.sleep(0.5)  # a supervisor slow to answer
+            answered.set()
+        return reply
+
+    for detached in (True, False):
+        answered.clear()
+        async with lease(slow_request, foreign(), detach=lambda d=detached: d) as held:
+            assert await held_count(nc) == 1
+        assert answered.is_set() is not detached
+        assert held.released is not detached
+        await asyncio.wait_for(answered.wait(), 5)
+        assert await settle(nc, 0) == 0
+
+
 async def test_a_lease_granted_after_its_waiter_left_is_released_at_once(nc):
     """Cancelled while waiting, or stopped while waiting: when the supervisor grants the
     lease after that, it is released at once, not left to expire (TTL 1.5 s)."""

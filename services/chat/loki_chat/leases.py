@@ -47,6 +47,9 @@ class EngineLeases:
         self.bus = bus
         self.settings = settings
         self.holder = f"{instance}:{uuid.uuid4().hex[:8]}"
+        #: set when the instance stops: a lease exited from then on is released in the
+        #: background (the turn persists its partial reply first; the TTL covers the rest)
+        self.closing = False
         #: ``main`` leases asked so far (PREWARM after a restart: a turn's step asked since
         #: the engine came back has the slot, so the prewarm is dropped)
         self.main_asked = 0
@@ -76,7 +79,11 @@ class EngineLeases:
             LeaseRequest(kind=kind, conversation=cid, wait_s=wait_s, holder=self.holder),
             timeout=timeout,
             stop=stop,
+            detach=self._closing,
         )
+
+    def _closing(self) -> bool:
+        return self.closing
 
     def compact_lease(self, cid: str, continuation: bool) -> EngineLease:
         """A ``compact`` lease for conversation ``cid``, to hold with ``async with``."""
@@ -89,6 +96,7 @@ class EngineLeases:
                 continuation=continuation,
                 holder=self.holder,
             ),
+            detach=self._closing,
         )
 
     def prewarm_lease(self, cid: str, wait_s: float | None = None) -> EngineLease:

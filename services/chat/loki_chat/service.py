@@ -190,6 +190,7 @@ class ChatService:
         perf records still being published."""
         await self.scheduler.close(timeout=3.0)  # no new claim; started runs may finish
         self.shared.closing = True
+        self.shared.leases.closing = True  # partial replies are persisted before releases
         await self.ownership.close()
         await self.scheduler.close(timeout=1.0)  # the runs stopped now record how they ended
         await self.bus.drain(timeout=3)
