@@ -33,15 +33,22 @@ def windows(
     message was logged last before it was sent (requests before the first turn: turn 0).
 
     Returns:
-        ``[{"turns": "1–50", "requests", "prefilled", "new", "ratio"}]`` in turn order.
+        ``[{"turns": "1–50", "requests", "prefilled", "new", "extra_by_kind", "ratio"}]`` in
+        turn order; ``extra_by_kind`` is Σ (prompt_n − new) per request kind (main, compact,
+        prewarm, v1, bench…): where a window's recomputation comes from.
     """
     out: dict[int, dict[str, Any]] = {}
     for req in per_request:
         turn = max(0, bisect.bisect_right(turn_ts, float(req["ts"])) - 1)
-        w = out.setdefault(turn // size, {"requests": 0, "prefilled": 0, "new": 0})
+        w = out.setdefault(
+            turn // size, {"requests": 0, "prefilled": 0, "new": 0, "extra_by_kind": {}}
+        )
         w["requests"] += 1
         w["prefilled"] += int(req["prompt_n"] or 0)
         w["new"] += int(req["new"] or 0)
+        extra = int(req["prompt_n"] or 0) - int(req["new"] or 0)
+        kind = str(req.get("kind") or "?")
+        w["extra_by_kind"][kind] = w["extra_by_kind"].get(kind, 0) + extra
     rows = []
     for index in sorted(out):
         w = out[index]
@@ -54,6 +61,24 @@ def windows(
             }
         )
     return rows
+
+
+def top_extra(
+    per_request: list[dict[str, Any]], turn_ts: list[float], n: int = 12
+) -> list[dict[str, Any]]:
+    """The ``n`` requests with the most prompt_n − new, each with its turn (1-based) and kind."""
+    rows = [
+        {
+            "turn": max(0, bisect.bisect_right(turn_ts, float(r["ts"])) - 1) + 1,
+            "extra": int(r["prompt_n"] or 0) - int(r["new"] or 0),
+            **{
+                k: r.get(k)
+                for k in ("kind", "prompt_tokens", "cache_n", "prompt_n", "new", "exact")
+            },
+        }
+        for r in per_request
+    ]
+    return sorted(rows, key=lambda r: -r["extra"])[:n]
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -70,8 +95,18 @@ def run(quick: bool) -> dict[str, Any]:
         tables=[
             _common.table(
                 f"Recomputation ratio per {WINDOW} turns",
-                ["turns", "requests", "Σ prompt_n", "Σ new", "ratio"],
-                [[r["turns"], r["requests"], r["prefilled"], r["new"], r["ratio"]] for r in rows],
+                ["turns", "requests", "Σ prompt_n", "Σ new", "prompt_n − new by kind", "ratio"],
+                [
+                    [
+                        r["turns"],
+                        r["requests"],
+                        r["prefilled"],
+                        r["new"],
+                        ", ".join(f"{k} {v}" for k, v in sorted(r["extra_by_kind"].items()) if v),
+                        r["ratio"],
+                    ]
+                    for r in rows
+                ],
                 notes=f"Whole session: ratio {fig['ratio']}, exact floor {fig.get('floor')}, "
                 f"{fig['compactions']} compactions, {fig['summary_requests']} summary requests, "
                 f"wall {fig['wall_s']} s.",
@@ -83,7 +118,12 @@ def run(quick: bool) -> dict[str, Any]:
             ),
             _common.target("turns done", fig["turns_done"], ">=", n_turns, issue="37"),
         ],
-        data={"windows": rows, "figures": {k: v for k, v in fig.items() if k != "per_request"}},
+        data={
+            "windows": rows,
+            "figures": {k: v for k, v in fig.items() if k != "per_request"},
+            # the requests that recomputed most, with the turn they count in: where to look
+            "top_extra": top_extra(fig["per_request"], fig["turn_user_ts"]),
+        },
         notes="CTX 4096, replies capped at 24 tokens, temperature 0.7: the headline's session "
         "continued past its 40 turns (the script cycles its kinds of message).",
         engine=fig.get("engine"),
