@@ -26,6 +26,16 @@ TIMEOUT_S = {"quick": 3600, "full": 7200}
 WINDOW = 50
 
 
+def _turn(req: dict[str, Any], turn_ts: list[float]) -> int:
+    """The 0-based turn a request counts in: the last user message logged before it."""
+    return max(0, bisect.bisect_right(turn_ts, float(req["ts"])) - 1)
+
+
+def _extra(req: dict[str, Any]) -> int:
+    """prompt_n − new: what the engine prefilled that was not new to it."""
+    return int(req["prompt_n"] or 0) - int(req["new"] or 0)
+
+
 def windows(
     per_request: list[dict[str, Any]], turn_ts: list[float], size: int = WINDOW
 ) -> list[dict[str, Any]]:
@@ -39,16 +49,15 @@ def windows(
     """
     out: dict[int, dict[str, Any]] = {}
     for req in per_request:
-        turn = max(0, bisect.bisect_right(turn_ts, float(req["ts"])) - 1)
         w = out.setdefault(
-            turn // size, {"requests": 0, "prefilled": 0, "new": 0, "extra_by_kind": {}}
+            _turn(req, turn_ts) // size,
+            {"requests": 0, "prefilled": 0, "new": 0, "extra_by_kind": {}},
         )
         w["requests"] += 1
         w["prefilled"] += int(req["prompt_n"] or 0)
         w["new"] += int(req["new"] or 0)
-        extra = int(req["prompt_n"] or 0) - int(req["new"] or 0)
         kind = str(req.get("kind") or "?")
-        w["extra_by_kind"][kind] = w["extra_by_kind"].get(kind, 0) + extra
+        w["extra_by_kind"][kind] = w["extra_by_kind"].get(kind, 0) + _extra(req)
     rows = []
     for index in sorted(out):
         w = out[index]
@@ -69,8 +78,8 @@ def top_extra(
     """The ``n`` requests with the most prompt_n − new, each with its turn (1-based) and kind."""
     rows = [
         {
-            "turn": max(0, bisect.bisect_right(turn_ts, float(r["ts"])) - 1) + 1,
-            "extra": int(r["prompt_n"] or 0) - int(r["new"] or 0),
+            "turn": _turn(r, turn_ts) + 1,
+            "extra": _extra(r),
             **{
                 k: r.get(k)
                 for k in ("kind", "prompt_tokens", "cache_n", "prompt_n", "new", "exact")
