@@ -83,21 +83,10 @@
   async function loadPages() {
     let reply;
     try { reply = await LokiApi.apiJSON(base() + "/pages"); } catch (e) { fail(e); return; }
-    const ul = $("page-list");
-    ul.textContent = "";
-    for (const p of reply.pages) {
-      const li = document.createElement("li");
-      li.dataset.file = p.file;
-      li.classList.toggle("on", p.file === openPage);
-      const title = document.createElement("span");
-      title.textContent = p.title;
-      const desc = document.createElement("span");
-      desc.className = "desc";
-      desc.textContent = p.description || p.file;
-      li.append(title, desc);
-      rowButton(li, () => editPage(p.file));
-      ul.appendChild(li);
-    }
+    fillList($("page-list"), reply.pages, (p) => ({
+      key: ["file", p.file], on: p.file === openPage, title: p.title,
+      desc: p.description || p.file, open: () => editPage(p.file),
+    }));
     $("page-index").textContent = reply.index || "(no page yet)";
   }
 
@@ -165,23 +154,34 @@
     let reply;
     try { reply = await LokiApi.apiJSON(base() + "/trackers"); } catch (e) { fail(e); return; }
     const ul = $("tracker-list");
+    fillList(ul, reply.trackers, (t) => ({
+      key: ["slug", t.slug], on: t.slug === openTracker, title: t.name,
+      desc: t.latest
+        ? `${t.latest.value} ${t.unit} (${t.latest.date}) · ${t.count} value${t.count === 1 ? "" : "s"}`
+        : "no value yet",
+      open: () => { openTracker = t.slug; drawTracker(t.slug); loadTrackers(); },
+    }));
+    if (!reply.trackers.length) LokiDialog.emptyRow(ul, "No tracker yet: log a first value below.", "desc");
+  }
+
+  // A list of rows, each a title and a description in a button that opens it; `row(item)`
+  // gives {key: [dataset name, value], on, title, desc, open}.
+  function fillList(ul, items, row) {
     ul.textContent = "";
-    for (const t of reply.trackers) {
+    for (const item of items) {
+      const r = row(item);
       const li = document.createElement("li");
-      li.dataset.slug = t.slug;
-      li.classList.toggle("on", t.slug === openTracker);
-      const name = document.createElement("span");
-      name.textContent = t.name;
+      li.dataset[r.key[0]] = r.key[1];
+      li.classList.toggle("on", r.on);
+      const title = document.createElement("span");
+      title.textContent = r.title;
       const desc = document.createElement("span");
       desc.className = "desc";
-      desc.textContent = t.latest
-        ? `${t.latest.value} ${t.unit} (${t.latest.date}) · ${t.count} value${t.count === 1 ? "" : "s"}`
-        : "no value yet";
-      li.append(name, desc);
-      rowButton(li, () => { openTracker = t.slug; drawTracker(t.slug); loadTrackers(); });
+      desc.textContent = r.desc;
+      li.append(title, desc);
+      rowButton(li, r.open);
       ul.appendChild(li);
     }
-    if (!reply.trackers.length) LokiDialog.emptyRow(ul, "No tracker yet: log a first value below.", "desc");
   }
 
   // A list row that opens something: its content in a button (reached by Tab, opened by a
