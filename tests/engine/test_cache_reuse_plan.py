@@ -11,7 +11,7 @@ import pytest
 from loki_supervisor.cache_reuse import DEFAULT_CACHE_REUSE, chunk_tokens
 from loki_supervisor.facts import parse_help
 from loki_supervisor.plan import plan_launch
-from loki_supervisor.service import env_preset
+from loki_supervisor.presets import env_preset
 from loki_supervisor.settings import Settings
 
 from .test_plan import HELP, HELP_TEXT, cfg, facts

@@ -28,6 +28,7 @@ from loki_shared.messages.engine import Preset
 from loki_shared.sealing import Sealer, SealError
 
 from .errors import InvalidRequest, NotFound
+from .settings import Settings
 
 PRESETS_KEY = "loki:engine:presets"
 ACTIVE_KEY = "loki:engine:active"
@@ -284,3 +285,46 @@ async def test_connection(
     else:
         msg = "connected"
     return {"ok": True, "status": 200, "message": msg, "models": models[:200]}
+
+
+def env_preset(settings: Settings) -> Preset:
+    """The ``env`` preset: the local engine as the ``LOKI_*`` settings describe it."""
+    return Preset(
+        id=ENV_PRESET_ID,
+        name="Local engine (environment)",
+        model=settings.model,
+        ctx=settings.ctx,
+        ngl=settings.ngl,
+        parallel=settings.parallel,
+        ubatch=settings.ubatch,
+        extra_args=settings.extra_args,
+        features={
+            "SIDE_SLOT": settings.side_slot,
+            "CACHE_RAM": settings.cache_ram,
+            "CACHE_ISOLATE": settings.cache_isolate,
+            "SLOT_PERSIST": settings.slot_persist,
+            "SLOT_PERSIST_MAX_MB": settings.slot_persist_max_mb,
+            "CHAT_TEMPLATE_FILE": settings.chat_template_file,
+            **tail_reuse_features(settings),
+        },
+        draft_model=settings.draft_model,
+        draft_max=settings.draft_max,
+        draft_min=settings.draft_min,
+        draft_ngl=settings.draft_ngl,
+    )
+
+
+def tail_reuse_features(settings: Settings) -> dict[str, str]:
+    """The ``env`` preset's COMPACT_TAIL_REUSE features: ``COMPACT_TAIL_REUSE: on`` and
+    ``CACHE_REUSE`` (tokens) when the key is on; none when off (the preset as before)."""
+    if not settings.compact_tail_reuse:
+        return {}
+    return {"COMPACT_TAIL_REUSE": "on", "CACHE_REUSE": str(settings.cache_reuse)}
+
+
+def model_source(preset: Preset) -> str:
+    """Where a preset's model path comes from, as a person would fix it: ``LOKI_MODEL``
+    for the environment's preset, else the preset's name and id."""
+    if preset.id == ENV_PRESET_ID:
+        return "LOKI_MODEL"
+    return f"model of preset {preset.name!r} ({preset.id})"

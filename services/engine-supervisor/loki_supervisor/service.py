@@ -49,7 +49,7 @@ from .lease import LeaseManager, Target
 from .optimise import Optimiser
 from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, tristate, truthy
 from .preflight import check_model_file
-from .presets import ENV_PRESET_ID, PresetStore, public, step_cap, test_connection
+from .presets import PresetStore, env_preset, model_source, public, step_cap, test_connection
 from .routing import SIDE_KINDS, EngineView, cache_ram_advice, erase_decision
 from .settings import Settings
 from .slot_persist import SAVE_TIMEOUT_S, PersistConfig, SlotPersister
@@ -57,41 +57,6 @@ from .slot_persist import SAVE_TIMEOUT_S, PersistConfig, SlotPersister
 log = logging.getLogger(__name__)
 
 ERASE_TIMEOUT_S = 2.0
-
-
-def env_preset(settings: Settings) -> Preset:
-    """The ``env`` preset: the local engine as the ``LOKI_*`` settings describe it."""
-    return Preset(
-        id=ENV_PRESET_ID,
-        name="Local engine (environment)",
-        model=settings.model,
-        ctx=settings.ctx,
-        ngl=settings.ngl,
-        parallel=settings.parallel,
-        ubatch=settings.ubatch,
-        extra_args=settings.extra_args,
-        features={
-            "SIDE_SLOT": settings.side_slot,
-            "CACHE_RAM": settings.cache_ram,
-            "CACHE_ISOLATE": settings.cache_isolate,
-            "SLOT_PERSIST": settings.slot_persist,
-            "SLOT_PERSIST_MAX_MB": settings.slot_persist_max_mb,
-            "CHAT_TEMPLATE_FILE": settings.chat_template_file,
-            **tail_reuse_features(settings),
-        },
-        draft_model=settings.draft_model,
-        draft_max=settings.draft_max,
-        draft_min=settings.draft_min,
-        draft_ngl=settings.draft_ngl,
-    )
-
-
-def tail_reuse_features(settings: Settings) -> dict[str, str]:
-    """The ``env`` preset's COMPACT_TAIL_REUSE features: ``COMPACT_TAIL_REUSE: on`` and
-    ``CACHE_REUSE`` (tokens) when the key is on; none when off (the preset as before)."""
-    if not settings.compact_tail_reuse:
-        return {}
-    return {"COMPACT_TAIL_REUSE": "on", "CACHE_REUSE": str(settings.cache_reuse)}
 
 
 def collect_facts(model: Path | None, binary: Path | None, draft: Path | None = None) -> Facts:
@@ -289,7 +254,7 @@ class Supervisor:
             servers.ServerNotFound: no llama-server or no model.
         """
         cfg = self.local_config(preset)
-        await asyncio.to_thread(check_model_file, cfg.model, self.model_source(preset))
+        await asyncio.to_thread(check_model_file, cfg.model, model_source(preset))
         binary = servers.find_llama_server()
         draft = Path(cfg.draft.model) if cfg.draft.model else None
         facts = await asyncio.to_thread(collect_facts, cfg.model, binary, draft)
@@ -389,19 +354,11 @@ class Supervisor:
                     binary=binary,
                     auto_port=self.settings.engine_port is None,
                     model=cfg.model,
-                    model_source=self.model_source(preset),
+                    model_source=model_source(preset),
                     keep_slot_file=slot_files.is_slot_file if persist else None,
                 ),
                 plan.notes,
             )
-
-    @staticmethod
-    def model_source(preset: Preset) -> str:
-        """Where a preset's model path comes from, as a person would fix it: ``LOKI_MODEL``
-        for the environment's preset, else the preset's name and id."""
-        if preset.id == ENV_PRESET_ID:
-            return "LOKI_MODEL"
-        return f"model of preset {preset.name!r} ({preset.id})"
 
     def health(self) -> dict[str, str]:
         """The health check's verdict (``loki.health.engine-supervisor``): unhealthy, with
