@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from fakes.fake_engine import HTTPError, default_usage, text_reply
 
 from loki_chat.compaction.decide import decide
 from loki_chat.compaction.failures import MAX_REMEMBERED, FailedSummaries, torso_fingerprint
@@ -22,7 +21,8 @@ from loki_chat.compaction.policy import FAILING_NOTE
 from loki_chat.conversation import Conversation
 from loki_chat.meter import estimate_tokens
 from loki_shared.messages.chat import ChatMessage, LokiMeta, ToolCall, ToolCallFunction
-from tests.chat.conftest import FakeSupervisor
+from tests.fakes.fake_engine import HTTPError, default_usage, text_reply
+from tests.fakes.fake_supervisor import FakeSupervisor
 
 from .conftest import SummaryEngine, summary_requests
 from .test_compaction_policy import block, long_conv, recall_text_via

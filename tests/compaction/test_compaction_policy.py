@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-from fakes.fake_engine import HTTPError, text_reply, tool_reply
 
 from loki_chat.compaction import summariser as S
 from loki_chat.compaction.decide import REQUEST_HEADER, SUMMARY_HEADER, SUMMARY_HEADER_NO_TOOLS
@@ -23,6 +22,7 @@ from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.events import CompactionEvent
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import ensure_perf_stream
+from tests.fakes.fake_engine import HTTPError, text_reply, tool_reply
 
 from .conftest import recall_text, summary_requests
 

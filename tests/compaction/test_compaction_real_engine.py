@@ -10,7 +10,7 @@ import httpx
 
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_shared.messages.engine import Lease
-from tests.chat.conftest import FakeSupervisor
+from tests.fakes.fake_supervisor import FakeSupervisor
 
 from .test_compaction_policy import A, block, long_conv, recall_text
 
