@@ -19,9 +19,8 @@ from loki_chat.conversation import Conversation
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_shared import servers
 from loki_shared.messages.engine import Lease
+from tests.builders import A, U
 from tests.fakes.fake_engine import text_reply
-
-from .test_compaction_policy import A, U
 
 SUMMARY = "Goals: eight questions on buffers and caches. Decisions: none. State: answered."
 _WORDS = (
