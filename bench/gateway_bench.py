@@ -47,7 +47,7 @@ from bench import _common
 from loki_shared import servers
 from loki_shared.sse import SSEDecoder
 from tests.fakes.fake_engine import FakeEngine, Stream, chunk
-from tests.gateway.gw_fakes import FakePeers
+from tests.fakes.gateway_peers import FakePeers
 
 TIMEOUT_S = {"quick": 600, "full": 1800}
 PROMPTS = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fakes.fake_engine import text_reply
+from tests.fakes.fake_engine import text_reply
 
 
 async def test_plain_turn_streams_events_and_persists(chat, client, fake_engine, supervisor):

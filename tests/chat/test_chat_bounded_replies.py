@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fakes.fake_engine import default_usage, text_reply
+from tests.fakes.fake_engine import default_usage, text_reply
 
 PART_1 = "Counting: 1, 2, 3, 4,"
 PART_2 = " 5, 6, 7. Done."

@@ -8,7 +8,7 @@ never cancelled: the answer says so and nothing changes.
 
 from __future__ import annotations
 
-from fakes.fake_engine import text_reply
+from tests.fakes.fake_engine import text_reply
 
 
 async def test_a_queued_message_is_cancelled_and_never_sent(chat, client, fake_engine):

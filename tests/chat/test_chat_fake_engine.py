@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import httpx
-from fakes.fake_engine import HTTPError, tool_reply
+
+from tests.fakes.fake_engine import HTTPError, tool_reply
 
 
 async def test_fake_engine_streams_records_and_aggregates(fake_engine):

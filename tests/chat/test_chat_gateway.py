@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 
-from fakes.fake_engine import FakeEngine, text_reply, tool_reply
-
 from tests.e2e.conftest import StackClient
+from tests.fakes.fake_engine import FakeEngine, text_reply, tool_reply
 
 
 def test_tool_call_turns_through_the_gateway(fake_stack, fake_engine: FakeEngine) -> None:

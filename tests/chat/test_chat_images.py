@@ -7,12 +7,11 @@ from __future__ import annotations
 import base64
 import json
 
-from fakes.fake_engine import text_reply, tool_reply
-from fakes.media import png
-
 from loki_chat.images import forget_images, marker, unpack, user_content
 from loki_shared import subjects
 from loki_shared.messages.chat import ChatMessage, ImageAttachment, SendReply, SendRequest
+from tests.fakes.fake_engine import text_reply, tool_reply
+from tests.fakes.media import png
 
 URL = "data:image/png;base64," + base64.b64encode(png()).decode()
 IMAGE = ImageAttachment(id="a" * 32, name="red.png", url=URL)

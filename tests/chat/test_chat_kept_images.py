@@ -8,10 +8,6 @@ from __future__ import annotations
 import base64
 
 import pytest
-from conftest import FakeSupervisor
-from fakes.fake_engine import text_reply
-from fakes.media import png
-from fakes.vision_tokens import VisionTokenEngine
 
 from loki_chat.image_shelf import ImageShelf
 from loki_chat.images import forget_images, marker, user_content
@@ -26,6 +22,10 @@ from loki_chat.kept_images import (
 )
 from loki_shared import subjects
 from loki_shared.messages.chat import ChatMessage, ImageAttachment, SendReply, SendRequest
+from tests.fakes.fake_engine import text_reply
+from tests.fakes.fake_supervisor import FakeSupervisor
+from tests.fakes.media import png
+from tests.fakes.vision_tokens import VisionTokenEngine
 
 RED = "data:image/png;base64," + base64.b64encode(png()).decode()
 BLUE = "data:image/png;base64," + base64.b64encode(png(8, 8, (0, 0, 255))).decode()
@@ -205,9 +205,8 @@ async def test_shelf_read_and_hash_checked_before_each_request() -> None:
 async def test_see_image_images_are_kept_and_measured_too(chat_runner, seeing, fake_engine, client):
     """An image ``see_image`` shows is one of the turn's images: measured against the kept
     image already in the request (its known cost subtracted), then kept like it."""
-    from fakes.fake_engine import tool_reply
-
     from loki_chat.tools import see_image_tool
+    from tests.fakes.fake_engine import tool_reply
 
     service = await start(chat_runner, tools=True)
     service.toolbox.add(see_image_tool(service.shared.shelf))

@@ -7,9 +7,10 @@ the whole previous prompt, the image's tokens included."""
 from __future__ import annotations
 
 import pytest
-from test_chat_vision_engine import IMAGE, _send, vision_engine, vision_supervisor
 
 from loki_chat.images import marker
+
+from .test_chat_vision_engine import IMAGE, _send, vision_engine, vision_supervisor
 
 pytestmark = pytest.mark.engine
 __all__ = ["vision_engine", "vision_supervisor"]  # fixtures shared with the ephemeral test

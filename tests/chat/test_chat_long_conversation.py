@@ -5,10 +5,10 @@ older ones page by page, and a resume stays exact — inside a merged run too.""
 from __future__ import annotations
 
 import httpx
-from fakes.fake_engine import FakeEngine, Stream, chunk
 from httpx_sse import connect_sse
 
 from tests.e2e.conftest import StackClient
+from tests.fakes.fake_engine import FakeEngine, Stream, chunk
 
 TURNS = 5
 DELTAS = 40

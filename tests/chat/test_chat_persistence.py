@@ -12,8 +12,6 @@ import time
 
 import pytest
 import redis.asyncio as aioredis
-from conftest import SECRET
-from fakes.fake_engine import Stream, chunk, text_reply, tool_reply
 
 from loki_chat.conversation import Conversation
 from loki_chat.errors import FencedWrite
@@ -26,6 +24,8 @@ from loki_shared.messages.chat import (
     StateRequest,
 )
 from loki_shared.sealing import service_sealer
+from tests.chat.helpers import SECRET
+from tests.fakes.fake_engine import Stream, chunk, text_reply, tool_reply
 
 
 async def test_blob_is_sealed_and_restart_loses_nothing(

@@ -10,7 +10,8 @@ import asyncio
 
 import httpx
 import pytest
-from conftest import FakeSupervisor
+
+from tests.fakes.fake_supervisor import FakeSupervisor
 
 pytestmark = pytest.mark.engine
 

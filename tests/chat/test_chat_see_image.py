@@ -9,8 +9,6 @@ import json
 from types import SimpleNamespace
 
 import redis.asyncio as aioredis
-from fakes.fake_engine import text_reply, tool_reply
-from fakes.media import png
 
 from loki_chat.image_shelf import ImageShelf, shelf_key
 from loki_chat.images import marker
@@ -19,7 +17,9 @@ from loki_chat.tools.box import CallContext
 from loki_shared import subjects
 from loki_shared.messages.chat import ImageAttachment, SendReply, SendRequest
 from loki_shared.sealing import Sealer
-from tests.chat.conftest import SECRET, chat_settings
+from tests.chat.helpers import SECRET, chat_settings
+from tests.fakes.fake_engine import text_reply, tool_reply
+from tests.fakes.media import png
 
 URL = "data:image/png;base64," + base64.b64encode(png()).decode()
 IMAGE = ImageAttachment(id="b" * 32, name="red.png", url=URL)

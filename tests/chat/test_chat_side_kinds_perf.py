@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 
-from fakes.fake_engine import text_reply, tool_reply
-
 from loki_shared.perf_publish import ensure_perf_stream
+from tests.fakes.fake_engine import text_reply, tool_reply
 from tests.perf.perf_helpers import PerfProc, reset_stream, wait_summary
 
 

@@ -12,12 +12,12 @@ import threading
 
 import pytest
 import redis.asyncio as aioredis
-from conftest import SECRET
 
 from loki_chat.conversation import Conversation
 from loki_chat.store import INDEX, Store, conv_key, log_key, msgs_key
 from loki_shared.messages.chat import ChatMessage
 from loki_shared.sealing import SealError, service_sealer
+from tests.chat.helpers import SECRET
 
 
 def add_turn(conv: Conversation, n: int, deltas: int = 300) -> None:

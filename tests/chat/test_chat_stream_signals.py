@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from fakes.fake_engine import Stream, text_reply
 
 from loki_shared import subjects
 from loki_shared.messages.recall import ToolReply, ToolRequest
+from tests.fakes.fake_engine import Stream, text_reply
 
 # the issue's frame, verbatim
 HEL = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}]}\n\n'

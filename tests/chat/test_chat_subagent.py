@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from fakes.fake_engine import Stream, chunk, text_reply, tool_reply
-
 from loki_chat.subagent import STOPPED
+from tests.fakes.fake_engine import Stream, chunk, text_reply, tool_reply
 
 
 async def start_with_subagent(chat_runner):

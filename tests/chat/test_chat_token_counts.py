@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-from fakes.fake_engine import FakeEngine, default_usage, text_reply
 
 from loki_chat import tokens
 from loki_chat.meter import ContextMeter, estimate_tokens
 from loki_chat.tokens import Engine, TokenCounts
 from loki_shared.messages.chat import ChatMessage
+from tests.fakes.fake_engine import FakeEngine, default_usage, text_reply
 
 TOKEN = re.compile(r"<\|[a-z_]+\|>|<s>|\w+|[^\w\s]")
 
@@ -205,7 +205,7 @@ async def test_an_engine_without_tokenize_is_not_asked_again(status):
 async def test_the_turn_loop_counts_like_the_engine(chat_runner, nc, client, tok_engine, caplog):
     """Through the chat service: the count made when each request is built equals the
     engine's ``prompt_tokens`` (no ``[ctx]`` line), and ``ctx_used`` is exact."""
-    from tests.chat.conftest import FakeSupervisor
+    from tests.fakes.fake_supervisor import FakeSupervisor
 
     caplog.set_level(logging.INFO, logger="loki.chat.turn")
     sup = await FakeSupervisor(nc, tok_engine.url).start()

@@ -7,7 +7,13 @@ import json
 import time
 
 import httpx
-from fakes.fake_engine import (
+
+from loki_chat.context import NoCompaction
+from loki_chat.turn import NO_TOOL_INSTRUCTION
+from loki_shared import subjects
+from loki_shared.fingerprint import fingerprints
+from loki_shared.messages.recall import ToolReply, ToolRequest
+from tests.fakes.fake_engine import (
     Drop,
     HTTPError,
     Stream,
@@ -17,12 +23,6 @@ from fakes.fake_engine import (
     text_reply,
     tool_reply,
 )
-
-from loki_chat.context import NoCompaction
-from loki_chat.turn import NO_TOOL_INSTRUCTION
-from loki_shared import subjects
-from loki_shared.fingerprint import fingerprints
-from loki_shared.messages.recall import ToolReply, ToolRequest
 
 
 def _prefix(body: bytes) -> bytes:

@@ -9,11 +9,11 @@ import json
 import logging
 
 import pytest
-from fakes.fake_engine import Stream, chunk, default_usage, text_reply, tool_reply
 
 from loki_chat.tools import ToolBox
 from loki_chat.verify import VERIFY_PROMPT, Verdict, corrective_reminder, parse_verdict
 from tests.chat.test_chat_bounded_replies import idle
+from tests.fakes.fake_engine import Stream, chunk, default_usage, text_reply, tool_reply
 
 #: A one-message turn with the system prompt ``S.`` and no tools, as the chat service sent
 #: it before the verifier existed: with the verifier off it must stay byte-identical.

@@ -8,13 +8,13 @@ import base64
 
 import httpx
 import pytest
-from conftest import FakeSupervisor
-from fakes.media import png
-from fakes.mmproj import text_embedding_width, write_mmproj
 
 from loki_shared import servers
 from loki_shared.messages.chat import ImageAttachment, SendReply, SendRequest
 from loki_supervisor.engine import read_props
+from tests.fakes.fake_supervisor import FakeSupervisor
+from tests.fakes.media import png
+from tests.fakes.mmproj import text_embedding_width, write_mmproj
 
 pytestmark = pytest.mark.engine
 

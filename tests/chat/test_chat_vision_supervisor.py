@@ -10,14 +10,15 @@ import json
 import httpx
 import pytest
 import redis
-from fakes.mmproj import text_embedding_width, write_mmproj
-from test_chat_vision_engine import IMAGE, _send
 
 from loki_shared import servers, subjects
 from loki_shared.messages.engine import Lease, LeaseRequest, Preset, ReleaseReply, ReleaseRequest
 from loki_supervisor.engine import read_props
 from loki_supervisor.presets import ACTIVE_KEY, PRESETS_KEY
 from tests.engine.conftest import engine_env, supervisor_factory, wait_info
+from tests.fakes.mmproj import text_embedding_width, write_mmproj
+
+from .test_chat_vision_engine import IMAGE, _send
 
 pytestmark = pytest.mark.engine
 __all__ = ["engine_env", "supervisor_factory"]  # the engine tests' fixtures

@@ -11,12 +11,12 @@ import json
 from typing import Any
 
 import pytest
-from fakes.fake_engine import text_reply, tool_reply
 
 from loki_chat.project import BlockView
 from loki_chat.tools import ToolBox
 from loki_chat.tools.memory import UNREACHABLE, MemoryRefused, check_arguments, memory_tools
 from loki_shared.messages.engine import TemplateProbe
+from tests.fakes.fake_engine import text_reply, tool_reply
 
 
 class Memory:

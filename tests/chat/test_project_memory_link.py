@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fakes.fake_engine import text_reply, tool_reply
-
 from loki_chat.project.memory_link import block_view
 from loki_chat.tools import default_toolbox
 from loki_shared import subjects
 from loki_shared.errors import Locked
 from loki_shared.messages import projects as m
+from tests.fakes.fake_engine import text_reply, tool_reply
 
 
 class MemoryResponder:

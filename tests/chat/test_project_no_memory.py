@@ -12,10 +12,9 @@ import logging
 import time
 from typing import Any
 
-from fakes.fake_engine import text_reply
-
 from loki_shared import subjects
 from loki_shared.messages import projects as m
+from tests.fakes.fake_engine import text_reply
 
 WARNING = "unavailable"
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fakes.fake_engine import text_reply
-
 from loki_chat.context import NoCompaction
 from loki_chat.project import BlockView, TrackerLine
 from loki_chat.project.head import SNAPSHOT_SYSTEM_LINE
 from loki_chat.project.snapshot import UPDATE_KIND
 from loki_shared import subjects
 from loki_shared.messages.chat import ConversationsReply, ConversationsRequest
+from tests.fakes.fake_engine import text_reply
 
 
 class CompactAtStart(NoCompaction):
@@ -370,9 +369,8 @@ async def test_key_on_the_no_tools_fallback_keeps_the_copy(
     chat_runner, supervisor, client, fake_engine
 ):
     """A step's fallback (no tools after two refusals) is not a change of the tools."""
-    from fakes.fake_engine import HTTPError
-
     from loki_chat.tools import ToolBox, ToolSpec
+    from tests.fakes.fake_engine import HTTPError
 
     source = Source(health())
     svc = await start(chat_runner, source, snapshot=True)

@@ -18,8 +18,6 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from conftest import SECRET, ChatClient, ChatRunner, FakeSupervisor
-from fakes.fake_engine import FakeEngine, Stream, chunk, text_reply
 
 from loki_chat.tasks.schedule import due_times
 from loki_chat.tasks.scheduler import BROKEN, MISSED, ORPHANED, task_message
@@ -32,6 +30,9 @@ from loki_shared.messages.tasks import (
     TasksReply,
     TasksRequest,
 )
+from tests.chat.helpers import SECRET, ChatClient, ChatRunner
+from tests.fakes.fake_engine import FakeEngine, Stream, chunk, text_reply
+from tests.fakes.fake_supervisor import FakeSupervisor
 
 FAST = dict(task_tick_s=0.2, task_grace_s=60.0, task_wait_s=5.0)
 

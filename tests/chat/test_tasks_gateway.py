@@ -11,9 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ChatRunner, FakeSupervisor
-from fakes.fake_engine import FakeEngine
 
+from tests.chat.helpers import ChatRunner
+from tests.fakes.fake_engine import FakeEngine
+from tests.fakes.fake_supervisor import FakeSupervisor
 from tests.gateway.conftest import Gateway, launch_gateway
 
 

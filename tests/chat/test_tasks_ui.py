@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ChatRunner, FakeSupervisor
-from fakes.fake_engine import FakeEngine, text_reply
 
+from tests.chat.helpers import ChatRunner
+from tests.fakes.fake_engine import FakeEngine, text_reply
+from tests.fakes.fake_supervisor import FakeSupervisor
 from tests.gateway.conftest import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, Gateway, launch_gateway
 
 PHONE = {"width": 390, "height": 844}

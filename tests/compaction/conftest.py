@@ -5,17 +5,13 @@ started broker, and a helper that builds a :class:`ContextView` on a conversatio
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the ``fakes`` package
-
 import httpx
 import nats
 import pytest
-from fakes.fake_engine import FakeEngine, Stream, default_timings, default_usage
 
 from loki_chat.bus import ChatBus
 from loki_chat.compaction import CompactionDeps, CompactionPolicy
@@ -23,14 +19,15 @@ from loki_chat.context import ContextView
 from loki_chat.conversation import Conversation
 from loki_shared import subjects
 from loki_shared.nats import make_broker
-from tests.chat.conftest import (
+from tests.chat.helpers import (
     SECRET,
     ChatClient,
     ChatRunner,
     EventTap,
-    FakeSupervisor,
     chat_settings,
 )
+from tests.fakes.fake_engine import FakeEngine, Stream, default_timings, default_usage
+from tests.fakes.fake_supervisor import FakeSupervisor
 
 
 class SummaryEngine(FakeEngine):

@@ -24,17 +24,8 @@ from loki_chat.compaction.rules import BIG_BLOCK_CHARS, excerpt
 from loki_chat.compaction.state import Stamp
 from loki_chat.context import OverflowInfo
 from loki_chat.meter import estimate_tokens
-from loki_shared.messages.chat import ChatMessage, LokiMeta
-
-
-def U(text: str, injected: str | None = None) -> ChatMessage:
-    return ChatMessage(
-        role="user", content=text, loki=LokiMeta(injected=injected) if injected else None
-    )
-
-
-def A(text: str) -> ChatMessage:
-    return ChatMessage(role="assistant", content=text)
+from loki_shared.messages.chat import ChatMessage
+from tests.builders import A, U
 
 
 def why(trigger: str, used: int, n_ctx: int = 4096, **kw) -> str | None:

@@ -5,8 +5,6 @@ supervisor, the real NATS, Redis and recall service."""
 
 from __future__ import annotations
 
-from fakes.fake_engine import text_reply
-
 from loki_shared import subjects
 from loki_shared.messages.recall import (
     BlocksReply,
@@ -15,6 +13,7 @@ from loki_shared.messages.recall import (
     ToolReply,
     ToolRequest,
 )
+from tests.fakes.fake_engine import text_reply
 
 from .test_compaction_policy import SUMMARY
 from .test_compaction_service import three_blocks

@@ -14,15 +14,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from fakes.fake_engine import HTTPError, default_usage, text_reply
 
 from loki_chat.compaction.decide import decide
 from loki_chat.compaction.failures import MAX_REMEMBERED, FailedSummaries, torso_fingerprint
 from loki_chat.compaction.policy import FAILING_NOTE
 from loki_chat.conversation import Conversation
 from loki_chat.meter import estimate_tokens
-from loki_shared.messages.chat import ChatMessage, LokiMeta, ToolCall, ToolCallFunction
-from tests.chat.conftest import FakeSupervisor
+from loki_shared.messages.chat import ChatMessage, ToolCall, ToolCallFunction
+from tests.builders import A, T, U
+from tests.fakes.fake_engine import HTTPError, default_usage, text_reply
+from tests.fakes.fake_supervisor import FakeSupervisor
 
 from .conftest import SummaryEngine, summary_requests
 from .test_compaction_policy import block, long_conv, recall_text_via
@@ -145,16 +146,6 @@ def chat_runner_broker(runner: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- unit
-def U(text: str, injected: str | None = None) -> ChatMessage:
-    return ChatMessage(
-        role="user", content=text, loki=LokiMeta(injected=injected) if injected else None
-    )
-
-
-def A(text: str) -> ChatMessage:
-    return ChatMessage(role="assistant", content=text)
-
-
 def test_fingerprint_memory():
     torso = [U("Here is the plan."), A("Noted."), U("And the tests?"), A("They pass.")]
     fp = torso_fingerprint(torso, 256)
@@ -200,10 +191,6 @@ def test_failed_summary_hold_off():
 
 
 # --------------------------------------------------------------------------- policy
-def T(call_id: str, text: str) -> ChatMessage:
-    return ChatMessage(role="tool", tool_call_id=call_id, name="read", content=text)
-
-
 def calls(call_id: str) -> ChatMessage:
     return ChatMessage(
         role="assistant",

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import base64
 
-from fakes.fake_engine import text_reply
-from fakes.media import png
-
 from loki_chat.images import marker
 from loki_chat.kept_images import ref_content
 from loki_shared.messages.chat import ImageAttachment
+from tests.fakes.fake_engine import text_reply
+from tests.fakes.media import png
 
 from .conftest import summary_requests
 from .test_compaction_policy import SUMMARY, long_conv, recall_text

@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-from fakes.fake_engine import HTTPError, text_reply, tool_reply
 
 from loki_chat.compaction import summariser as S
 from loki_chat.compaction.decide import REQUEST_HEADER, SUMMARY_HEADER, SUMMARY_HEADER_NO_TOOLS
@@ -18,11 +17,12 @@ from loki_chat.context import OverflowInfo
 from loki_chat.conversation import Conversation
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_shared import subjects
-from loki_shared.messages.chat import ChatMessage, LokiMeta, ToolCall, ToolCallFunction
 from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.events import CompactionEvent
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import ensure_perf_stream
+from tests.builders import A, T, U
+from tests.fakes.fake_engine import HTTPError, text_reply, tool_reply
 
 from .conftest import recall_text, summary_requests
 
@@ -30,28 +30,6 @@ SUMMARY = (
     "Goals: the user shares three design files. Decisions: keep the lexer apart "
     "(recall:r1). Open: error reporting. State: files read, design summarised next."
 )
-
-
-def U(text: str, injected: str | None = None) -> ChatMessage:
-    return ChatMessage(
-        role="user", content=text, loki=LokiMeta(injected=injected) if injected else None
-    )
-
-
-def A(text: str | None = None, calls: list[tuple[str, str, str]] | None = None) -> ChatMessage:
-    return ChatMessage(
-        role="assistant",
-        content=text,
-        tool_calls=[
-            ToolCall(id=i, function=ToolCallFunction(name=n, arguments=a)) for i, n, a in calls
-        ]
-        if calls
-        else None,
-    )
-
-
-def T(call_id: str, text: str, name: str = "read") -> ChatMessage:
-    return ChatMessage(role="tool", tool_call_id=call_id, name=name, content=text)
 
 
 def block(i: int, size: int = 3000) -> str:

@@ -10,9 +10,10 @@ import httpx
 
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_shared.messages.engine import Lease
-from tests.chat.conftest import FakeSupervisor
+from tests.builders import A
+from tests.fakes.fake_supervisor import FakeSupervisor
 
-from .test_compaction_policy import A, block, long_conv, recall_text
+from .test_compaction_policy import block, long_conv, recall_text
 
 
 async def test_real_engine_continuation_prefills_only_the_demand(harness, nc, recall, engine_url):

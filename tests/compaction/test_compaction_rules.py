@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from loki_chat.compaction import summariser as S
@@ -17,30 +19,13 @@ from loki_chat.compaction.rules import (
     tail_start,
     text_of,
 )
-from loki_shared.messages.chat import ChatMessage, LokiMeta, ToolCall, ToolCallFunction
+from loki_shared.messages.chat import ChatMessage
 from loki_shared.messages.engine import TemplateProbe
+from tests.builders import A, U
+from tests.builders import T as tool_result
 
-
-def U(text: str, injected: str | None = None) -> ChatMessage:
-    return ChatMessage(
-        role="user", content=text, loki=LokiMeta(injected=injected) if injected else None
-    )
-
-
-def A(text: str | None = None, calls: list[tuple[str, str, str]] | None = None) -> ChatMessage:
-    return ChatMessage(
-        role="assistant",
-        content=text,
-        tool_calls=[
-            ToolCall(id=i, function=ToolCallFunction(name=n, arguments=a)) for i, n, a in calls
-        ]
-        if calls
-        else None,
-    )
-
-
-def T(call_id: str, text: str, name: str = "ping") -> ChatMessage:
-    return ChatMessage(role="tool", tool_call_id=call_id, name=name, content=text)
+#: the rules' transcripts name the ``ping`` tool by default (the frozen copy's ``[tool ping]``)
+T = partial(tool_result, name="ping")
 
 
 def test_tail_starts_on_assistant_never_on_tool_or_reminder():

@@ -3,10 +3,9 @@ engine, a fake supervisor, the real NATS, Redis and recall service."""
 
 from __future__ import annotations
 
-from fakes.fake_engine import HTTPError, default_usage, text_reply
-
 from loki_chat.compaction import CompactionPolicy
 from loki_chat.compaction.decide import SUMMARY_HEADER
+from tests.fakes.fake_engine import HTTPError, default_usage, text_reply
 
 from .conftest import summary_requests
 from .test_compaction_policy import SUMMARY, block

@@ -11,7 +11,6 @@ import json
 import re
 
 import pytest
-from fakes.fake_engine import default_usage, text_reply
 
 from loki_chat.compaction.decide import SUMMARY_HEADER
 from loki_chat.compaction.digest import INTRO
@@ -19,6 +18,7 @@ from loki_chat.compaction.layout import TAIL_FIRST_HEADER
 from loki_chat.compaction.rules import budget_tokens
 from loki_chat.compaction.summariser import EARLIER_SUMMARY_FIRST, TRANSCRIPT_HEADER
 from loki_shared.messages.engine import TemplateProbe
+from tests.fakes.fake_engine import default_usage, text_reply
 
 from .conftest import recall_text, summary_requests
 

@@ -13,15 +13,14 @@ import random
 from typing import Any
 
 import httpx
-from fakes.fake_engine import text_reply
 
 from loki_chat.compaction import layout
 from loki_chat.conversation import Conversation
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_shared import servers
 from loki_shared.messages.engine import Lease
-
-from .test_compaction_policy import A, U
+from tests.builders import A, U
+from tests.fakes.fake_engine import text_reply
 
 SUMMARY = "Goals: eight questions on buffers and caches. Decisions: none. State: answered."
 _WORDS = (

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from loki_shared import servers
-from tests.chat.conftest import FakeSupervisor
+from tests.fakes.fake_supervisor import FakeSupervisor
 
 pytestmark = pytest.mark.engine
 

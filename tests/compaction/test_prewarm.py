@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-from fakes.fake_engine import default_usage, text_reply
 
 from loki_chat.engine import EngineClient
 from loki_chat.prewarm import PrewarmJob, run_prewarm
@@ -20,7 +19,8 @@ from loki_shared import subjects
 from loki_shared.messages.chat import ChatMessage
 from loki_shared.messages.engine import Lease
 from loki_shared.messages.perf import PerfRecord
-from tests.chat.conftest import chat_settings
+from tests.chat.helpers import chat_settings
+from tests.fakes.fake_engine import default_usage, text_reply
 
 from .conftest import summary_requests
 from .test_compaction_tail_reuse import SUMMARY, five_points, point, reply

@@ -22,9 +22,10 @@ from loki_chat.prewarm import PrewarmJob, run_prewarm
 from loki_shared import servers, subjects
 from loki_shared.messages.engine import EngineState
 from loki_shared.messages.perf import PerfRecord
-from tests.chat.conftest import FakeSupervisor, chat_settings
+from tests.builders import U
+from tests.chat.helpers import chat_settings
+from tests.fakes.fake_supervisor import FakeSupervisor
 
-from .test_compaction_policy import U
 from .test_compaction_tail_reuse_real_engine import conversation, send
 
 SUMMARY = "Goals: eight questions on buffers and caches. Decisions: none. State: answered."

@@ -11,11 +11,11 @@ import asyncio
 import time
 
 import pytest
-from fakes.fake_engine import text_reply
 
 from loki_shared import subjects
 from loki_shared.messages.engine import EngineState
 from loki_shared.messages.perf import PerfRecord
+from tests.fakes.fake_engine import text_reply
 
 from .test_compaction_tail_reuse import reply
 

@@ -9,7 +9,7 @@ llama-server does (``/slots`` reports ``is_processing`` while a stream is being 
 
 Usage::
 
-    from fakes.fake_engine import FakeEngine, text_reply, tool_reply, HTTPError
+    from tests.fakes.fake_engine import FakeEngine, text_reply, tool_reply, HTTPError
 
     with FakeEngine() as engine:                     # started; engine.url = "http://127.0.0.1:PORT"
         engine.push(tool_reply([("c1", "recall", '{"id":"r1"}')], split=4),

@@ -38,7 +38,7 @@ class FakeSupervisor:
         ttl_s: the leases' ``ttl_s`` (0: no expiry, nothing to renew).
         lease_prefix: lease ids are this prefix and the number of lease requests so far.
 
-    Records: ``requests`` (every lease request, in order), ``live`` (granted, not released),
+    Records: ``requests`` (every lease request, in order; also :attr:`leases`), ``live`` (granted, not released),
     ``released`` (every id asked to release), ``granted``, ``release_count`` (releases of a
     live lease), ``renew_count``.
     """
@@ -71,6 +71,11 @@ class FakeSupervisor:
     release_count: int = 0
     renew_count: int = 0
     subs: list[Any] = field(default_factory=list)
+
+    @property
+    def leases(self) -> list[LeaseRequest]:
+        """Every lease request, in order (the same list as ``requests``)."""
+        return self.requests
 
     # --- the handlers ------------------------------------------------------------------------
     def info(self, _: Any = None) -> EngineInfo:

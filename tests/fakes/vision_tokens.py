@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from fakes.fake_engine import FakeEngine, Stream, default_usage
+from tests.fakes.fake_engine import FakeEngine, Stream, default_usage
 
 TOKEN = re.compile(r"<\|[a-z_]+\|>|<s>|\w+|[^\w\s]")
 

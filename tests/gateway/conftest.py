@@ -15,8 +15,7 @@ import pytest
 
 from loki_shared import servers
 from tests.conftest import login_env, start_nats
-
-from .gw_fakes import FakePeers
+from tests.fakes.gateway_peers import FakePeers
 
 # The browser tests: Debian's chromium driven by Playwright through its executable path (no
 # browser is downloaded); screenshots go to tests/artifacts/ for a person to look at.

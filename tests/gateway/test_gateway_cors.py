@@ -14,8 +14,7 @@ import pytest
 
 from loki_shared import servers
 from tests.fakes.fake_engine import FakeEngine, text_reply
-
-from .gw_fakes import FakePeers
+from tests.fakes.gateway_peers import FakePeers
 
 KEY = "cors-test-key"
 PAGE = """<!doctype html><meta charset="utf-8"><title>app</title>

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.fake_engine import FakeEngine, responses_reply, text_reply
-
-from .gw_fakes import FakePeers
+from tests.fakes.gateway_peers import FakePeers
 
 KEY = "fuzz-key-123"
 pytestmark = pytest.mark.slow

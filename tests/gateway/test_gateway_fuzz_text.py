@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from tests.fakes.fake_engine import FakeEngine, responses_reply, text_reply
+from tests.fakes.gateway_peers import FakePeers
 
 from .fuzz_json import run_fuzz
-from .gw_fakes import FakePeers
 
 KEY = "fuzz-text-key"
 pytestmark = pytest.mark.slow

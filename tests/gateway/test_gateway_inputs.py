@@ -20,9 +20,8 @@ import openai
 import pytest
 
 from tests.fakes.fake_engine import FakeEngine, Stream, chunk, responses_reply, text_reply
+from tests.fakes.gateway_peers import FakePeers
 from tests.fakes.media import png
-
-from .gw_fakes import FakePeers
 
 KEY = "inputs-key-38"
 ASK = [{"role": "user", "content": "hi"}]

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from tests.conftest import start_nats
+from tests.fakes.gateway_peers import FakePeers
 
 from .conftest import launch_gateway
-from .gw_fakes import FakePeers
 from .sse_client import Frame, ended, read_events
 
 

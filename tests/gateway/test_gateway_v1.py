@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from .gw_fakes import FakePeers
+from tests.fakes.gateway_peers import FakePeers
 
 pytestmark = pytest.mark.engine
 

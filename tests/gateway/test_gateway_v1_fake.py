@@ -19,8 +19,7 @@ from tests.fakes.fake_engine import (
     text_reply,
     tool_reply,
 )
-
-from .gw_fakes import FakePeers
+from tests.fakes.gateway_peers import FakePeers
 
 ENGINE_KEY = "engine-only-key-42"
 CLIENT_KEY = "client-side-key-99"

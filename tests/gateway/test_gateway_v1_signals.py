@@ -22,8 +22,7 @@ import openai
 import pytest
 
 from tests.fakes.fake_engine import FakeEngine, Stream, chunk, text_reply
-
-from .gw_fakes import FakePeers
+from tests.fakes.gateway_peers import FakePeers
 
 # the issue's frame, verbatim
 HEL = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}]}\n\n'

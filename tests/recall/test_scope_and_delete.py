@@ -240,7 +240,7 @@ async def http(nats_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def chat(nats_url: str, redis_db: str, tmp_path: Path) -> AsyncIterator[Any]:
-    from tests.chat.conftest import ChatRunner
+    from tests.chat.helpers import ChatRunner
 
     runner = ChatRunner(nats_url, redis_db, tmp_path / "chat-home")
     await runner.start()

@@ -4,11 +4,6 @@ service in-process (``tests/compaction/conftest.py``: a compaction archives ther
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the ``fakes`` package
-
 from tests.chat.conftest import (  # noqa: F401 - fixtures
     chat_runner,
     client,

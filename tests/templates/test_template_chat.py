@@ -9,13 +9,13 @@ import asyncio
 import json
 
 import pytest
-from fakes.fake_engine import HTTPError, text_reply, tool_reply
 
 from loki_chat.tools import ToolBox, ToolSpec
 from loki_chat.turn import BUDGET_REMINDER
 from loki_shared import subjects
 from loki_shared.messages.engine import TemplateProbe
 from loki_shared.messages.perf import PerfRecord
+from tests.fakes.fake_engine import HTTPError, text_reply, tool_reply
 
 
 def verdicts(**over) -> TemplateProbe:

@@ -44,14 +44,14 @@ from typing import Any
 
 import httpx
 import pytest
-from fakes.fake_engine import text_reply
 
 from loki_shared import servers
 from loki_shared.messages.engine import TemplateProbe
 from loki_supervisor.engine import read_props
 from loki_supervisor.probe import NOTE_NO_TOOLS, NOTE_STRICT, ProbeCache, template_hash
-from tests.chat.conftest import FakeSupervisor
 from tests.compaction.test_compaction_policy import block
+from tests.fakes.fake_engine import text_reply
+from tests.fakes.fake_supervisor import FakeSupervisor
 
 from .models import GEMMA_TEMPLATE, gemma_model, smollm2_model
 
