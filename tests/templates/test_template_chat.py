@@ -12,7 +12,7 @@ import pytest
 from fakes.fake_engine import HTTPError, text_reply, tool_reply
 
 from loki_chat.tools import ToolBox, ToolSpec
-from loki_chat.turn import BUDGET_REMINDER
+from loki_chat.reminders import BUDGET_REMINDER
 from loki_shared import subjects
 from loki_shared.messages.engine import TemplateProbe
 from loki_shared.messages.perf import PerfRecord
