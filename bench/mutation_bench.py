@@ -109,16 +109,8 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "turn loop (rule parts)",
-        f"{CHAT}/turn.py",
-        (
-            "TurnRunner.should_verify",
-            "TurnRunner.last_side_request",
-            "TurnRunner.offered_tools",
-            "TurnRunner.prefix_unstable",
-            "TurnRunner.tools_dropped",
-            "TurnRunner.echo_reasoning",
-            "TurnRunner.nudge_fits",
-        ),
+        f"{CHAT}/step_rules.py",
+        (),
         (
             "tests/chat/test_chat_verify.py",
             "tests/templates/test_template_chat.py",

@@ -9,7 +9,7 @@ import time
 import httpx
 
 from loki_chat.context import NoCompaction
-from loki_chat.turn import NO_TOOL_INSTRUCTION
+from loki_chat.refusal import NO_TOOL_INSTRUCTION
 from loki_shared import subjects
 from loki_shared.fingerprint import fingerprints
 from loki_shared.messages.recall import ToolReply, ToolRequest

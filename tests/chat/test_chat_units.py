@@ -15,7 +15,7 @@ from loki_chat.stream import (
     extract_text_tool_calls,
 )
 from loki_chat.tools import EMPTY_PARAMETERS, ToolSpec, cut_for_model, parse_arguments
-from loki_chat.turn import classify_refusal
+from loki_chat.refusal import classify_refusal
 from loki_shared.messages.chat import ChatMessage, LokiMeta
 from loki_shared.messages.engine import Lease
 
