@@ -6,6 +6,7 @@ import json
 
 from loki_chat.errors import EngineHTTPError
 from loki_chat.meter import ContextMeter
+from loki_chat.refusal import classify_refusal
 from loki_chat.request import build_payload, encode, wire_messages
 from loki_chat.settings import Settings
 from loki_chat.stream import (
@@ -15,7 +16,6 @@ from loki_chat.stream import (
     extract_text_tool_calls,
 )
 from loki_chat.tools import EMPTY_PARAMETERS, ToolSpec, cut_for_model, parse_arguments
-from loki_chat.refusal import classify_refusal
 from loki_shared.messages.chat import ChatMessage, LokiMeta
 from loki_shared.messages.engine import Lease
 

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from loki_chat.tools import ToolBox, ToolSpec
 from loki_chat.reminders import BUDGET_REMINDER
+from loki_chat.tools import ToolBox, ToolSpec
 from loki_shared import subjects
 from loki_shared.messages.engine import TemplateProbe
 from loki_shared.messages.perf import PerfRecord
