@@ -124,7 +124,7 @@ async def ask_nats(
             ),
             timeout=timeout + 0.5,
         )
-    except Exception as exc:
+    except Exception as exc:  # any connect failure means unreachable, said as such
         raise RuntimeError(f"NATS {nats_url} unreachable: {type(exc).__name__}: {exc}") from exc
     subject = subjects.health(service, instance)
     try:

@@ -213,6 +213,7 @@ class Stop:
 
 def _exit_now(status: int) -> None:
     """End the process without waiting for anything (logs and stdio flushed first)."""
+    # exiting now: a handler or stream that fails to flush must not keep the process alive
     with contextlib.suppress(Exception):
         logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
@@ -256,7 +257,7 @@ def _finish(loop: asyncio.AbstractEventLoop, within_s: float, log: logging.Logge
         # Their destruction at interpreter exit is expected: say nothing about it.
         loop.set_exception_handler(lambda _loop, _ctx: None)
         return
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # at exit: a generator failing to close is no news
         loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), 0.5))
     loop.close()
 

@@ -1,5 +1,5 @@
-"""NATS helpers shared by the services: the broker, the JetStream streams Loki declares, and
-how a connection is closed when the service stops."""
+"""NATS helpers shared by the services: the broker, the JetStream streams Loki declares, a
+durable publish into one of them, and how a connection is closed when the service stops."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from .logsetup import bus_logger
 
 if TYPE_CHECKING:  # pragma: no cover
     from nats.aio.client import Client
+    from nats.js import JetStreamContext
+    from nats.js.api import StreamConfig
 
     from .lifecycle import Steps
 
@@ -177,3 +179,58 @@ def events_stream() -> JStream:
         subjects=[subjects.EVENTS_COMPACTION, subjects.EVENTS_ARCHIVE],
         max_msgs=100_000,
     )
+
+
+async def publish_durable(
+    js: JetStreamContext,
+    subject: str,
+    payload: bytes,
+    stream: StreamConfig,
+    *,
+    what: str,
+    log: logging.Logger,
+    timeout: float = 2.0,
+    headers: dict[str, str] | None = None,
+) -> bool:
+    """Publish ``payload`` on ``subject`` into the JetStream stream ``stream.name`` and wait
+    for its acknowledgement (``timeout`` seconds). When the stream does not exist it is
+    created with ``stream`` and the publish retried once (with the same ``headers``: a
+    ``Nats-Msg-Id`` among them makes JetStream store a retry only once).
+
+    Best effort: ``what`` names the message in the WARNING logged on ``log`` when it is not
+    stored (``"<what> not published: ..."``).
+
+    Returns:
+        True when JetStream stored it; False when it could not be (no connection, timeout,
+        the stream refused or still missing after its creation; logged, nothing raised).
+    """
+    import nats.errors
+    import nats.js.errors
+
+    # nats.errors.Error: every nats-py failure (no responders, timeout, closed or
+    # reconnecting connection, the server's API errors); OSError: the socket; ValueError: an
+    # acknowledgement that is not JSON
+    failures = (nats.errors.Error, OSError, ValueError)
+    for attempt in (1, 2):
+        try:
+            await js.publish(
+                subject,
+                payload,
+                timeout=timeout,
+                stream=stream.name,
+                headers=dict(headers) if headers is not None else None,
+            )
+            return True
+        except (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError):
+            if attempt == 2:
+                break
+            try:
+                await js.add_stream(config=stream)
+            except failures as exc:
+                log.warning("%s not published: cannot create stream: %s", what, exc)
+                return False
+        except failures as exc:
+            log.warning("%s not published: %s", what, exc)
+            return False
+    log.warning("%s not published: no %s stream", what, stream.name)
+    return False

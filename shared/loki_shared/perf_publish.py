@@ -216,38 +216,22 @@ async def publish_record(target: Any, record: PerfRecord, *, timeout: float = 2.
     Raises:
         TypeError: ``target`` is not one of the accepted types (a programming error).
     """
-    import nats.errors
-    import nats.js.errors
+    from faststream.exceptions import IncorrectState
+
+    from .nats import publish_durable
 
     try:
         js = jetstream_of(target)
-    except TypeError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a broker not connected (yet, or any more)
+    except IncorrectState as exc:  # a broker not connected (yet, or any more)
         log.warning("perf record not published: no connection (%s)", type(exc).__name__)
         return False
-    payload = record.model_dump_json().encode()
-    headers = {MSG_ID_HEADER: uuid.uuid4().hex}
-    for attempt in (1, 2):
-        try:
-            await js.publish(
-                subjects.PERF_RECORD,
-                payload,
-                timeout=timeout,
-                stream=subjects.STREAM_PERF,
-                headers=dict(headers),
-            )
-            return True
-        except (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError):
-            if attempt == 2:
-                break
-            try:
-                await ensure_perf_stream(js)
-            except (nats.errors.Error, OSError) as exc:
-                log.warning("perf record not published: cannot create stream: %s", exc)
-                return False
-        except (nats.errors.Error, OSError) as exc:
-            log.warning("perf record not published: %s", exc)
-            return False
-    log.warning("perf record not published: no %s stream", subjects.STREAM_PERF)
-    return False
+    return await publish_durable(
+        js,
+        subjects.PERF_RECORD,
+        record.model_dump_json().encode(),
+        perf_stream_config(),
+        what="perf record",
+        log=log,
+        timeout=timeout,
+        headers={MSG_ID_HEADER: uuid.uuid4().hex},
+    )

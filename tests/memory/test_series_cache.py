@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from faststream.nats import NatsBroker
 from redis.asyncio import Redis
 
-from loki_memory.keyholder import KeyHolder
 from loki_memory.store import Store
+from loki_shared.memkey import MemoryKeyFollower
 from loki_shared.messages.projects import DEFAULT_PROJECT
 
 KEY = b"s" * 32
@@ -51,7 +52,7 @@ async def test_reads_follow_another_instances_appends_deletes_and_recreations(
 
 async def test_a_memory_key_change_empties_the_cache(two: tuple[Store, Store]) -> None:
     a, _ = two
-    holder = KeyHolder(a.vault, a.trackers.cache.clear)
+    holder = MemoryKeyFollower(NatsBroker(), a.redis, a.set_memory_key)
     await a.trackers.log(P, "steps", 9000, None, "2026-01-01", "")
     await a.trackers.series(P, "steps")
     assert a.trackers.cache._series

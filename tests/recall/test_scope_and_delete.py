@@ -346,13 +346,13 @@ async def test_memory_blocks_deleted_while_the_memory_is_locked(
     next unlock."""
     params, key = memkey.new_params("pass phrase", n=2**10)
     await redis.set(memkey.KDF_REDIS_KEY, params.to_json())
-    await recall.apply_memory("unlocked", memkey.b64(key))
+    await recall.keys.apply("unlocked", memkey.b64(key))
     sealed = await seq_of(client, "diary: the medlar tree secret", conversation="c9")
     kept = await seq_of(client, "diary: the medlar jam", conversation="c8")
-    await recall.apply_memory("locked", None)
+    await recall.keys.apply("locked", None)
     assert await purge(client, conversation="c9") == [sealed]
     assert not await redis.hexists(BLOCKS_KEY, str(sealed))
-    await recall.apply_memory("unlocked", memkey.b64(key))
+    await recall.keys.apply("unlocked", memkey.b64(key))
     await recall.archive.wait_loaded()
     hits = await tool(client, "recall_search", {"query": "medlar"})
     assert [x for x in hits.splitlines() if x.startswith("- ")] == [

@@ -245,6 +245,7 @@ class Actor:
         task, self._prewarm = self._prewarm, None
         if task is not None and not task.done():
             task.cancel()
+            # the prewarm is cancelled: however it ends is no news to the request it yields to
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
@@ -329,7 +330,7 @@ class Actor:
                     runner = TurnRunner(self, None, resume=True)
                     await runner.run()
                     self.ran(runner)
-            except Exception as exc:
+            except Exception as exc:  # a continuation that fails ends itself, never the actor
                 log.exception("continue failed in %s", self.conv.id)
                 await self._failed(exc, ends)
             await self._work()
@@ -345,12 +346,12 @@ class Actor:
         if tasks is None or self.conv.kind == "task":
             yield
             return
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # Redis away: the turn goes on unmarked
             await tasks.mark_active(self.conv.id)
         try:
             yield
         finally:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # Redis away: the mark expires by itself
                 await tasks.unmark_active(self.conv.id)
 
     def _ensure_worker(self) -> None:
@@ -411,6 +412,7 @@ class Actor:
         last state before it is done."""
         worker = self.worker
         if worker is not None and not worker.done():
+            # waiting only: the worker's own failure is logged by the worker
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(worker), timeout)
 
@@ -420,5 +422,6 @@ class Actor:
         worker = self.worker
         if worker is not None and not worker.done():
             self.stop.set()
+            # waiting only: the worker's own failure is logged by the worker
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(worker), timeout)

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from faststream.exceptions import IncorrectState
 from pydantic import BaseModel
 
 from loki_shared import subjects
@@ -76,7 +77,7 @@ class ChatBus:
         state = getattr(getattr(self.broker, "config", None), "connection_state", None)
         try:
             return getattr(state, "connection", None)
-        except Exception:  # noqa: BLE001 - FastStream's state before connecting raises
+        except IncorrectState:  # FastStream's state before connecting
             return None
 
     def spawn(self, coro: Awaitable[Any]) -> None:

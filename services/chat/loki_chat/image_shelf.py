@@ -20,7 +20,7 @@ import posixpath
 import redis.asyncio as aioredis
 
 from loki_shared.messages.chat import ImageAttachment
-from loki_shared.sealing import Sealer
+from loki_shared.sealing import Sealer, SealError
 
 #: Seconds the images of a conversation live after their last use (24 h).
 TTL_S = 24 * 3600
@@ -67,7 +67,7 @@ class ImageShelf:
             att_id = field.decode() if isinstance(field, bytes) else str(field)
             try:
                 data = json.loads(self.sealer.open(blob, f"{key}:{att_id}".encode()))
-            except Exception:  # noqa: BLE001 - a damaged entry is no image
+            except (SealError, ValueError):  # a damaged entry is no image
                 continue
             order = int(data.pop("order", 0))
             records.append((order, ImageAttachment.model_validate(data)))

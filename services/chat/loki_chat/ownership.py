@@ -129,7 +129,7 @@ class Ownership:
                     await self.store.save(conv, value)
                 elif conv.persisted.legacy:  # a version-1 blob: rewritten in today's layout
                     await self.store.save(conv, value)
-            except BaseException:
+            except BaseException:  # the lock released whatever ends the load, then re-raised
                 await self.store.release(cid, value)
                 raise
             if conv.turn_open:
@@ -203,6 +203,7 @@ class Ownership:
         actors = list(self.actors.items())
         await asyncio.gather(*(a.halt() for _, a in actors), return_exceptions=True)
         for cid, actor in actors:
+            # Redis away: the lock expires by itself; the other conversations are released
             with contextlib.suppress(Exception):
                 await self.store.release(cid, actor.lock_value)
         self.actors.clear()

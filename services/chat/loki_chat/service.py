@@ -179,6 +179,7 @@ class ChatService:
         request sent right after gets an answer), then start the lock keeper."""
         connection = self.bus.connection
         if connection is not None:
+            # NATS slow or away: the start goes on, the requests find the subscriptions later
             with contextlib.suppress(Exception):
                 await connection.flush(timeout=5)
         self.ownership.start()

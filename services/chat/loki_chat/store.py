@@ -45,7 +45,7 @@ import redis.asyncio as aioredis
 
 from loki_shared import recall_purge
 from loki_shared.messages.chat import ChatEvent, ChatMessage
-from loki_shared.sealing import Sealer
+from loki_shared.sealing import Sealer, SealError
 
 from .conversation import Conversation, Persisted
 from .errors import FencedWrite
@@ -369,7 +369,7 @@ class Store:
             cid_s = cid.decode()
             try:
                 out.append(json.loads(self.sealer.open(blob, f"{INDEX}:{cid_s}".encode())))
-            except Exception:  # noqa: BLE001 - a blob sealed with another key
+            except (SealError, ValueError):  # sealed with another key, or not our JSON
                 continue
         out.sort(key=lambda d: d.get("updated", 0), reverse=True)
         return out

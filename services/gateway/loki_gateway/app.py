@@ -78,7 +78,7 @@ async def _start_memory(app: FastAPI, settings: Settings) -> None:
             await memory.start()
         except Exception as exc:  # noqa: BLE001 - Redis/NATS not ready: retried below
             log.warning("memory state not started (%s): retrying in 5 s", exc)
-            with suppress(Exception):
+            with suppress(Exception):  # half started: undone as far as it goes, then retried
                 await memory.stop()
                 await redis.aclose()
             await asyncio.sleep(5)

@@ -234,7 +234,7 @@ def check_image(raw: bytes, mime: str, name: str = "file") -> None:
             img.load()
     except Unreadable:
         raise
-    except Exception as exc:
+    except Exception as exc:  # Pillow fails on a broken image in many ways: each is Unreadable
         raise Unreadable(
             f"{name!r} looks like {mime} but cannot be decoded ({type(exc).__name__}: {exc}): "
             "send it again, or saved afresh"
@@ -257,7 +257,7 @@ def pdf_text(raw: bytes, name: str = "file") -> str:
         pages = [(page.extract_text() or "").strip() for page in reader.pages]
     except UnsupportedType:
         raise
-    except Exception as exc:
+    except Exception as exc:  # pypdf fails on a broken PDF in many ways: each is Unreadable
         raise Unreadable(
             f"{name!r}: this PDF cannot be read ({type(exc).__name__}: {exc}): send its text, "
             "or its pages as images"

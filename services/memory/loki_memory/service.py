@@ -21,13 +21,12 @@ from redis.exceptions import RedisError
 
 from loki_shared import lifecycle, subjects
 from loki_shared.errors import InvalidRequest, Unavailable
-from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply, MemoryStatusRequest
+from loki_shared.memkey import MemoryKeyFollower
 from loki_shared.messages.projects import ActiveProjectRequest, ProjectChangedEvent
 from loki_shared.nats import broker_client, make_broker, stop_broker, until_routable
 from loki_shared.sealing import load_service_key
 
 from .handlers import Handlers
-from .keyholder import KeyHolder
 from .settings import Settings
 from .store import Store
 
@@ -59,10 +58,11 @@ class MemoryService:
         secret = settings.secret_key.get_secret_value() if settings.secret_key else None
         self.redis = Redis.from_url(settings.redis_url, **settings.redis_options())
         self.store = Store(self.redis, load_service_key(settings.home, secret))
-        self.keys = KeyHolder(self.store.vault, self.store.trackers.cache.clear)
         self.broker: NatsBroker = make_broker(
             settings.nats_url, "memory", health_check=self._health, login=settings.nats_options()
         )
+        self.keys = MemoryKeyFollower(self.broker, self.redis, self.store.set_memory_key, log)
+        self.keys.subscribe()
         self.handlers = Handlers(self.store, self._announce, self._max_payload)
         self._poller: asyncio.Task[None] | None = None
         self._register()
@@ -71,15 +71,6 @@ class MemoryService:
     def _register(self) -> None:
         for subject, (model, handler) in self.handlers.table().items():
             self._serve(subject, model, handler)
-
-        @self.broker.subscriber(subjects.MEMORY_KEY)
-        async def on_memory_key(msg: NatsMessage) -> None:
-            try:
-                event = MemoryKeyEvent.model_validate_json(msg.body)
-            except ValidationError:
-                log.warning("unreadable loki.memory.key event ignored")
-                return
-            await self.keys.apply(event.state, event.key_b64)
 
     def _serve(
         self,
@@ -117,24 +108,6 @@ class MemoryService:
             return {"redis": type(exc).__name__}
         return {}
 
-    # --- memory key --------------------------------------------------------------------------
-    async def _ask_memory(self) -> None:
-        try:
-            msg = await self.broker.request(
-                MemoryStatusRequest(), subjects.MEMORY_STATUS, timeout=2.0
-            )
-            reply = MemoryStatusReply.model_validate_json(msg.body)
-        except Exception as exc:  # noqa: BLE001 - gateway absent: keep the current state
-            log.debug("memory status unknown: %s", type(exc).__name__)
-            return
-        if reply.error is None:
-            await self.keys.apply(reply.state, reply.key_b64)
-
-    async def _poll_memory(self) -> None:
-        while True:
-            await self._ask_memory()
-            await asyncio.sleep(self.settings.memory_poll_s)
-
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Make sure the default project exists, then serve. Waits (retrying every second)
@@ -149,7 +122,7 @@ class MemoryService:
         await self.broker.start()
         probe = ActiveProjectRequest().model_dump_json().encode()
         await until_routable(self.broker.connection, subjects.PROJECTS_ACTIVE, probe, log)
-        self._poller = asyncio.create_task(self._poll_memory())
+        self._poller = asyncio.create_task(self.keys.follow(self.settings.memory_poll_s))
         log.info("memory service serving")
 
     async def stop(self, steps: lifecycle.Steps | None = None) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from loki_shared.sealing import Sealer
+
 from .pages import Pages
 from .projects import Projects
 from .trackers import Trackers
@@ -24,3 +26,9 @@ class Store:
         self.projects = Projects(redis, self.vault)
         self.pages = Pages(redis, self.vault)
         self.trackers = Trackers(redis, self.vault)
+
+    async def set_memory_key(self, key: bytes | None) -> None:
+        """Hold ``key`` (32 bytes) as the memory key, or forget it (None); what the tracker
+        cache opened with the key before is dropped either way."""
+        self.vault.memory = Sealer(key) if key is not None else None
+        self.trackers.cache.clear()

@@ -91,7 +91,7 @@ def _unpack(zip_b64: str) -> dict[str, bytes]:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
         raise InvalidRequest("zip_b64 is not a zip: resend a zip made by export") from exc
-    except Exception as exc:
+    except Exception as exc:  # zipfile fails on a broken member in many ways: each is invalid
         # a member compressed by a method zipfile lacks, encrypted, or whose data is broken
         raise InvalidRequest(
             f"the zip cannot be read ({type(exc).__name__}: {exc}): resend a zip made by export"

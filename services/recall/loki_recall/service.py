@@ -10,8 +10,6 @@ so it never answers from a partial index, then asks ``loki.memory.status`` for t
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import time
 from typing import TypeVar
@@ -20,12 +18,10 @@ from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from loki_shared import lifecycle, subjects
-from loki_shared.memkey import KDF_REDIS_KEY, BadKdf, KdfParams, key_id
+from loki_shared.memkey import MemoryKeyFollower
 from loki_shared.messages.events import ArchiveEvent
-from loki_shared.messages.memory import MemoryKeyEvent, MemoryStatusReply, MemoryStatusRequest
 from loki_shared.messages.recall import (
     ArchiveReply,
     ArchiveRequest,
@@ -79,7 +75,8 @@ class RecallService:
         self.broker: NatsBroker = make_broker(
             settings.nats_url, "recall", login=settings.nats_options()
         )
-        self._memory_key_id: str | None = None
+        self.keys = MemoryKeyFollower(self.broker, self.redis, self.archive.set_memory_key, log)
+        self.keys.subscribe()
         self._poller: asyncio.Task[None] | None = None
         self._register()
 
@@ -145,62 +142,14 @@ class RecallService:
             seqs = await archive.purge(req.conversation, req.project)
             return PurgeReply(seqs=seqs)
 
-        @broker.subscriber(subjects.MEMORY_KEY)
-        async def on_memory_key(msg: NatsMessage) -> None:
-            try:
-                event = MemoryKeyEvent.model_validate_json(msg.body)
-            except ValidationError:
-                log.warning("unreadable loki.memory.key event ignored")
-                return
-            await self.apply_memory(event.state, event.key_b64)
-
-    # --- memory key ------------------------------------------------------------------------
-    async def apply_memory(self, state: str, key_b64: str | None) -> None:
-        """Take the memory state the gateway reports: hold the key when ``unlocked`` (after
-        checking it against the stored check value), forget it otherwise. The key is never
-        logged."""
-        key: bytes | None = None
-        if state == "unlocked" and key_b64:
-            try:
-                key = base64.b64decode(key_b64, validate=True)
-                raw = await self.redis.get(KDF_REDIS_KEY)
-                if raw is None or not KdfParams.from_json(raw).verify(key):
-                    log.warning("memory key refused: it does not match the stored check value")
-                    key = None
-            except (binascii.Error, BadKdf, RedisError) as exc:
-                log.warning("memory key refused: %s", type(exc).__name__)
-                key = None
-            if key is None:
-                return
-        new_id = key_id(key) if key is not None else None
-        if new_id == self._memory_key_id:
-            return
-        self._memory_key_id = new_id
-        await self.archive.set_memory_key(key)
-        log.info("memory %s", "unlocked" if key is not None else state)
-
-    async def _ask_memory(self) -> None:
+    # --- catch-up ------------------------------------------------------------------------
+    async def _catch_up(self) -> None:
+        """After each memory-state question (every ``LOKI_RECALL_MEMORY_POLL_S``): catch up
+        with the archive (deletions recorded while no instance answered are applied there)."""
         try:
-            msg = await self.broker.request(
-                MemoryStatusRequest(), subjects.MEMORY_STATUS, timeout=2.0
-            )
-            reply = MemoryStatusReply.model_validate_json(msg.body)
-        except Exception as exc:  # noqa: BLE001 - gateway absent: keep the current state
-            log.debug("memory status unknown: %s", type(exc).__name__)
-            return
-        if reply.error is None:
-            await self.apply_memory(reply.state, reply.key_b64)
-
-    async def _poll_memory(self) -> None:
-        """Every ``LOKI_RECALL_MEMORY_POLL_S``: ask for the memory state, and catch up with
-        the archive (deletions recorded while no instance answered are applied there)."""
-        while True:
-            await self._ask_memory()
-            try:
-                await self.archive.sync()
-            except StoreUnavailable as exc:
-                log.warning("archive catch-up failed: %s", exc)
-            await asyncio.sleep(self.settings.recall_memory_poll_s)
+            await self.archive.sync()
+        except StoreUnavailable as exc:
+            log.warning("archive catch-up failed: %s", exc)
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -226,7 +175,9 @@ class RecallService:
         await self.broker.start()
         probe = BlockRequest(seq=0).model_dump_json().encode()
         await until_routable(self.broker.connection, subjects.RECALL_BLOCK, probe, log)
-        self._poller = asyncio.create_task(self._poll_memory())
+        self._poller = asyncio.create_task(
+            self.keys.follow(self.settings.recall_memory_poll_s, then=self._catch_up)
+        )
         log.info("recall service serving")
 
     async def stop(self, steps: lifecycle.Steps | None = None) -> None:

@@ -144,7 +144,7 @@ async def create_backup(
             write(out)
             os.fsync(out.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # no partial file left, whatever ends the write; re-raised
         tmp.unlink(missing_ok=True)
         raise
     return summary
@@ -164,7 +164,7 @@ async def _read_stores(
         redis_snap = await redis_part.snapshot(client)
     except redis_part.RedisBackupError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # any Redis client failure is the backup's error, said as such
         raise BackupError(f"cannot read Redis at {redact(source.redis_url)}: {exc}") from exc
     finally:
         await client.aclose()
@@ -290,7 +290,7 @@ async def restore_backup(src: Path | BinaryIO, passphrase: str, target: Target) 
             await jetstream_part.load(js, contents.streams)
             step = "LOKI_HOME files"
             home_part.write_files(target.home, contents.files, None)
-        except Exception as exc:
+        except Exception as exc:  # whatever fails mid-restore: the step is named, not hidden
             raise BackupError(
                 f"restore failed while writing {step}: {exc}; the target is partly restored: "
                 "empty it before trying again"
@@ -313,7 +313,7 @@ async def _connect_nats(url: str) -> NATS:
         return await nats.connect(
             url, connect_timeout=5, max_reconnect_attempts=0, **url_login(url)
         )
-    except Exception as exc:
+    except Exception as exc:  # any connect failure is the backup's error, said as such
         raise BackupError(f"cannot reach NATS at {redact(url)}: {exc}") from exc
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from loki_shared import subjects
 from loki_shared.messages.events import CompactionEvent
-from loki_shared.nats import events_stream
+from loki_shared.nats import events_stream, publish_durable
 
 from ..bus import ChatBus
 from ..context import ContextView
@@ -76,7 +76,7 @@ class CompactionEvents:
         if view.emit is not None:
             try:
                 await view.emit({}, meta)
-            except Exception:
+            except Exception:  # the marker is display only: no emitter failure fails a compaction
                 log.warning("[compact] marker not emitted", exc_info=True)
         await self.audit(view, path, before, after, archived, t0)
         log.info(
@@ -107,37 +107,29 @@ class CompactionEvents:
 
     async def publish(self, event: CompactionEvent) -> bool:
         """Publish ``event`` on ``loki.events.compaction`` into the ``LOKI_EVENTS`` stream
-        (created when missing). Best effort: False (logged) when it could not be stored."""
-        import nats.js.errors
+        (created when missing; :func:`loki_shared.nats.publish_durable`). Best effort: False
+        when it could not be stored (logged, also when the stream is still missing after
+        its creation); False without a word when the bus is not connected."""
+        import nats.errors
+        from faststream.exceptions import IncorrectState
 
         try:
             js = self.bus.jetstream()
-        except Exception:  # noqa: BLE001 - not connected: nothing to publish through
+        except (IncorrectState, TypeError):  # not connected, or no broker: nothing to publish
             return False
-        payload = event.model_dump_json().encode()
         if id(js) not in self._stream_ready:
             # created when missing (idempotent); a core subscriber on the subject would
             # otherwise turn a missing stream into a timeout instead of a "no stream" answer
             try:
                 await js.add_stream(config=_events_config())
-            except Exception:  # noqa: BLE001 - exists with another configuration: publish anyway
-                pass
+            except (nats.errors.Error, OSError, ValueError):
+                pass  # exists with another configuration, or NATS away: publish anyway
             self._stream_ready.add(id(js))
-        for attempt in (1, 2):
-            try:
-                await js.publish(
-                    subjects.EVENTS_COMPACTION, payload, timeout=2.0, stream=subjects.STREAM_EVENTS
-                )
-                return True
-            except (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError):
-                if attempt == 2:
-                    break
-                try:
-                    await js.add_stream(config=_events_config())
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("compaction event not published: %s", exc)
-                    return False
-            except Exception as exc:  # noqa: BLE001
-                log.warning("compaction event not published: %s", exc)
-                return False
-        return False
+        return await publish_durable(
+            js,
+            subjects.EVENTS_COMPACTION,
+            event.model_dump_json().encode(),
+            _events_config(),
+            what="compaction event",
+            log=log,
+        )

@@ -343,7 +343,7 @@ class SummaryClient:
                 prefix_unstable=lease.template is not None
                 and lease.template.stable_prefix is False,
             )
-        except Exception:
+        except Exception:  # a perf record is best effort: building it never fails a summary
             log.warning("[compact] perf record not built", exc_info=True)
             return
         self.bus.publish_perf(record)

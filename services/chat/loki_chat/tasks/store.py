@@ -28,7 +28,7 @@ import time
 import redis.asyncio as aioredis
 
 from loki_shared.messages.tasks import Task, TaskRun
-from loki_shared.sealing import Sealer
+from loki_shared.sealing import Sealer, SealError
 
 PREFIX = "loki:task"
 INDEX = f"{PREFIX}:index"
@@ -122,7 +122,7 @@ class TaskStore:
         for tid, blob in (await self.r.hgetall(INDEX)).items():
             try:
                 out.append(Task.model_validate_json(self._open(INDEX, tid.decode(), blob)))
-            except Exception:  # noqa: BLE001 - a value sealed with another key
+            except (SealError, ValueError):  # sealed with another key, or not a TaskRun/Task
                 continue
         out.sort(key=lambda t: t.created)
         return out
@@ -199,7 +199,7 @@ class TaskStore:
             return None
         try:
             return TaskRun.model_validate_json(self._open(key, field, blob)), blob
-        except Exception:  # noqa: BLE001 - a value sealed with another key
+        except (SealError, ValueError):  # sealed with another key, or not a TaskRun
             return None
 
     async def expired(self, now: float) -> list[tuple[str, float]]:
@@ -221,7 +221,7 @@ class TaskStore:
         for field, blob in (await self.r.hgetall(key)).items():
             try:
                 out.append(TaskRun.model_validate_json(self._open(key, field.decode(), blob)))
-            except Exception:  # noqa: BLE001 - a value sealed with another key
+            except (SealError, ValueError):  # sealed with another key, or not a TaskRun/Task
                 continue
         out.sort(key=lambda r: r.due, reverse=True)
         return out

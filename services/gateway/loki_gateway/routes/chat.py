@@ -173,7 +173,7 @@ async def chat_stream(
             first = await replay_page(bus, conversation, after, settings.sse_replay_page)
         else:
             first = await history_page(bus, conversation, tail, None)
-    except BaseException:
+    except BaseException:  # the feed detached whatever ends the first page, then re-raised
         await hub.detach(feed)
         raise
     stream = conversation_stream(

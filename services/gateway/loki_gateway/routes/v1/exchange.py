@@ -159,7 +159,7 @@ class Exchange(Response):
         gone = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
+        except BaseException:  # cancelled (or worse): both tasks go with it, then re-raised
             gone.cancel()
             work.cancel()
             raise
