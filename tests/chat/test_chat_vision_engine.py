@@ -14,7 +14,7 @@ from fakes.mmproj import text_embedding_width, write_mmproj
 
 from loki_shared import servers
 from loki_shared.messages.chat import ImageAttachment, SendReply, SendRequest
-from loki_supervisor.engine import read_props
+from loki_supervisor.engine_process import read_props
 
 pytestmark = pytest.mark.engine
 

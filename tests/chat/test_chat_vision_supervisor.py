@@ -15,7 +15,7 @@ from test_chat_vision_engine import IMAGE, _send
 
 from loki_shared import servers, subjects
 from loki_shared.messages.engine import Lease, LeaseRequest, Preset, ReleaseReply, ReleaseRequest
-from loki_supervisor.engine import read_props
+from loki_supervisor.engine_process import read_props
 from loki_supervisor.presets import ACTIVE_KEY, PRESETS_KEY
 from tests.engine.conftest import engine_env, supervisor_factory, wait_info
 

@@ -48,7 +48,7 @@ from fakes.fake_engine import text_reply
 
 from loki_shared import servers
 from loki_shared.messages.engine import TemplateProbe
-from loki_supervisor.engine import read_props
+from loki_supervisor.engine_process import read_props
 from loki_supervisor.probe import NOTE_NO_TOOLS, NOTE_STRICT, ProbeCache, template_hash
 from tests.chat.conftest import FakeSupervisor
 from tests.compaction.test_compaction_policy import block
