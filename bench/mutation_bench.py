@@ -195,7 +195,7 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "lease",
-        f"{SUP}/lease.py",
+        f"{SUP}/lease_book.py",
         (),
         ("tests/engine/test_lease.py", "tests/engine/test_prewarm_lease.py"),
         "the supervisor's leases: FIFO per slot, pre-emption, expiry",

@@ -1,6 +1,6 @@
 """The one client of the engine lease: ``async with lease(...)`` around every engine request.
 
-Protocol (the supervisor's side is ``loki_supervisor.lease``; messages in
+Protocol (the supervisor's side is ``loki_supervisor.lease_book``; messages in
 :mod:`loki_shared.messages.engine`):
 
 1. ``loki.engine.lease`` with a :class:`LeaseRequest` (NATS timeout longer than its

@@ -81,7 +81,7 @@ def test_forget_images_and_queue_entries() -> None:
 async def test_vision_read_from_props(fake_engine):
     import httpx
 
-    from loki_supervisor.engine import read_props
+    from loki_supervisor.engine_process import read_props
 
     async with httpx.AsyncClient() as http:
         assert (await read_props(http, fake_engine.url, None)).vision is False

@@ -11,7 +11,7 @@ import pytest
 
 from loki_shared import servers
 from loki_shared.messages.chat import ImageAttachment, SendReply, SendRequest
-from loki_supervisor.engine import read_props
+from loki_supervisor.engine_process import read_props
 from tests.fakes.fake_supervisor import FakeSupervisor
 from tests.fakes.media import png
 from tests.fakes.mmproj import text_embedding_width, write_mmproj

@@ -13,7 +13,7 @@ import redis
 
 from loki_shared import servers, subjects
 from loki_shared.messages.engine import Lease, LeaseRequest, Preset, ReleaseReply, ReleaseRequest
-from loki_supervisor.engine import read_props
+from loki_supervisor.engine_process import read_props
 from loki_supervisor.presets import ACTIVE_KEY, PRESETS_KEY
 from tests.engine.conftest import engine_env, supervisor_factory, wait_info
 from tests.fakes.mmproj import text_embedding_width, write_mmproj

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loki_chat.project.memory_link import block_view
+from loki_chat.project.memory_link import block_view, memory_call
 from loki_chat.tools import default_toolbox
 from loki_shared import subjects
 from loki_shared.errors import Locked
@@ -98,7 +98,7 @@ async def test_the_service_asks_the_memory_service_for_the_block_and_runs_the_to
 ):
     memory = await MemoryResponder(nc).start()
     svc = await chat_runner.start(system_prompt="S.", proj_snapshot=True)
-    svc.toolbox = default_toolbox(svc.bus, svc.settings, projects=svc.projects)
+    svc.toolbox = default_toolbox(svc.bus, svc.settings, memory=memory_call(svc.projects))
     svc.shared.project.clock = lambda: "2026-12-01 10:00 UTC"
     write = json.dumps({"page": "plan.md", "content": "# Plan", "description": "the plan"})
     fake_engine.push(
@@ -132,7 +132,7 @@ async def test_a_locked_memory_is_the_tool_result_and_no_block(
     memory = await MemoryResponder(nc).start()
     memory.locked = True
     svc = await chat_runner.start(system_prompt="S.")
-    svc.toolbox = default_toolbox(svc.bus, svc.settings, projects=svc.projects)
+    svc.toolbox = default_toolbox(svc.bus, svc.settings, memory=memory_call(svc.projects))
     fake_engine.push(tool_reply([("c1", "memory_read", '{"page": "a.md"}')]), text_reply("ok"))
     cid, end = await client.turn("Read a")
     assert end.finish_reason == "stop"
@@ -145,7 +145,7 @@ async def test_no_memory_service_unreachable_tool_result_and_default_project(
     chat_runner, supervisor, client, fake_engine
 ):
     svc = await chat_runner.start(system_prompt="S.", memory_timeout_s=0.3)
-    svc.toolbox = default_toolbox(svc.bus, svc.settings, projects=svc.projects)
+    svc.toolbox = default_toolbox(svc.bus, svc.settings, memory=memory_call(svc.projects))
     fake_engine.push(tool_reply([("c1", "memory_read", '{"page": "a.md"}')]), text_reply("ok"))
     cid, end = await client.turn("Read a")
     assert end.finish_reason == "stop"

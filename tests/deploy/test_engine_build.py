@@ -22,7 +22,7 @@ import pytest
 
 from loki_shared import servers
 from loki_supervisor import facts as facts_mod
-from loki_supervisor.engine import read_props
+from loki_supervisor.engine_process import read_props
 from loki_supervisor.plan import arg_names, plan_launch, truthy
 from loki_supervisor.routing import MIN_ERASE_BUILD, build_number, erase_decision
 from loki_supervisor.service import Supervisor, collect_facts

@@ -19,7 +19,7 @@ from loki_shared.messages.engine import (
 )
 from loki_shared.sealing import Sealer
 from loki_supervisor import bench, optimise
-from loki_supervisor.engine import Props
+from loki_supervisor.engine_process import Props
 from loki_supervisor.errors import InvalidRequest
 from loki_supervisor.facts import GgufFacts, GpuFacts, HostMemory, parse_help
 from loki_supervisor.plan import CacheRam, Facts, LaunchPlan

@@ -1,7 +1,7 @@
 """The engine child's start: a clean signal mask and death with its supervisor.
 
 Deterministic, with a stand-in child (a Python process) instead of llama-server: what is under
-test is :class:`loki_supervisor.engine.EngineProcess`'s spawn, not the engine.
+test is :class:`loki_supervisor.engine_process.EngineProcess`'s spawn, not the engine.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from loki_supervisor.engine import EngineProcess
+from loki_supervisor.engine_process import EngineProcess
 
 from .conftest import blocked_signals, process_alive
 
@@ -63,7 +63,7 @@ def test_engine_that_ignores_sigterm_dies_with_its_supervisor(tmp_path: Path) ->
         f"""
         import asyncio, sys, time
         from pathlib import Path
-        from loki_supervisor.engine import EngineProcess
+        from loki_supervisor.engine_process import EngineProcess
 
         async def main():
             engine = EngineProcess([sys.executable, "-c", {engine_code!r}])

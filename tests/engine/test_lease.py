@@ -11,7 +11,7 @@ import pytest
 
 from loki_shared.messages.engine import LeaseRequest
 from loki_supervisor.errors import Busy, NotFound, Unavailable
-from loki_supervisor.lease import LeaseManager, Target
+from loki_supervisor.lease_book import LeaseManager, Target
 from loki_supervisor.routing import EngineView
 
 TWO = EngineView(external=False, total_slots=2, slot_n_ctx=(2048, 2048), ctx=2048)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from loki_shared import servers
-from loki_supervisor.engine import telling_line
+from loki_supervisor.engine_process import telling_line
 from loki_supervisor.preflight import ModelFileError, check_model_file
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from loki_shared.messages.engine import LeaseRequest, ReleaseRequest
 from loki_shared.sealing import Sealer
-from loki_supervisor.engine import Props
+from loki_supervisor.engine_process import Props
 from loki_supervisor.errors import NotFound
 from loki_supervisor.service import Supervisor
 from loki_supervisor.settings import Settings

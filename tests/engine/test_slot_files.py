@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from loki_supervisor import slot_files
-from loki_supervisor.engine import prepare_slot_dir
+from loki_supervisor.engine_process import prepare_slot_dir
 from loki_supervisor.slot_files import (
     MAX_AGE_S,
     NO_FINGERPRINT,

@@ -14,7 +14,7 @@ import pytest
 
 from loki_shared.messages.engine import LeaseRequest
 from loki_supervisor import slot_files, slot_persist
-from loki_supervisor.lease import LeaseManager
+from loki_supervisor.lease_book import LeaseManager
 from loki_supervisor.slot_persist import PART_PREFIX, PersistConfig, SlotPersister
 
 FP = "0123456789abcdef0123456789abcdef"

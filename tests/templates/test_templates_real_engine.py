@@ -47,7 +47,7 @@ import pytest
 
 from loki_shared import servers
 from loki_shared.messages.engine import TemplateProbe
-from loki_supervisor.engine import read_props
+from loki_supervisor.engine_process import read_props
 from loki_supervisor.probe import NOTE_NO_TOOLS, NOTE_STRICT, ProbeCache, template_hash
 from tests.compaction.test_compaction_policy import block
 from tests.fakes.fake_engine import text_reply

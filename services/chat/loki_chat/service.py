@@ -37,7 +37,7 @@ from .image_shelf import ImageShelf
 from .leases import EngineLeases
 from .ownership import Ownership
 from .project.head import ProjectHead
-from .project.memory_link import active_project_id, block_fetch
+from .project.memory_link import active_project_id, block_fetch, memory_call
 from .restart_prewarm import RestartPrewarm
 from .settings import Settings
 from .store import Store
@@ -93,7 +93,8 @@ class ChatService:
             bus=self.bus,
             leases=EngineLeases(self.bus, settings, self.instance),
             engine=EngineClient(http, settings.retry_delays, settings.engine_timeout_s),
-            toolbox=toolbox or default_toolbox(self.bus, settings, shelf, self.projects),
+            toolbox=toolbox
+            or default_toolbox(self.bus, settings, shelf, memory_call(self.projects)),
             shelf=shelf,
             policy=policy or CompactionPolicy(CompactionDeps(settings, self.bus, http)),
             tokens=(

@@ -3,7 +3,7 @@
 
 - Refused (``conflict``) on an external preset (there is no engine of ours to measure) and
   while another benchmark or an optimiser search runs.
-- One ``bench`` lease per depth (:mod:`loki_supervisor.lease`): with SIDE_SLOT the lease
+- One ``bench`` lease per depth (:mod:`loki_supervisor.lease_book`): with SIDE_SLOT the lease
   routes it to slot 1 and the conversation keeps slot 0; with one slot a turn waits at most
   one depth's measurement, and the release of the last depth carries ``job_done``, so
   CACHE_ISOLATE erases slot 0 (the conversation's prompt comes back from the engine's host
@@ -40,7 +40,7 @@ from loki_shared.messages.engine import (
 
 from . import bench as bench_mod
 from .errors import InvalidRequest
-from .lease import LeaseManager
+from .lease_book import LeaseManager
 
 if TYPE_CHECKING:
     from .service import Supervisor

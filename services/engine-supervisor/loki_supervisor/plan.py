@@ -2,7 +2,7 @@
 command line, notes for a person, the SIDE_SLOT verdict and the CACHE_RAM value.
 
 Nothing here touches the system; :mod:`loki_supervisor.facts` reads the facts and
-:mod:`loki_supervisor.engine` runs the result. Every rule has a table test in
+:mod:`loki_supervisor.engine_process` runs the result. Every rule has a table test in
 ``tests/engine/test_plan.py``.
 """
 

@@ -4,7 +4,7 @@ GGUF magic (``GGUF``, the first four bytes of every GGUF file: ggml's ``docs/ggu
 
 Whether llama-server accepts the file beyond its magic (version, architecture, tensors) is
 the engine's to say: a launch that exits before its first healthy ``/health`` is reported
-``failed`` with its output and not retried (:mod:`loki_supervisor.engine`).
+``failed`` with its output and not retried (:mod:`loki_supervisor.engine_process`).
 """
 
 from __future__ import annotations

@@ -43,9 +43,9 @@ from .bench_job import BenchRunner
 from .bench_store import BenchStore
 from .cache_reuse import chunk_tokens
 from .draft import DraftRequest
-from .engine import EngineRunner, LaunchSpec
+from .engine_process import EngineRunner, LaunchSpec
 from .errors import InvalidRequest, SupervisorError
-from .lease import LeaseManager, Target
+from .lease_book import LeaseManager, Target
 from .optimise import Optimiser
 from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, tristate, truthy
 from .preflight import check_model_file

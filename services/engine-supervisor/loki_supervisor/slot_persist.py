@@ -33,8 +33,8 @@ from typing import Any
 import httpx
 
 from . import slot_files
-from .engine import auth_headers
-from .lease import LeaseManager
+from .engine_process import auth_headers
+from .lease_book import LeaseManager
 
 log = logging.getLogger(__name__)
 

@@ -156,7 +156,7 @@ class LeaseRequest(Msg):
     continues the conversation's cached prompt (COMPACT_CONTINUATION), routed like ``main``;
     a plain ``compact`` (summary of a transcript) goes beside it. ``holder``: an id of the
     asking process (a chat instance's); a grant it never claims (see
-    ``loki_supervisor.lease``) drops its other waiters and leases with it."""
+    ``loki_supervisor.lease_book``) drops its other waiters and leases with it."""
 
     kind: RequestKind
     conversation: str | None = None

@@ -35,12 +35,13 @@ import contextlib
 import logging
 import time
 from datetime import datetime
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
-from loki_shared.messages.chat import ChatEvent
+from loki_shared.messages.chat import ChatEvent, ConversationKind
 from loki_shared.messages.tasks import Task, TaskRun
 
-from ..ownership import Ownership
+from ..conversation import Conversation
 from ..settings import Settings
 from ..store import new_conversation_id
 from .schedule import due_times
@@ -70,6 +71,38 @@ def task_message(task: Task, due: float) -> str:
     return f"{task_note(task, due)}\n\n{task.prompt}"
 
 
+class RunActor(Protocol):
+    """What a run needs of its conversation's owner-side actor (:class:`loki_chat.actor.Actor`
+    is one): the conversation, a queue to put the run's message on, and the worker that runs
+    its turn."""
+
+    @property
+    def conv(self) -> Conversation:
+        """The conversation (its ``title`` is set; its ``log`` read for the outcome)."""
+        ...
+
+    @property
+    def worker(self) -> asyncio.Task[None] | None:
+        """The task running the queued turns, None when none runs."""
+        ...
+
+    async def enqueue(self, text: str) -> bool:
+        """Queue one user message (the turn starts when the worker takes it)."""
+        ...
+
+
+class ConversationOwner(Protocol):
+    """This instance's conversations, as the scheduler needs them (the composer passes
+    :class:`loki_chat.ownership.Ownership`; the tasks package never imports it)."""
+
+    async def take(
+        self, cid: str, create: bool, kind: ConversationKind = "main"
+    ) -> RunActor | None:
+        """The local actor of ``cid`` (created when ``create``), None when another instance
+        holds it."""
+        ...
+
+
 class Scheduler:
     """One instance's task scheduler.
 
@@ -81,7 +114,7 @@ class Scheduler:
     """
 
     def __init__(
-        self, settings: Settings, store: TaskStore, ownership: Ownership, instance: str
+        self, settings: Settings, store: TaskStore, ownership: ConversationOwner, instance: str
     ) -> None:
         self.settings = settings
         self.store = store

@@ -16,8 +16,6 @@ template a probe found unable to call them) is decided in one place: the turn lo
 
 from __future__ import annotations
 
-from loki_shared.projects_client import ProjectsClient
-
 from ..bus import ChatBus
 from ..image_shelf import ImageShelf
 from ..settings import Settings
@@ -32,7 +30,7 @@ from .box import (
     parse_arguments,
 )
 from .labels import MAIN_ARGUMENT, label, main_argument
-from .memory import memory_tools
+from .memory import MemoryCall, memory_tools
 from .recall import UNREACHABLE, recall_tools
 from .vision import see_image_tool
 
@@ -41,18 +39,17 @@ def default_toolbox(
     bus: ChatBus,
     settings: Settings,
     shelf: ImageShelf | None = None,
-    projects: ProjectsClient | None = None,
+    memory: MemoryCall | None = None,
 ) -> ToolBox:
     """The tools a chat instance offers, in this order (the order is part of the request
     prefix, so it never changes between requests): ``recall``, ``recall_search``, then,
-    with a memory service client (``projects``), ``memory_read``, ``memory_write``,
-    ``memory_search``, ``tracker_log``, ``tracker_read``, then ``see_image`` when ``shelf``
-    is given (offered only to an endpoint that sees images)."""
+    with the memory service's calls (``memory``: the composer passes
+    :func:`loki_chat.project.memory_link.memory_call` of its client), ``memory_read``,
+    ``memory_write``, ``memory_search``, ``tracker_log``, ``tracker_read``, then
+    ``see_image`` when ``shelf`` is given (offered only to an endpoint that sees images)."""
     box = ToolBox(recall_tools(bus.request, settings.recall_timeout_s))
-    if projects is not None:
-        from ..project.memory_link import memory_call
-
-        for spec in memory_tools(memory_call(projects)):
+    if memory is not None:
+        for spec in memory_tools(memory):
             box.add(spec)
     if shelf is not None:
         box.add(see_image_tool(shelf))
@@ -69,6 +66,7 @@ __all__ = [
     "UNREACHABLE",
     "ToolBox",
     "ToolFn",
+    "MemoryCall",
     "ToolOutcome",
     "ToolSpec",
     "cut_for_model",

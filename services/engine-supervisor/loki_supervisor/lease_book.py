@@ -1,4 +1,6 @@
-"""The engine lease: one request per slot at a time, FIFO per slot, expiry of dead holders.
+"""The lease book: the supervisor's side of the engine lease (its holders and waiters, by
+queue): one request per slot at a time, FIFO per slot, expiry of dead holders. The client's
+side is :mod:`loki_shared.lease`.
 
 A caller asks a lease before each completion request and releases it after (see
 :mod:`loki_shared.messages.engine`). Queues are keyed by where the request goes:
@@ -39,7 +41,7 @@ from loki_shared.messages.engine import Lease, LeaseRequest, TemplateProbe
 from .errors import Busy, NotFound, Unavailable
 from .routing import EngineView, route, shares_main_slot
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("loki_supervisor.lease")  # the name of its logs, kept across the rename
 
 
 @dataclass(frozen=True)

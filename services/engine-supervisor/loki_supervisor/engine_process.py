@@ -1,6 +1,6 @@
-"""The engine's life: launch llama-server from a plan, wait for ``/health``, read ``/props``,
-restart a crashed engine with backoff, stop it cleanly; or follow an engine already running
-(``LOKI_ENGINE_URL``); or point at an external preset (no engine).
+"""The engine's process, the llama-server the supervisor runs: launch it from a plan, wait for
+``/health``, read ``/props``, restart a crashed engine with backoff, stop it cleanly; or follow
+an engine already running (``LOKI_ENGINE_URL``); or point at an external preset (no engine).
 
 State changes go to a callback (the service publishes them on ``loki.engine.state``).
 """
@@ -32,7 +32,7 @@ from .preflight import check_model_file
 from .probe import ProbeCache
 from .routing import build_number
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("loki_supervisor.engine")  # the name of its logs, kept across the rename
 
 StateCallback = Callable[[EngineState], Awaitable[None]]
 
