@@ -480,6 +480,87 @@ def stack(
         running.stop()
 
 
+def main_alone(
+    name: str,
+    run: Callable[[bool], dict[str, Any]],
+    description: str,
+    quick_help: str,
+    show: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
+    """What ``python -m bench.<name>_bench [--quick]`` does run alone, outside the harness:
+    the harness's base fields (schema, name, mode, commit, machine), ``run(quick)``'s figures,
+    ``status``/``duration_s``; writes ``bench/results/<name>.json`` and prints its path, what
+    ``show`` prints of the document (default: nothing more) and each target's figures.
+    Returns the path written."""
+    import argparse
+
+    from bench.__main__ import base_document
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    args = parser.parse_args()
+    doc = base_document(name, args.quick)
+    t0 = time.monotonic()
+    doc.update(run(args.quick))
+    doc.update(status="ok", error=None, duration_s=round(time.monotonic() - t0, 1))
+    path = write_result(name, doc)
+    print(path)
+    if show is not None:
+        show(doc)
+    for t in doc["targets"]:
+        print(f"{t['name']}: {t['value']} (target {t['target']}) met={t['met']}")
+    return path
+
+
+@contextmanager
+def supervisor_alone(home: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The engine supervisor (``python -m loki_supervisor``) with a NATS and a Redis of its
+    own on free loopback ports (no ACL users), data and ``supervisor.log`` under ``home``;
+    yields ``(nats_url, process)`` once NATS and Redis listen (the engine may still load:
+    the caller waits for ``ready``). ``env`` is added to this process's environment less
+    its ``LOKI_*`` variables. Everything is stopped on exit (the supervisor by SIGTERM, then
+    SIGKILL after 30 s)."""
+    import sys
+
+    from loki_shared import servers
+
+    nats_port, redis_port = servers.free_port(), servers.free_port()
+    (home / "nats").mkdir(parents=True)
+    (home / "redis").mkdir(parents=True)
+    nats_proc = servers.ManagedProcess("nats", servers.nats_command(nats_port, home / "nats"))
+    redis_proc = servers.ManagedProcess("redis", servers.redis_command(redis_port, home / "redis"))
+    nats_proc.start()
+    redis_proc.start()
+    sup = None
+    try:
+        nats_proc.wait_port(nats_port)
+        redis_proc.wait_port(redis_port)
+        full = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
+        full.update(
+            LOKI_NATS_URL=f"nats://127.0.0.1:{nats_port}",
+            LOKI_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+            LOKI_HOME=str(home),
+            **env,
+        )
+        with open(home / "supervisor.log", "wb") as log:
+            sup = subprocess.Popen(
+                [sys.executable, "-m", "loki_supervisor"],
+                env=full,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        yield f"nats://127.0.0.1:{nats_port}", sup
+    finally:
+        if sup is not None and sup.poll() is None:
+            sup.terminate()
+            try:
+                sup.wait(30)
+            except subprocess.TimeoutExpired:
+                sup.kill()
+        nats_proc.stop()
+        redis_proc.stop()
+
+
 # --------------------------------------------------------------------------- recording proxy
 @dataclass
 class Exchange:

@@ -19,11 +19,8 @@ bench/engine_measure_bench.py [--quick]`` (writes ``bench/results/engine_measure
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +35,7 @@ if __package__ in (None, ""):
 
 from bench import _common
 from bench.side_slot_bench import completion, request, wait_ready
-from loki_shared import servers, subjects
+from loki_shared import subjects
 from loki_shared.lease import lease as engine_lease
 from loki_shared.messages.engine import BenchReply, BenchRequest, LeaseRequest
 
@@ -114,37 +111,16 @@ async def conversation(nc, rounds: int) -> dict[str, Any]:
 
 def run_stack(rounds: int, root: Path) -> dict[str, Any]:
     """One supervisor with its own NATS and Redis; the conversation through it."""
-    home = root / "stack"
-    nats_port, redis_port = servers.free_port(), servers.free_port()
-    (home / "nats").mkdir(parents=True)
-    (home / "redis").mkdir(parents=True)
-    nats_proc = servers.ManagedProcess(
-        "nats", servers.nats_command(nats_port, home / "nats")
-    ).start()
-    redis_proc = servers.ManagedProcess(
-        "redis", servers.redis_command(redis_port, home / "redis")
-    ).start()
-    sup = None
-    try:
-        nats_proc.wait_port(nats_port)
-        redis_proc.wait_port(redis_port)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
-        env.update(
-            LOKI_NATS_URL=f"nats://127.0.0.1:{nats_port}",
-            LOKI_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
-            LOKI_HOME=str(home),
-            LOKI_SECRET_KEY="bench-engine-measure-key",
-            LOKI_CTX=str(CTX),
-            LOKI_ENGINE_THREADS="2",
-            LOKI_SIDE_SLOT="off",
-        )
-        log = open(home / "supervisor.log", "wb")
-        sup = subprocess.Popen(
-            [sys.executable, "-m", "loki_supervisor"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+    env = {
+        "LOKI_SECRET_KEY": "bench-engine-measure-key",
+        "LOKI_CTX": str(CTX),
+        "LOKI_ENGINE_THREADS": "2",
+        "LOKI_SIDE_SLOT": "off",
+    }
+    with _common.supervisor_alone(root / "stack", env) as (nats_url, sup):
 
         async def go() -> dict[str, Any]:
-            nc = await nats.connect(f"nats://127.0.0.1:{nats_port}")
+            nc = await nats.connect(nats_url)
             try:
                 info = await wait_ready(nc, sup)
                 out = await conversation(nc, rounds)
@@ -159,15 +135,6 @@ def run_stack(rounds: int, root: Path) -> dict[str, Any]:
                 await nc.drain()
 
         return asyncio.run(go())
-    finally:
-        if sup is not None and sup.poll() is None:
-            sup.terminate()
-            try:
-                sup.wait(30)
-            except subprocess.TimeoutExpired:
-                sup.kill()
-        nats_proc.stop()
-        redis_proc.stop()
 
 
 def _median(rows: list[dict], key: str) -> float | None:
@@ -266,23 +233,16 @@ def run(quick: bool) -> dict[str, Any]:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 rounds instead of 6")
-    args = parser.parse_args()
-    from bench.__main__ import base_document
-
-    doc = base_document("engine_measure", args.quick)
-    t0 = time.monotonic()
-    doc.update(run(args.quick))
-    doc.update(status="ok", error=None, duration_s=round(time.monotonic() - t0, 1))
-    path = _common.write_result("engine_measure", doc)
-    print(path)
-    for t in doc["tables"]:
-        for row in t["rows"]:
+def _show_tables(doc: dict[str, Any]) -> None:
+    for table in doc["tables"]:
+        for row in table["rows"]:
             print(row)
-    for t in doc["targets"]:
-        print(t["name"], t["value"], t["target"], t["met"])
+
+
+def main() -> None:
+    _common.main_alone(
+        "engine_measure", run, __doc__.splitlines()[0], "3 rounds instead of 6", show=_show_tables
+    )
 
 
 if __name__ == "__main__":

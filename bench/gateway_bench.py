@@ -27,7 +27,6 @@ or through the harness (``python -m bench --only gateway``), which calls :func:`
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -387,24 +386,7 @@ def run(quick: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer pairs and events")
-    args = parser.parse_args()
-    started = time.time()
-    doc = {
-        "schema": _common.SCHEMA_VERSION,
-        "name": "gateway",
-        "mode": "quick" if args.quick else "full",
-        **_common.git_commit(),
-        "machine": _common.machine_facts(),
-        **run(args.quick),
-    }
-    doc["status"] = "ok"
-    doc["duration_s"] = round(time.time() - started, 1)
-    path = _common.write_result("gateway", doc)
-    for t in doc["targets"]:
-        print(f"{t['name']}: {t['value']:.2f} (target {t['target']}) met={t['met']}")
-    print(f"written to {path}")
+    _common.main_alone("gateway", run, __doc__.splitlines()[0], "fewer pairs and events")
 
 
 if __name__ == "__main__":

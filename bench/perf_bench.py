@@ -20,7 +20,6 @@ through the harness (``python -m bench --only perf``), which calls :func:`run`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -320,24 +319,7 @@ def run(quick: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer records and repetitions")
-    args = parser.parse_args()
-    started = time.time()
-    doc = {
-        "schema": _common.SCHEMA_VERSION,
-        "name": "perf",
-        "mode": "quick" if args.quick else "full",
-        **_common.git_commit(),
-        "machine": _common.machine_facts(),
-        **run(args.quick),
-    }
-    doc["status"] = "ok"
-    doc["duration_s"] = round(time.time() - started, 1)
-    path = _common.write_result("perf", doc)
-    for t in doc["targets"]:
-        print(f"{t['name']}: {t['value']:.2f} (target {t['target']}) met={t['met']}")
-    print(f"written to {path}")
+    _common.main_alone("perf", run, __doc__.splitlines()[0], "fewer records and repetitions")
 
 
 if __name__ == "__main__":

@@ -28,10 +28,8 @@ Usage: ``python -m bench --only side_slot [--quick]`` or ``python bench/side_slo
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -47,7 +45,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _common
-from loki_shared import servers, subjects
+from loki_shared import subjects
 from loki_shared.lease import LeaseError
 from loki_shared.lease import lease as engine_lease
 from loki_shared.messages.engine import (
@@ -280,36 +278,16 @@ async def conversation(nc, turns: int) -> dict[str, Any]:
 def run_config(name: str, extra_env: dict[str, str], turns: int, root: Path) -> dict[str, Any]:
     """One supervisor (own NATS and Redis) with ``extra_env``; the conversation through it."""
     home = root / name.replace(" ", "_").replace(",", "")
-    nats_port, redis_port = servers.free_port(), servers.free_port()
-    (home / "nats").mkdir(parents=True)
-    (home / "redis").mkdir(parents=True)
-    nats_proc = servers.ManagedProcess(
-        "nats", servers.nats_command(nats_port, home / "nats")
-    ).start()
-    redis_proc = servers.ManagedProcess(
-        "redis", servers.redis_command(redis_port, home / "redis")
-    ).start()
-    sup = None
-    try:
-        nats_proc.wait_port(nats_port)
-        redis_proc.wait_port(redis_port)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOKI_")}
-        env.update(
-            LOKI_NATS_URL=f"nats://127.0.0.1:{nats_port}",
-            LOKI_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
-            LOKI_HOME=str(home),
-            LOKI_SECRET_KEY="bench-side-slot-key",
-            LOKI_CTX=str(CTX),
-            LOKI_ENGINE_THREADS="2",
-            **extra_env,
-        )
-        log = open(home / "supervisor.log", "wb")
-        sup = subprocess.Popen(
-            [sys.executable, "-m", "loki_supervisor"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+    env = {
+        "LOKI_SECRET_KEY": "bench-side-slot-key",
+        "LOKI_CTX": str(CTX),
+        "LOKI_ENGINE_THREADS": "2",
+        **extra_env,
+    }
+    with _common.supervisor_alone(home, env) as (nats_url, sup):
 
         async def go() -> dict[str, Any]:
-            nc = await nats.connect(f"nats://127.0.0.1:{nats_port}")
+            nc = await nats.connect(nats_url)
             try:
                 info = await wait_ready(nc, sup)
                 out = await conversation(nc, turns)
@@ -327,15 +305,6 @@ def run_config(name: str, extra_env: dict[str, str], turns: int, root: Path) -> 
                 await nc.drain()
 
         return asyncio.run(go())
-    finally:
-        if sup is not None and sup.poll() is None:
-            sup.terminate()
-            try:
-                sup.wait(30)
-            except subprocess.TimeoutExpired:
-                sup.kill()
-        nats_proc.stop()
-        redis_proc.stop()
 
 
 def summarize(rows: list[dict]) -> dict[str, Any]:
@@ -449,22 +418,16 @@ def run(quick: bool) -> dict[str, Any]:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 turns instead of 8")
-    args = parser.parse_args()
-    from bench.__main__ import base_document
+def _show_tables(doc: dict[str, Any]) -> None:
+    for table in doc["tables"]:
+        for row in table["rows"]:
+            print(row)
 
-    doc = base_document("side_slot", args.quick)
-    t0 = time.monotonic()
-    doc.update(run(args.quick))
-    doc.update(status="ok", error=None, duration_s=round(time.monotonic() - t0, 1))
-    path = _common.write_result("side_slot", doc)
-    print(path)
-    for row in doc["tables"][0]["rows"]:
-        print(row)
-    for t in doc["targets"]:
-        print(t["name"], t["value"], t["target"], t["met"])
+
+def main() -> None:
+    _common.main_alone(
+        "side_slot", run, __doc__.splitlines()[0], "3 turns instead of 8", show=_show_tables
+    )
 
 
 if __name__ == "__main__":

@@ -19,14 +19,47 @@ from .messages import chat, engine, events, memory, perf, projects, recall, task
 
 PREFIX = "loki"
 
+
+# --- the table: each subject with its request and reply types --------------------------------
+@dataclass(frozen=True)
+class Exchange:
+    """What travels on one subject: ``request`` (the message sent or published) and
+    ``reply`` (the answer's model; None for an event, which has no answer)."""
+
+    subject: str
+    request: type[BaseModel]
+    reply: type[BaseModel] | None
+
+
+#: Every fixed subject and its message types, filled by :func:`_exchange` as the sections
+#: below declare them: the bus wrappers (``loki_gateway.bus.Bus``, ``loki_chat.bus.ChatBus``)
+#: check each request and publish against it. Subjects built per conversation, instance or
+#: service (``chat_events``, ``chat_instance``, ``health``) are not in it: a
+#: ``ForwardRequest``'s reply is the reply of the subject its ``op`` names.
+EXCHANGES: dict[str, Exchange] = {}
+
+
+def _exchange(subject: str, request: type[BaseModel], reply: type[BaseModel] | None) -> str:
+    """Declare ``subject`` with its request type and its reply type (None: an event) in
+    :data:`EXCHANGES`; returns ``subject``. Raises ValueError on a subject declared twice."""
+    if subject in EXCHANGES:
+        raise ValueError(f"{subject} declared twice")
+    EXCHANGES[subject] = Exchange(subject, request, reply)
+    return subject
+
+
 # --- chat service (queue group QUEUE_CHAT) -------------------------------------------------
 QUEUE_CHAT = "chat"
-CHAT_SEND = "loki.chat.send"  # SendRequest -> SendReply
-CHAT_CONTROL = "loki.chat.control"  # ControlRequest -> ControlReply (stop, reset, compact)
-CHAT_STATE = "loki.chat.state"  # StateRequest -> StateReply
-CHAT_REPLAY = "loki.chat.replay"  # ReplayRequest -> ReplayReply
-CHAT_CONVERSATIONS = "loki.chat.conversations"  # ConversationsRequest -> ConversationsReply
-CHAT_TASKS = "loki.chat.tasks"  # TasksRequest -> TasksReply (scheduled tasks)
+CHAT_SEND = _exchange("loki.chat.send", chat.SendRequest, chat.SendReply)
+# control ops: stop, reset, compact
+CHAT_CONTROL = _exchange("loki.chat.control", chat.ControlRequest, chat.ControlReply)
+CHAT_STATE = _exchange("loki.chat.state", chat.StateRequest, chat.StateReply)
+CHAT_REPLAY = _exchange("loki.chat.replay", chat.ReplayRequest, chat.ReplayReply)
+CHAT_CONVERSATIONS = _exchange(
+    "loki.chat.conversations", chat.ConversationsRequest, chat.ConversationsReply
+)
+# the scheduled tasks
+CHAT_TASKS = _exchange("loki.chat.tasks", tasks.TasksRequest, tasks.TasksReply)
 CHAT_EVENTS_PREFIX = "loki.chat.events"  # + ".<conversation>": ChatEvent, live display events
 CHAT_EVENTS_ALL = "loki.chat.events.*"
 CHAT_INSTANCE_PREFIX = "loki.chat.instance"  # + ".<instance>": ForwardRequest -> reply (owner)
@@ -58,62 +91,107 @@ def chat_instance(instance: str) -> str:
 
 # --- recall service (queue group QUEUE_RECALL) ---------------------------------------------
 QUEUE_RECALL = "recall"
-RECALL_ARCHIVE = "loki.recall.archive"  # ArchiveRequest -> ArchiveReply
-RECALL_TOOL = "loki.recall.tool"  # ToolRequest -> ToolReply (recall, recall_search)
-RECALL_BLOCK = "loki.recall.block"  # BlockRequest -> BlockReply
-RECALL_BLOCKS = "loki.recall.blocks"  # BlocksRequest -> BlocksReply
-RECALL_PURGE = "loki.recall.purge"  # PurgeRequest -> PurgeReply
+RECALL_ARCHIVE = _exchange("loki.recall.archive", recall.ArchiveRequest, recall.ArchiveReply)
+# the recall(id) and recall_search(query) tools
+RECALL_TOOL = _exchange("loki.recall.tool", recall.ToolRequest, recall.ToolReply)
+RECALL_BLOCK = _exchange("loki.recall.block", recall.BlockRequest, recall.BlockReply)
+RECALL_BLOCKS = _exchange("loki.recall.blocks", recall.BlocksRequest, recall.BlocksReply)
+RECALL_PURGE = _exchange("loki.recall.purge", recall.PurgeRequest, recall.PurgeReply)
 
 # --- memory key (the gateway hands the user's memory key to the services) ------------------
-MEMORY_KEY = "loki.memory.key"  # MemoryKeyEvent, broadcast (set or cleared)
-MEMORY_STATUS = "loki.memory.status"  # MemoryStatusRequest -> MemoryStatusReply (gateway answers)
+# broadcast when the key is set or cleared
+MEMORY_KEY = _exchange("loki.memory.key", memory.MemoryKeyEvent, None)
+# the gateway answers
+MEMORY_STATUS = _exchange(
+    "loki.memory.status", memory.MemoryStatusRequest, memory.MemoryStatusReply
+)
 
 # --- memory service: projects, memory pages, trackers (queue group QUEUE_PROJECTS) ----------
 # (``loki.memory.*`` above is the memory KEY, served by the gateway; these are the contents.)
 QUEUE_PROJECTS = "memory"
 PROJECTS_PREFIX = "loki.projects"
-PROJECTS_LIST = "loki.projects.list"  # ProjectsListRequest -> ProjectsReply
-PROJECTS_CREATE = "loki.projects.create"  # ProjectCreateRequest -> ProjectReply
-PROJECTS_UPDATE = "loki.projects.update"  # ProjectUpdateRequest -> ProjectReply
-PROJECTS_DELETE = "loki.projects.delete"  # ProjectDeleteRequest -> ProjectDeleteReply
-PROJECTS_ACTIVE = "loki.projects.active"  # ActiveProjectRequest -> ProjectReply
-PROJECTS_ACTIVATE = "loki.projects.activate"  # ActivateProjectRequest -> ProjectReply
-PROJECTS_BLOCK = "loki.projects.block"  # ProjectBlockRequest -> ProjectBlockReply
-PROJECTS_PAGE_READ = "loki.projects.page.read"  # PageReadRequest -> PageReply
-PROJECTS_PAGE_WRITE = "loki.projects.page.write"  # PageWriteRequest -> PageReply
-PROJECTS_PAGE_DELETE = "loki.projects.page.delete"  # PageDeleteRequest -> PageDeleteReply
-PROJECTS_PAGE_LIST = "loki.projects.page.list"  # PageListRequest -> PagesReply
-PROJECTS_PAGE_SEARCH = "loki.projects.page.search"  # PageSearchRequest -> SearchReply
-PROJECTS_TRACKER_LOG = "loki.projects.tracker.log"  # TrackerLogRequest -> TrackerLogReply
-PROJECTS_TRACKER_READ = "loki.projects.tracker.read"  # TrackerReadRequest -> TrackerReadReply
-PROJECTS_TRACKER_LIST = "loki.projects.tracker.list"  # TrackerListRequest -> TrackersReply
-PROJECTS_TRACKER_DELETE = "loki.projects.tracker.delete"  # TrackerDeleteRequest -> ...Reply
-PROJECTS_EXPORT = "loki.projects.export"  # ExportRequest -> ExportReply
-PROJECTS_IMPORT = "loki.projects.import"  # ImportRequest -> ProjectReply
-PROJECTS_CHANGED = "loki.projects.changed"  # ProjectChangedEvent, after every change
+PROJECTS_LIST = _exchange(
+    "loki.projects.list", projects.ProjectsListRequest, projects.ProjectsReply
+)
+PROJECTS_CREATE = _exchange(
+    "loki.projects.create", projects.ProjectCreateRequest, projects.ProjectReply
+)
+PROJECTS_UPDATE = _exchange(
+    "loki.projects.update", projects.ProjectUpdateRequest, projects.ProjectReply
+)
+PROJECTS_DELETE = _exchange(
+    "loki.projects.delete", projects.ProjectDeleteRequest, projects.ProjectDeleteReply
+)
+PROJECTS_ACTIVE = _exchange(
+    "loki.projects.active", projects.ActiveProjectRequest, projects.ProjectReply
+)
+PROJECTS_ACTIVATE = _exchange(
+    "loki.projects.activate", projects.ActivateProjectRequest, projects.ProjectReply
+)
+PROJECTS_BLOCK = _exchange(
+    "loki.projects.block", projects.ProjectBlockRequest, projects.ProjectBlockReply
+)
+PROJECTS_PAGE_READ = _exchange(
+    "loki.projects.page.read", projects.PageReadRequest, projects.PageReply
+)
+PROJECTS_PAGE_WRITE = _exchange(
+    "loki.projects.page.write", projects.PageWriteRequest, projects.PageReply
+)
+PROJECTS_PAGE_DELETE = _exchange(
+    "loki.projects.page.delete", projects.PageDeleteRequest, projects.PageDeleteReply
+)
+PROJECTS_PAGE_LIST = _exchange(
+    "loki.projects.page.list", projects.PageListRequest, projects.PagesReply
+)
+PROJECTS_PAGE_SEARCH = _exchange(
+    "loki.projects.page.search", projects.PageSearchRequest, projects.SearchReply
+)
+PROJECTS_TRACKER_LOG = _exchange(
+    "loki.projects.tracker.log", projects.TrackerLogRequest, projects.TrackerLogReply
+)
+PROJECTS_TRACKER_READ = _exchange(
+    "loki.projects.tracker.read", projects.TrackerReadRequest, projects.TrackerReadReply
+)
+PROJECTS_TRACKER_LIST = _exchange(
+    "loki.projects.tracker.list", projects.TrackerListRequest, projects.TrackersReply
+)
+PROJECTS_TRACKER_DELETE = _exchange(
+    "loki.projects.tracker.delete", projects.TrackerDeleteRequest, projects.TrackerDeleteReply
+)
+PROJECTS_EXPORT = _exchange("loki.projects.export", projects.ExportRequest, projects.ExportReply)
+PROJECTS_IMPORT = _exchange("loki.projects.import", projects.ImportRequest, projects.ProjectReply)
+# published after every change
+PROJECTS_CHANGED = _exchange("loki.projects.changed", projects.ProjectChangedEvent, None)
 
 # --- engine supervisor (queue group QUEUE_ENGINE) ------------------------------------------
 QUEUE_ENGINE = "engine"
-ENGINE_INFO = "loki.engine.info"  # EngineInfoRequest -> EngineInfo
-ENGINE_LEASE = "loki.engine.lease"  # LeaseRequest -> Lease
-ENGINE_RELEASE = "loki.engine.release"  # ReleaseRequest -> ReleaseReply
-ENGINE_RENEW = "loki.engine.renew"  # RenewRequest -> Lease (extends the lease's TTL)
-ENGINE_STATE = "loki.engine.state"  # EngineState, event on every state change
-ENGINE_PRESETS = "loki.engine.presets"  # PresetsRequest -> PresetsReply
-ENGINE_BENCH = "loki.engine.bench"  # BenchRequest -> BenchReply (benchmark of the preset)
-ENGINE_OPTIMISE = "loki.engine.optimise"  # OptimiseRequest -> OptimiseReply (launch search)
+ENGINE_INFO = _exchange("loki.engine.info", engine.EngineInfoRequest, engine.EngineInfo)
+ENGINE_LEASE = _exchange("loki.engine.lease", engine.LeaseRequest, engine.Lease)
+ENGINE_RELEASE = _exchange("loki.engine.release", engine.ReleaseRequest, engine.ReleaseReply)
+# extends the lease's TTL
+ENGINE_RENEW = _exchange("loki.engine.renew", engine.RenewRequest, engine.Lease)
+# an event on every state change
+ENGINE_STATE = _exchange("loki.engine.state", engine.EngineState, None)
+ENGINE_PRESETS = _exchange("loki.engine.presets", engine.PresetsRequest, engine.PresetsReply)
+# a benchmark of the preset
+ENGINE_BENCH = _exchange("loki.engine.bench", engine.BenchRequest, engine.BenchReply)
+# the launch search
+ENGINE_OPTIMISE = _exchange("loki.engine.optimise", engine.OptimiseRequest, engine.OptimiseReply)
 
 # --- perf service (queue group QUEUE_PERF) -------------------------------------------------
 QUEUE_PERF = "perf"
-PERF_RECORD = "loki.perf.record"  # PerfRecord, JetStream stream STREAM_PERF
-PERF_SUMMARY = "loki.perf.summary"  # SummaryRequest -> PerfSummary
-PERF_LOSSES = "loki.perf.losses"  # LossesRequest -> LossesReply
-PERF_CACHERAM = "loki.perf.cacheram"  # CacheRamAdviceRequest -> CacheRamAdviceReply
+# kept in the JetStream stream STREAM_PERF
+PERF_RECORD = _exchange("loki.perf.record", perf.PerfRecord, None)
+PERF_SUMMARY = _exchange("loki.perf.summary", perf.SummaryRequest, perf.PerfSummary)
+PERF_LOSSES = _exchange("loki.perf.losses", perf.LossesRequest, perf.LossesReply)
+PERF_CACHERAM = _exchange(
+    "loki.perf.cacheram", perf.CacheRamAdviceRequest, perf.CacheRamAdviceReply
+)
 KV_PERF_TOTALS = "LOKI_PERF_TOTALS"  # JetStream key-value bucket: the metrics checkpoint
 
 # --- audit events (JetStream stream STREAM_EVENTS) -----------------------------------------
-EVENTS_COMPACTION = "loki.events.compaction"  # CompactionEvent
-EVENTS_ARCHIVE = "loki.events.archive"  # ArchiveEvent
+EVENTS_COMPACTION = _exchange("loki.events.compaction", events.CompactionEvent, None)
+EVENTS_ARCHIVE = _exchange("loki.events.archive", events.ArchiveEvent, None)
 
 # --- JetStream streams -------------------------------------------------------------------------
 STREAM_PERF = "LOKI_PERF"  # subjects [PERF_RECORD], max 5000 messages (the perf ring)
@@ -138,75 +216,6 @@ def health(service: str, instance: str | None = None) -> str:
         if not token or any(c in token for c in ".*> \t\r\n"):
             raise ValueError(f"{token!r} is not a valid subject token")
     return ".".join([HEALTH_PREFIX, *tokens])
-
-
-# --- the table: each subject with its request and reply types --------------------------------
-@dataclass(frozen=True)
-class Exchange:
-    """What travels on one subject: ``request`` (the message sent or published) and
-    ``reply`` (the answer's model; None for an event, which has no answer)."""
-
-    subject: str
-    request: type[BaseModel]
-    reply: type[BaseModel] | None
-
-
-def _table(*rows: Exchange) -> dict[str, Exchange]:
-    return {row.subject: row for row in rows}
-
-
-#: Every fixed subject and its message types: the bus wrappers (``loki_gateway.bus.Bus``,
-#: ``loki_chat.bus.ChatBus``) check each request and publish against it. Subjects built per
-#: conversation, instance or service (``chat_events``, ``chat_instance``, ``health``) are not
-#: in it: a ``ForwardRequest``'s reply is the reply of the subject its ``op`` names.
-EXCHANGES: dict[str, Exchange] = _table(
-    Exchange(CHAT_SEND, chat.SendRequest, chat.SendReply),
-    Exchange(CHAT_CONTROL, chat.ControlRequest, chat.ControlReply),
-    Exchange(CHAT_STATE, chat.StateRequest, chat.StateReply),
-    Exchange(CHAT_REPLAY, chat.ReplayRequest, chat.ReplayReply),
-    Exchange(CHAT_CONVERSATIONS, chat.ConversationsRequest, chat.ConversationsReply),
-    Exchange(CHAT_TASKS, tasks.TasksRequest, tasks.TasksReply),
-    Exchange(RECALL_ARCHIVE, recall.ArchiveRequest, recall.ArchiveReply),
-    Exchange(RECALL_TOOL, recall.ToolRequest, recall.ToolReply),
-    Exchange(RECALL_BLOCK, recall.BlockRequest, recall.BlockReply),
-    Exchange(RECALL_BLOCKS, recall.BlocksRequest, recall.BlocksReply),
-    Exchange(RECALL_PURGE, recall.PurgeRequest, recall.PurgeReply),
-    Exchange(MEMORY_KEY, memory.MemoryKeyEvent, None),
-    Exchange(MEMORY_STATUS, memory.MemoryStatusRequest, memory.MemoryStatusReply),
-    Exchange(PROJECTS_LIST, projects.ProjectsListRequest, projects.ProjectsReply),
-    Exchange(PROJECTS_CREATE, projects.ProjectCreateRequest, projects.ProjectReply),
-    Exchange(PROJECTS_UPDATE, projects.ProjectUpdateRequest, projects.ProjectReply),
-    Exchange(PROJECTS_DELETE, projects.ProjectDeleteRequest, projects.ProjectDeleteReply),
-    Exchange(PROJECTS_ACTIVE, projects.ActiveProjectRequest, projects.ProjectReply),
-    Exchange(PROJECTS_ACTIVATE, projects.ActivateProjectRequest, projects.ProjectReply),
-    Exchange(PROJECTS_BLOCK, projects.ProjectBlockRequest, projects.ProjectBlockReply),
-    Exchange(PROJECTS_PAGE_READ, projects.PageReadRequest, projects.PageReply),
-    Exchange(PROJECTS_PAGE_WRITE, projects.PageWriteRequest, projects.PageReply),
-    Exchange(PROJECTS_PAGE_DELETE, projects.PageDeleteRequest, projects.PageDeleteReply),
-    Exchange(PROJECTS_PAGE_LIST, projects.PageListRequest, projects.PagesReply),
-    Exchange(PROJECTS_PAGE_SEARCH, projects.PageSearchRequest, projects.SearchReply),
-    Exchange(PROJECTS_TRACKER_LOG, projects.TrackerLogRequest, projects.TrackerLogReply),
-    Exchange(PROJECTS_TRACKER_READ, projects.TrackerReadRequest, projects.TrackerReadReply),
-    Exchange(PROJECTS_TRACKER_LIST, projects.TrackerListRequest, projects.TrackersReply),
-    Exchange(PROJECTS_TRACKER_DELETE, projects.TrackerDeleteRequest, projects.TrackerDeleteReply),
-    Exchange(PROJECTS_EXPORT, projects.ExportRequest, projects.ExportReply),
-    Exchange(PROJECTS_IMPORT, projects.ImportRequest, projects.ProjectReply),
-    Exchange(PROJECTS_CHANGED, projects.ProjectChangedEvent, None),
-    Exchange(ENGINE_INFO, engine.EngineInfoRequest, engine.EngineInfo),
-    Exchange(ENGINE_LEASE, engine.LeaseRequest, engine.Lease),
-    Exchange(ENGINE_RELEASE, engine.ReleaseRequest, engine.ReleaseReply),
-    Exchange(ENGINE_RENEW, engine.RenewRequest, engine.Lease),
-    Exchange(ENGINE_STATE, engine.EngineState, None),
-    Exchange(ENGINE_PRESETS, engine.PresetsRequest, engine.PresetsReply),
-    Exchange(ENGINE_BENCH, engine.BenchRequest, engine.BenchReply),
-    Exchange(ENGINE_OPTIMISE, engine.OptimiseRequest, engine.OptimiseReply),
-    Exchange(PERF_RECORD, perf.PerfRecord, None),
-    Exchange(PERF_SUMMARY, perf.SummaryRequest, perf.PerfSummary),
-    Exchange(PERF_LOSSES, perf.LossesRequest, perf.LossesReply),
-    Exchange(PERF_CACHERAM, perf.CacheRamAdviceRequest, perf.CacheRamAdviceReply),
-    Exchange(EVENTS_COMPACTION, events.CompactionEvent, None),
-    Exchange(EVENTS_ARCHIVE, events.ArchiveEvent, None),
-)
 
 
 def check(subject: str, message: BaseModel, reply_type: type[BaseModel] | None = None) -> None:

@@ -19,6 +19,7 @@ from .compose_model import (
     dockerfile_of,
     dockerfile_stages,
     image_for,
+    image_of,
     instructions,
     render,
 )
@@ -124,10 +125,24 @@ def test_multi_stage_non_root_pinned(path: Path) -> None:
         assert users, f"{final['name']}: runs as root"
         uid = users[-1].split(":")[0]
         assert uid.isdigit() and int(uid) >= 1000, f"USER {users[-1]}: numeric non-root expected"
-        # No build tool in the final image: the environment is copied from a build stage.
-        copies = [arg for word, arg in final["lines"] if word == "COPY"]
+        # No build tool in the final image: the environment is copied from a build stage
+        # (into the target or a stage it is built FROM, such as the engine's shared stage).
+        copies = [arg for word, arg in steps if word == "COPY"]
         assert any(c.startswith("--from=") and "/opt/venv" in c for c in copies), copies
-        assert not any(word == "RUN" and "pip install" in arg for word, arg in final["lines"])
+        assert not any(word == "RUN" and "pip install" in arg for word, arg in steps)
+
+
+@pytest.mark.parametrize("target", ["cuda", "cpu"])
+def test_engine_target_refuses_the_other_flavour(target: str) -> None:
+    """The engine's two targets share one stage whose base the ``ENGINE`` build argument
+    picks; each target checks that argument, so ``--target cpu`` built without
+    ``--build-arg ENGINE=cpu`` fails instead of making a cpu image on the cuda base."""
+    final = next(s for s in dockerfile_stages(ENGINE_DOCKERFILE) if s["name"] == target)
+    runs = [arg for word, arg in final["lines"] if word == "RUN"]
+    assert any(f'test "${{ENGINE}}" = {target}' in arg and "exit 1" in arg for arg in runs), runs
+    for given in ("cuda", "cpu"):
+        image = image_of(ENGINE_DOCKERFILE, target, {"ENGINE": given})
+        assert ("server-cuda-" in image.bases[-1]) == (given == "cuda"), image.bases
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=_name)
