@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from loki_gateway.sse import BATCH_MAX_BYTES, BATCH_MAX_EVENTS, frames_in_batches
+from loki_gateway.event_hub import BATCH_MAX_BYTES, BATCH_MAX_EVENTS, frames_in_batches
 from loki_shared.messages.chat import ChatEvent
 
 from .sse_client import ended, parse_frames, read_events, render
@@ -337,7 +337,7 @@ async def test_hub_unsubscribes_when_the_last_client_of_a_cancelled_stream_goes(
 
     import nats
 
-    from loki_gateway.sse import EventHub
+    from loki_gateway.event_hub import EventHub
 
     nc = await nats.connect(gw_nats)
     try:

@@ -29,6 +29,7 @@ from loki_shared.nats import close_client
 from . import errors
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
 from .bus import Bus
+from .event_hub import EventHub
 from .json_text import JsonTextMiddleware
 from .memory_state import MemoryState
 from .routes import (
@@ -45,7 +46,6 @@ from .routes import (
     v1,
 )
 from .settings import Settings
-from .sse import EventHub
 
 log = logging.getLogger("loki.gateway")
 STATIC = Path(__file__).parent / "static"

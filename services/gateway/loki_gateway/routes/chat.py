@@ -2,8 +2,8 @@
 conversations index (list, create, rename, delete, export).
 
 Everything is a request to the chat service over NATS (``loki.chat.*``); the SSE stream is
-built by :mod:`loki_gateway.sse`. Conversation ids are 1 to 64 characters of ``A-Z a-z 0-9 _ -``
-(they become a NATS subject token); anything else is a 400 that says so.
+built by :mod:`loki_gateway.event_hub`. Conversation ids are 1 to 64 characters of
+``A-Z a-z 0-9 _ -`` (they become a NATS subject token); anything else is a 400 that says so.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..archive_reader import archived_blocks
 from ..bus import Bus
 from ..deps import get_bus
 from ..errors import BadRequest
-from ..sse import conversation_stream, history_page, replay_page
+from ..event_hub import conversation_stream, history_page, replay_page
 from . import attachments
 
 router = APIRouter(tags=["chat"])
@@ -157,7 +157,7 @@ async def chat_stream(
 ) -> Any:
     """SSE: the conversation's display log replayed after ``Last-Event-ID`` (header, or the
     ``last_event_id`` query for clients that cannot set it), then live events; ``: ping``
-    every ``LOKI_SSE_PING_S`` seconds. See :mod:`loki_gateway.sse`.
+    every ``LOKI_SSE_PING_S`` seconds. See :mod:`loki_gateway.event_hub`.
 
     ``tail_turns`` (a stream opened from the start, no ``Last-Event-ID``): only the last
     ``tail_turns`` turns are replayed, after an ``event: history`` frame whose data

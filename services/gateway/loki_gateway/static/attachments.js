@@ -1,7 +1,7 @@
 // Attachments in the composer: the attach button, drag and drop onto the chat, pasting an
 // image. Each file is uploaded at once (POST /api/chat/upload); the tray shows what the next
 // message carries, and a refusal (413 too large, 415 type not accepted, an image while the
-// engine has no vision: at attach time, from the engine info app.js holds; on send as well)
+// engine has no vision: at attach time, from the engine info the page holds; on send as well)
 // is said inline above the composer, never silently dropped.
 // Thumbnails of a message's images are read through the API (the key travels with them);
 // an image the store no longer has shows a marker instead. A text file the gateway inlined in
@@ -57,7 +57,7 @@
     renderTray();
   }
 
-  // The engine as last pushed (app.js): false when it is known to have no vision.
+  // The engine as last pushed (engine-status.js): false when it is known to have no vision.
   function canSee() {
     const info = window.LokiApi && window.LokiApi.engine ? window.LokiApi.engine() : null;
     return !(info && info.vision === false);

@@ -1,7 +1,8 @@
 // What Loki's dialogs share (tasks-panel.js, preset-editor.js, projects.js, memory-panel.js):
 // a dialog's open and close buttons, its status line, its error box (the server's message
 // shown while the dialog stays open), a row's button, a list's "nothing yet" row, and ask():
-// a question or a name asked in a modal of Loki's own (app.js and projects.js).
+// a question or a name asked in a modal of Loki's own (conversations.js, composer.js and
+// projects.js).
 // Loaded before the panels; window.LokiDialog.
 "use strict";
 

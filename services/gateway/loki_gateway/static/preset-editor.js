@@ -4,7 +4,7 @@
 // message is shown in the dialog, which stays open. The key is write-only: never shown back,
 // an empty field keeps the stored one. Also the engine's failure box in the sidebar (state
 // "failed": detail, stderr_tail, retry_in_s, and Retry, which switches to the preset again).
-// Uses window.LokiApi from app.js (and its "loki:engine" event) and window.LokiDialog.
+// Uses window.LokiApi from app.js (and the "loki:engine" event of engine-status.js) and window.LokiDialog.
 "use strict";
 
 (function () {

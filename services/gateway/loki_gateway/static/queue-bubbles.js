@@ -1,6 +1,6 @@
 // Messages sent but not yet taken by the chat service: shown at once below the running reply,
 // marked queued when the send says they wait behind it, with a Cancel button. Cancel asks the
-// chat service to drop the message from its queue (app.js: POST /api/chat/cancel_queued); a
+// chat service to drop the message from its queue (composer.js: POST /api/chat/cancel_queued); a
 // message whose turn already started is never cancelled, and its bubble stays until the turn
 // shows it as an ordinary user message. After a reload the queue is drawn again from the
 // conversation's state (sync).

@@ -2,8 +2,8 @@
 //
 // The chat service puts a sub-agent's own events in the main conversation's log as
 // loki={"event": "subagent", "tool_call_id", "inner": {"delta", "loki"?, "finish_reason"?}}
-// (issue 19). app.js marks each tool-call bubble with data-call-id; draw() finds the call's
-// bubble and draws, right under it, a collapsible <details class="subagent"
+// (issue 19). chat-messages.js marks each tool-call bubble with data-call-id; draw() finds the
+// call's bubble and draws, right under it, a collapsible <details class="subagent"
 // data-subagent-of=id> (closed until opened): the task, the sub-agent's text,
 // its tool calls and results (folded), and how it ended. Replay after a reload goes through the
 // same path, so the block is rebuilt as it was drawn live.

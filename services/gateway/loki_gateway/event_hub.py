@@ -1,5 +1,9 @@
 """The SSE machinery behind ``GET /api/chat``: replay, then live, with no gap and nothing twice.
 
+The gateway's outgoing event hub: it fans a conversation's chat events out to every browser
+watching it (not to be confused with :mod:`loki_shared.sse`, the decoder of incoming
+llama-server / OpenAI streams).
+
 How one client's stream is built (see :func:`conversation_stream`):
 
 1. the client's feed is attached to the conversation's live subscription
