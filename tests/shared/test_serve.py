@@ -1,0 +1,162 @@
+"""The one way to answer a request subject (:func:`loki_shared.serve.serve`, issue 40), and
+the services' handlers registered with it, on FastStream's in-memory ``TestNatsBroker`` (no
+nats-server: delivery is the real-NATS tests' business, decoding and answers are this one's)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from faststream.nats import NatsBroker, TestNatsBroker
+from pydantic import BaseModel
+
+from loki_shared import errors, health, subjects
+from loki_shared.messages.chat import ForwardRequest
+from loki_shared.messages.health import HealthReply, HealthRequest
+from loki_shared.messages.recall import BlockReply, BlockRequest, BlocksReply, ToolReply
+from loki_shared.nats import make_broker
+from loki_shared.serve import decode, exchange, serve
+
+#: Never dialled: TestNatsBroker replaces the connection.
+NOWHERE = "nats://127.0.0.1:1"
+REDIS_NOWHERE = "redis://127.0.0.1:1/0"
+
+
+def broker() -> NatsBroker:
+    return make_broker(NOWHERE, "serve-test")
+
+
+async def ask(br: NatsBroker, subject: str, body: bytes | BaseModel) -> dict[str, Any]:
+    """Request ``subject`` through the test broker; the answer's JSON."""
+    reply = await br.request(body, subject)
+    answer: dict[str, Any] = json.loads(reply.body)
+    return answer
+
+
+def assert_refused(answer: dict[str, Any], model: str, field: str) -> None:
+    """The one malformed-request answer: ``invalid_request`` naming model and field."""
+    assert answer.keys() == {"error"}, answer
+    assert answer["error"]["type"] == "invalid_request"
+    message = answer["error"]["message"]
+    assert message.startswith(f"invalid {model}: {field}: "), message
+    assert message.endswith("— resend it corrected"), message
+
+
+# --- serve itself --------------------------------------------------------------------------------
+async def test_the_request_is_decoded_to_its_exchange_type_and_the_reply_answers() -> None:
+    br = broker()
+    seen: list[BlockRequest] = []
+
+    async def on_block(req: BlockRequest) -> BlockReply:
+        seen.append(req)
+        return BlockReply()
+
+    serve(br, subjects.RECALL_BLOCK, on_block, queue=subjects.QUEUE_RECALL, max_workers=3)
+    async with TestNatsBroker(br) as test:
+        answer = await ask(test, subjects.RECALL_BLOCK, BlockRequest(seq=2**70))
+    assert answer == BlockReply().model_dump(mode="json")
+    assert seen == [BlockRequest(seq=2**70)]  # exact: pydantic read the raw JSON
+
+
+def test_queue_and_workers_reach_the_subscriber() -> None:
+    class Recorder:
+        """Takes the subscriptions serve declares."""
+
+        def __init__(self) -> None:
+            self.declared: list[tuple[str, dict[str, Any]]] = []
+
+        def subscriber(self, subject: str, **options: Any) -> Any:
+            self.declared.append((subject, options))
+            return lambda handler: handler
+
+    async def on_block(req: BlockRequest) -> BlockReply:
+        return BlockReply()
+
+    br = Recorder()
+    serve(br, subjects.RECALL_BLOCK, on_block, queue=subjects.QUEUE_RECALL, max_workers=3)  # type: ignore[arg-type]
+    serve(br, subjects.RECALL_BLOCKS, on_block)  # type: ignore[arg-type]
+    assert br.declared == [
+        (subjects.RECALL_BLOCK, {"queue": subjects.QUEUE_RECALL, "max_workers": 3}),
+        (subjects.RECALL_BLOCKS, {"queue": ""}),  # FastStream's default: one at a time
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b"not json", "body"),
+        (b"", "body"),
+        (b"[1, 2]", "body"),
+        (b"{}", "seq"),
+        (b'{"seq": "seven"}', "seq"),
+        (b'{"seq": 1', "body"),
+    ],
+)
+async def test_a_malformed_request_is_refused_before_the_handler(body: bytes, field: str) -> None:
+    br = broker()
+    called: list[Any] = []
+
+    async def on_block(req: BlockRequest) -> BlockReply:
+        called.append(req)
+        return BlockReply()
+
+    serve(br, subjects.RECALL_BLOCK, on_block)
+    async with TestNatsBroker(br) as test:
+        assert_refused(await ask(test, subjects.RECALL_BLOCK, body), "BlockRequest", field)
+    assert called == []
+
+
+async def test_what_the_handler_raises_or_a_wrong_reply_is_the_answers_error() -> None:
+    br = broker()
+
+    async def on_block(req: BlockRequest) -> BlockReply:
+        if req.seq == 1:
+            raise errors.NotFound("no block 1")
+        if req.seq == 2:
+            raise KeyError("bug")
+        return BlocksReply()  # type: ignore[return-value]  # the bug serve catches
+
+    serve(br, subjects.RECALL_BLOCK, on_block)
+    async with TestNatsBroker(br) as test:
+        missing = await ask(test, subjects.RECALL_BLOCK, BlockRequest(seq=1))
+        bug = await ask(test, subjects.RECALL_BLOCK, BlockRequest(seq=2))
+        wrong = await ask(test, subjects.RECALL_BLOCK, BlockRequest(seq=3))
+    assert missing == {"error": {"type": "not_found", "message": "no block 1"}}
+    assert bug["error"]["type"] == "internal" and "KeyError" in bug["error"]["message"]
+    assert wrong["error"]["type"] == "internal"
+    assert "answered with BlockReply, not BlocksReply" in wrong["error"]["message"]
+
+
+def test_the_types_come_from_exchanges_or_are_named() -> None:
+    assert exchange(subjects.RECALL_BLOCK) == (BlockRequest, BlockReply)
+    assert exchange(subjects.RECALL_BLOCK, BlockRequest, BlockReply) == (BlockRequest, BlockReply)
+    with pytest.raises(TypeError, match="carries BlockReply, not ToolReply"):
+        exchange(subjects.RECALL_BLOCK, reply=ToolReply)
+    with pytest.raises(ValueError, match="event subject"):
+        exchange(subjects.ENGINE_STATE)
+    with pytest.raises(ValueError, match="not in EXCHANGES"):
+        exchange(subjects.chat_instance("i1"))
+    with pytest.raises(ValueError, match="not in EXCHANGES"):
+        exchange(subjects.chat_instance("i1"), request=ForwardRequest)
+    named = exchange(subjects.chat_instance("i1"), ForwardRequest, BaseModel)
+    assert named == (ForwardRequest, BaseModel)
+
+
+def test_decode_names_the_first_field_at_fault() -> None:
+    assert decode(BlockRequest, b'{"seq": 4}') == BlockRequest(seq=4)
+    with pytest.raises(errors.InvalidRequest) as refused:
+        decode(BlockRequest, b'{"seq": []}')
+    assert refused.value.message.startswith("invalid BlockRequest: seq: ")
+
+
+async def test_health_subjects_are_served_with_named_types() -> None:
+    br = broker()
+    health.attach(br, "svc")
+    instance = subjects.health("svc", health.instance_token())
+    async with TestNatsBroker(br) as test:
+        mine = HealthReply.model_validate(await ask(test, instance, HealthRequest()))
+        anyone = HealthReply.model_validate(await ask(test, subjects.health("svc"), b"{}"))
+        broken = await ask(test, subjects.health("svc"), b"not json")
+    assert mine.ok and anyone.ok and mine.service == anyone.service == "svc"
+    assert_refused(broken, "HealthRequest", "body")
