@@ -5,6 +5,7 @@ nats-server: delivery is the real-NATS tests' business, decoding and answers are
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,3 +161,24 @@ async def test_health_subjects_are_served_with_named_types() -> None:
         broken = await ask(test, subjects.health("svc"), b"not json")
     assert mine.ok and anyone.ok and mine.service == anyone.service == "svc"
     assert_refused(broken, "HealthRequest", "body")
+
+
+# --- the services' handlers --------------------------------------------------------------------
+async def test_recall_handlers_refuse_malformed_requests(tmp_path: Path) -> None:
+    from loki_recall.service import RecallService
+    from loki_recall.settings import Settings
+
+    service = RecallService(
+        Settings(nats_url=NOWHERE, redis_url=REDIS_NOWHERE, home=tmp_path, secret_key="k" * 26)
+    )
+    async with TestNatsBroker(service.broker) as test:
+        bad = await ask(test, subjects.RECALL_TOOL, b'{"nonsense": true')
+        no_name = await ask(test, subjects.RECALL_TOOL, b'{"arguments": {}}')
+        purge = await ask(test, subjects.RECALL_PURGE, b"{}")
+    assert_refused(bad, "ToolRequest", "body")
+    assert_refused(no_name, "ToolRequest", "name")
+    # a request the model takes but the handler refuses: the handler's own error
+    assert purge["error"] == {
+        "type": "invalid_request",
+        "message": "name exactly one of conversation, project",
+    }
