@@ -182,3 +182,16 @@ async def test_recall_handlers_refuse_malformed_requests(tmp_path: Path) -> None
         "type": "invalid_request",
         "message": "name exactly one of conversation, project",
     }
+
+
+async def test_memory_handlers_refuse_malformed_requests(tmp_path: Path) -> None:
+    from loki_memory.service import MemoryService
+    from loki_memory.settings import Settings
+
+    service = MemoryService(
+        Settings(nats_url=NOWHERE, redis_url=REDIS_NOWHERE, home=tmp_path, secret_key="k" * 26)
+    )
+    async with TestNatsBroker(service.broker) as test:
+        body = b'{"project_id": "default", "page": "x"}'
+        answer = await ask(test, subjects.PROJECTS_PAGE_WRITE, body)
+    assert_refused(answer, "PageWriteRequest", "content")
