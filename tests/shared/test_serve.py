@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from faststream.nats import NatsBroker, TestNatsBroker
 from pydantic import BaseModel
 
 from loki_shared import errors, health, subjects
-from loki_shared.messages.chat import ForwardRequest
+from loki_shared.messages.chat import ForwardRequest, StateReply
 from loki_shared.messages.health import HealthReply, HealthRequest
 from loki_shared.messages.recall import BlockReply, BlockRequest, BlocksReply, ToolReply
 from loki_shared.nats import make_broker
@@ -195,3 +196,37 @@ async def test_memory_handlers_refuse_malformed_requests(tmp_path: Path) -> None
         body = b'{"project_id": "default", "page": "x"}'
         answer = await ask(test, subjects.PROJECTS_PAGE_WRITE, body)
     assert_refused(answer, "PageWriteRequest", "content")
+
+
+async def test_chat_routes_and_forwarded_requests_decode_their_requests() -> None:
+    from loki_chat.handlers import ChatHandlers
+
+    handlers = ChatHandlers(
+        SimpleNamespace(settings=None, store=None),  # type: ignore[arg-type]
+        SimpleNamespace(instance="i1"),  # type: ignore[arg-type]
+    )
+    asked: list[Any] = []
+
+    async def state(req: Any, forwarded: bool = False) -> StateReply:
+        asked.append((req, forwarded))
+        return StateReply(conversation=req.conversation)
+
+    handlers.state = state  # type: ignore[method-assign]
+    br = broker()
+    handlers.register(br)
+    forward = subjects.chat_instance("i1")
+    async with TestNatsBroker(br) as test:
+        direct = await ask(test, subjects.CHAT_STATE, b'{"conversation": "c1"}')
+        missing = await ask(test, subjects.CHAT_STATE, b"{}")
+        ahead = ForwardRequest(op="state", payload={"conversation": "c2"})
+        forwarded = await ask(test, forward, ahead)
+        unknown = await ask(test, forward, ForwardRequest(op="dance"))
+        broken = await ask(test, forward, b'{"payload": {}}')
+        send = await ask(test, subjects.CHAT_SEND, b'{"content": 5}')
+    assert StateReply.model_validate(direct).conversation == "c1"
+    assert_refused(missing, "StateRequest", "conversation")
+    assert StateReply.model_validate(forwarded).conversation == "c2"
+    assert [forwarded_ for _, forwarded_ in asked] == [False, True]
+    assert unknown["error"] == {"type": "invalid_request", "message": "dance"}
+    assert_refused(broken, "ForwardRequest", "op")
+    assert_refused(send, "SendRequest", "content")
