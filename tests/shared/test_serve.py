@@ -198,6 +198,40 @@ async def test_memory_handlers_refuse_malformed_requests(tmp_path: Path) -> None
     assert_refused(answer, "PageWriteRequest", "content")
 
 
+async def test_supervisor_handlers_decode_their_requests() -> None:
+    from loki_shared.messages.engine import EngineInfo, Lease, LeaseRequest
+    from loki_supervisor.service import build_broker
+
+    leased: list[LeaseRequest] = []
+
+    async def lease(req: LeaseRequest) -> Lease:
+        leased.append(req)
+        return Lease(lease_id="l1", base_url="http://engine")
+
+    async def unused(req: Any) -> Any:
+        raise AssertionError("not asked")
+
+    sup = SimpleNamespace(
+        info=lambda: EngineInfo(),
+        lease=lease,
+        renew=unused,
+        release=unused,
+        presets=unused,
+        bench=SimpleNamespace(handle=unused),
+        optimiser=SimpleNamespace(handle=unused),
+    )
+    br = broker()
+    build_broker(sup, br)  # type: ignore[arg-type]
+    async with TestNatsBroker(br) as test:
+        info = await ask(test, subjects.ENGINE_INFO, b"{}")
+        granted = await ask(test, subjects.ENGINE_LEASE, LeaseRequest(kind="main", holder="chat"))
+        refused = await ask(test, subjects.ENGINE_LEASE, b'{"kind": "main", "wait_s": "x"}')
+    assert EngineInfo.model_validate(info) == EngineInfo()
+    assert Lease.model_validate(granted).lease_id == "l1"
+    assert leased == [LeaseRequest(kind="main", holder="chat")]
+    assert_refused(refused, "LeaseRequest", "wait_s")
+
+
 async def test_chat_routes_and_forwarded_requests_decode_their_requests() -> None:
     from loki_chat.handlers import ChatHandlers
 
