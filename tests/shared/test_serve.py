@@ -198,6 +198,22 @@ async def test_memory_handlers_refuse_malformed_requests(tmp_path: Path) -> None
     assert_refused(answer, "PageWriteRequest", "content")
 
 
+async def test_perf_handlers_answer_and_refuse(tmp_path: Path) -> None:
+    from loki_perf.service import PerfService
+    from loki_perf.settings import Settings
+
+    service = PerfService(Settings(nats_url=NOWHERE, home=tmp_path, perf_metrics_port=0))
+    async with TestNatsBroker(service.broker) as test:
+        losses = await ask(test, subjects.PERF_LOSSES, b'{"limit": 5}')
+        too_many = await ask(test, subjects.PERF_LOSSES, b'{"limit": 0}')
+        broken = await ask(test, subjects.PERF_LOSSES, b'{"limit": "all"}')
+        summary = await ask(test, subjects.PERF_SUMMARY, b"{}")
+    assert losses == {"error": None, "losses": []}
+    assert too_many["error"]["type"] == "invalid_request"
+    assert_refused(broken, "LossesRequest", "limit")
+    assert summary["error"] is None and summary["detail"]["rebuilding"] is True
+
+
 async def test_supervisor_handlers_decode_their_requests() -> None:
     from loki_shared.messages.engine import EngineInfo, Lease, LeaseRequest
     from loki_supervisor.service import build_broker
