@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import subjects
 from .messages.health import HealthReply, HealthRequest
+from .serve import serve
 
 if TYPE_CHECKING:  # pragma: no cover
     from faststream.nats import NatsBroker
@@ -66,14 +67,15 @@ def instance_token(hostname: str | None = None) -> str:
 
 def attach(broker: NatsBroker, service: str, check: Check | None = None) -> None:
     """Make ``broker`` answer ``loki.health.<service>.<instance>`` and, in queue group
-    ``health``, ``loki.health.<service>``, with a :class:`HealthReply`.
+    ``health``, ``loki.health.<service>``, with a :class:`HealthReply`
+    (:func:`loki_shared.serve.serve`, the types named: these subjects are built per service).
 
     Call before the broker starts. ``check`` (optional) runs on each request; a non-empty
     dict it returns, or an exception it raises, makes the reply ``ok: false``.
     """
     instance = instance_token()
 
-    async def answer() -> HealthReply:
+    async def answer(_: HealthRequest) -> HealthReply:
         detail: dict[str, str] = {}
         if check is not None:
             try:
@@ -82,13 +84,12 @@ def attach(broker: NatsBroker, service: str, check: Check | None = None) -> None
                 detail = {"check": f"{type(exc).__name__}: {exc}"}
         return HealthReply(service=service, instance=instance, ok=not detail, detail=detail)
 
-    @broker.subscriber(subjects.health(service, instance))
-    async def on_instance(req: HealthRequest) -> HealthReply:
-        return await answer()
-
-    @broker.subscriber(subjects.health(service), queue=subjects.QUEUE_HEALTH)
-    async def on_any(req: HealthRequest) -> HealthReply:
-        return await answer()
+    # subjects built per service and instance: not in EXCHANGES, their types are named here
+    for subject, queue in (
+        (subjects.health(service, instance), ""),
+        (subjects.health(service), subjects.QUEUE_HEALTH),
+    ):
+        serve(broker, subject, answer, queue=queue, request=HealthRequest, reply=HealthReply)
 
 
 async def ask_nats(

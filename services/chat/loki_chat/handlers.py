@@ -12,10 +12,10 @@ forwarded request.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from faststream.nats import NatsBroker
 from pydantic import BaseModel
 
 from loki_shared import subjects
@@ -36,6 +36,7 @@ from loki_shared.messages.chat import (
     StateRequest,
 )
 from loki_shared.messages.recall import DEFAULT_PROJECT, PurgeReply, PurgeRequest
+from loki_shared.serve import serve
 
 from .actor import Actor, Shared
 from .context import ContextView
@@ -67,12 +68,6 @@ class Route:
     def request(self) -> type[BaseModel]:
         return subjects.EXCHANGES[self.subject].request
 
-    @property
-    def reply(self) -> type[BaseModel]:
-        reply = subjects.EXCHANGES[self.subject].reply
-        assert reply is not None, f"{self.subject} is a request/reply subject"
-        return reply
-
 
 ROUTES = (
     Route("send", subjects.CHAT_SEND, 32),
@@ -98,32 +93,30 @@ class ChatHandlers:
         self.store = shared.store
         self.ownership = ownership
 
-    def register(self, broker: Any) -> None:
-        """Declare the subscribers on ``broker`` (a FastStream ``NatsBroker``, not yet
-        started): one per :data:`ROUTES` entry, and this instance's forward subject."""
+    def register(self, broker: NatsBroker) -> None:
+        """Declare the subscribers on ``broker`` (not yet started), each with
+        :func:`loki_shared.serve.serve`: one per :data:`ROUTES` entry, and this instance's
+        forward subject (its reply's model is the reply of the route its ``op`` names)."""
         for route in ROUTES:
-            subscriber = broker.subscriber(
-                route.subject, queue=subjects.QUEUE_CHAT, max_workers=route.max_workers
+            serve(
+                broker,
+                route.subject,
+                getattr(self, route.op),
+                queue=subjects.QUEUE_CHAT,
+                max_workers=route.max_workers,
             )
-            subscriber(self._serve(route))
+        serve(
+            broker,
+            subjects.chat_instance(self.ownership.instance),
+            self.forwarded,
+            max_workers=32,
+            request=ForwardRequest,
+            reply=BaseModel,
+        )
 
-        @broker.subscriber(subjects.chat_instance(self.ownership.instance), max_workers=32)
-        async def on_forward(msg: ForwardRequest) -> dict[str, Any]:
-            return await self.forwarded(msg)
-
-    def _serve(self, route: Route) -> Callable[[Any], Awaitable[Any]]:
-        handler = getattr(self, route.op)
-
-        async def serve(msg: Any) -> Any:
-            return await handler(msg)
-
-        # FastStream decodes the message into the type its handler's parameter names
-        serve.__annotations__ = {"msg": route.request, "return": route.reply}
-        serve.__name__ = serve.__qualname__ = f"on_{route.op}"
-        return serve
-
-    async def forwarded(self, msg: ForwardRequest) -> dict[str, Any]:
-        """Serve a request another instance forwarded to this owner.
+    async def forwarded(self, msg: ForwardRequest) -> BaseModel:
+        """Serve a request another instance forwarded to this owner: the reply of the route
+        its ``op`` names.
 
         Raises:
             InvalidRequest: an unknown ``op``.
@@ -132,9 +125,8 @@ class ChatHandlers:
         if route is None:
             raise InvalidRequest(msg.op)
         handler = getattr(self, route.op)
-        reply = await handler(route.request.model_validate(msg.payload), forwarded=True)
-        result: dict[str, Any] = reply.model_dump()
-        return result
+        reply: BaseModel = await handler(route.request.model_validate(msg.payload), forwarded=True)
+        return reply
 
     # -- handlers -------------------------------------------------------------------------
     async def send(self, req: SendRequest, forwarded: bool = False) -> SendReply:

@@ -24,8 +24,8 @@ import httpx
 
 from loki_shared import subjects
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, EngineState
-from loki_shared.messages.tasks import TasksReply, TasksRequest
 from loki_shared.projects_client import ProjectsClient
+from loki_shared.serve import serve
 
 from .actor import Actor, Shared
 from .bus import ChatBus
@@ -166,9 +166,13 @@ class ChatService:
         """Declare the subscribers on the broker (before it starts)."""
         self.handlers.register(self.broker)
 
-        @self.broker.subscriber(subjects.CHAT_TASKS, queue=subjects.QUEUE_CHAT, max_workers=8)
-        async def on_tasks(msg: TasksRequest) -> TasksReply:
-            return await self.tasks_api.handle(msg)
+        serve(
+            self.broker,
+            subjects.CHAT_TASKS,
+            self.tasks_api.handle,
+            queue=subjects.QUEUE_CHAT,
+            max_workers=8,
+        )
 
         @self.broker.subscriber(subjects.ENGINE_STATE)  # every instance: no queue group
         async def on_engine_state(msg: EngineState) -> None:

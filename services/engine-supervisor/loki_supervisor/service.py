@@ -19,15 +19,11 @@ from redis.asyncio import Redis
 
 from loki_shared import servers, subjects
 from loki_shared.messages.engine import (
-    BenchReply,
-    BenchRequest,
     EngineInfo,
     EngineInfoRequest,
     EngineState,
     Lease,
     LeaseRequest,
-    OptimiseReply,
-    OptimiseRequest,
     Preset,
     PresetsReply,
     PresetsRequest,
@@ -36,6 +32,7 @@ from loki_shared.messages.engine import (
     RenewRequest,
 )
 from loki_shared.sealing import Sealer
+from loki_shared.serve import serve
 
 from . import facts as facts_mod
 from . import model_files, slot_files
@@ -660,35 +657,23 @@ class Supervisor:
 
 
 def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
-    """Register the supervisor's NATS handlers on ``broker`` (queue group ``engine``); what
-    they raise is answered by the broker's exception middleware.
+    """Register the supervisor's NATS handlers on ``broker`` with
+    :func:`loki_shared.serve.serve` (queue group ``engine``); what they raise is answered by
+    the broker's exception middleware.
 
     Lease requests are served concurrently (a waiting lease never blocks another queue)."""
 
-    @broker.subscriber(subjects.ENGINE_INFO, queue=subjects.QUEUE_ENGINE)
     async def on_info(_: EngineInfoRequest) -> EngineInfo:
         return sup.info()
 
-    @broker.subscriber(subjects.ENGINE_LEASE, queue=subjects.QUEUE_ENGINE, max_workers=256)
-    async def on_lease(req: LeaseRequest) -> Lease:
-        return await sup.lease(req)
-
-    @broker.subscriber(subjects.ENGINE_RENEW, queue=subjects.QUEUE_ENGINE, max_workers=16)
     async def on_renew(req: RenewRequest) -> Lease:
         return sup.renew(req)
 
-    @broker.subscriber(subjects.ENGINE_RELEASE, queue=subjects.QUEUE_ENGINE, max_workers=16)
-    async def on_release(req: ReleaseRequest) -> ReleaseReply:
-        return await sup.release(req)
-
-    @broker.subscriber(subjects.ENGINE_PRESETS, queue=subjects.QUEUE_ENGINE, max_workers=4)
-    async def on_presets(req: PresetsRequest) -> PresetsReply:
-        return await sup.presets(req)
-
-    @broker.subscriber(subjects.ENGINE_BENCH, queue=subjects.QUEUE_ENGINE, max_workers=4)
-    async def on_bench(req: BenchRequest) -> BenchReply:
-        return await sup.bench.handle(req)
-
-    @broker.subscriber(subjects.ENGINE_OPTIMISE, queue=subjects.QUEUE_ENGINE, max_workers=4)
-    async def on_optimise(req: OptimiseRequest) -> OptimiseReply:
-        return await sup.optimiser.handle(req)
+    q = subjects.QUEUE_ENGINE
+    serve(broker, subjects.ENGINE_INFO, on_info, queue=q)
+    serve(broker, subjects.ENGINE_LEASE, sup.lease, queue=q, max_workers=256)
+    serve(broker, subjects.ENGINE_RENEW, on_renew, queue=q, max_workers=16)
+    serve(broker, subjects.ENGINE_RELEASE, sup.release, queue=q, max_workers=16)
+    serve(broker, subjects.ENGINE_PRESETS, sup.presets, queue=q, max_workers=4)
+    serve(broker, subjects.ENGINE_BENCH, sup.bench.handle, queue=q, max_workers=4)
+    serve(broker, subjects.ENGINE_OPTIMISE, sup.optimiser.handle, queue=q, max_workers=4)

@@ -17,7 +17,7 @@ from typing import Any
 from loki_shared import subjects
 from loki_shared.errors import Conflict
 from loki_shared.messages import projects as m
-from loki_shared.messages.base import Msg, Reply
+from loki_shared.messages.base import Reply
 
 from . import block, index, levels, search, transfer
 from .store import Store
@@ -49,28 +49,29 @@ class Handlers:
             await self.store.projects.touch(project_id, ts)
         await self.announce(m.ProjectChangedEvent(project_id=project_id, kind=kind, key=key, ts=ts))
 
-    def table(self) -> dict[str, tuple[type[Msg], Callable[[Any], Awaitable[Reply]]]]:
-        """Subject → (request model, handler), one row per request subject of
-        :data:`loki_shared.subjects.EXCHANGES` under ``loki.projects.``."""
+    def table(self) -> dict[str, Callable[[Any], Awaitable[Reply]]]:
+        """Subject → handler, one row per request subject of
+        :data:`loki_shared.subjects.EXCHANGES` under ``loki.projects.`` (whose row gives the
+        request and reply types)."""
         return {
-            subjects.PROJECTS_LIST: (m.ProjectsListRequest, self.list_projects),
-            subjects.PROJECTS_CREATE: (m.ProjectCreateRequest, self.create),
-            subjects.PROJECTS_UPDATE: (m.ProjectUpdateRequest, self.update),
-            subjects.PROJECTS_DELETE: (m.ProjectDeleteRequest, self.delete),
-            subjects.PROJECTS_ACTIVE: (m.ActiveProjectRequest, self.active),
-            subjects.PROJECTS_ACTIVATE: (m.ActivateProjectRequest, self.activate),
-            subjects.PROJECTS_BLOCK: (m.ProjectBlockRequest, self.block),
-            subjects.PROJECTS_PAGE_READ: (m.PageReadRequest, self.page_read),
-            subjects.PROJECTS_PAGE_WRITE: (m.PageWriteRequest, self.page_write),
-            subjects.PROJECTS_PAGE_DELETE: (m.PageDeleteRequest, self.page_delete),
-            subjects.PROJECTS_PAGE_LIST: (m.PageListRequest, self.page_list),
-            subjects.PROJECTS_PAGE_SEARCH: (m.PageSearchRequest, self.page_search),
-            subjects.PROJECTS_TRACKER_LOG: (m.TrackerLogRequest, self.tracker_log),
-            subjects.PROJECTS_TRACKER_READ: (m.TrackerReadRequest, self.tracker_read),
-            subjects.PROJECTS_TRACKER_LIST: (m.TrackerListRequest, self.tracker_list),
-            subjects.PROJECTS_TRACKER_DELETE: (m.TrackerDeleteRequest, self.tracker_delete),
-            subjects.PROJECTS_EXPORT: (m.ExportRequest, self.export),
-            subjects.PROJECTS_IMPORT: (m.ImportRequest, self.import_),
+            subjects.PROJECTS_LIST: self.list_projects,
+            subjects.PROJECTS_CREATE: self.create,
+            subjects.PROJECTS_UPDATE: self.update,
+            subjects.PROJECTS_DELETE: self.delete,
+            subjects.PROJECTS_ACTIVE: self.active,
+            subjects.PROJECTS_ACTIVATE: self.activate,
+            subjects.PROJECTS_BLOCK: self.block,
+            subjects.PROJECTS_PAGE_READ: self.page_read,
+            subjects.PROJECTS_PAGE_WRITE: self.page_write,
+            subjects.PROJECTS_PAGE_DELETE: self.page_delete,
+            subjects.PROJECTS_PAGE_LIST: self.page_list,
+            subjects.PROJECTS_PAGE_SEARCH: self.page_search,
+            subjects.PROJECTS_TRACKER_LOG: self.tracker_log,
+            subjects.PROJECTS_TRACKER_READ: self.tracker_read,
+            subjects.PROJECTS_TRACKER_LIST: self.tracker_list,
+            subjects.PROJECTS_TRACKER_DELETE: self.tracker_delete,
+            subjects.PROJECTS_EXPORT: self.export,
+            subjects.PROJECTS_IMPORT: self.import_,
         }
 
     # --- projects ----------------------------------------------------------------------------

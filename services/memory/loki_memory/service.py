@@ -10,43 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from faststream.nats import NatsBroker
-from faststream.nats.annotations import NatsMessage
-from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from loki_shared import lifecycle, subjects
-from loki_shared.errors import InvalidRequest, Unavailable
+from loki_shared.errors import Unavailable
 from loki_shared.memkey import MemoryKeyFollower
 from loki_shared.messages.projects import ActiveProjectRequest, ProjectChangedEvent
 from loki_shared.nats import broker_client, make_broker, stop_broker, until_routable
 from loki_shared.sealing import load_service_key
+from loki_shared.serve import serve
 
 from .handlers import Handlers
 from .settings import Settings
 from .store import Store
 
 log = logging.getLogger("loki.memory")
-
-
-def decode(model: type[BaseModel], body: bytes) -> Any:
-    """``body`` as ``model``.
-
-    Raises:
-        InvalidRequest: not valid JSON for ``model`` (the message names the first field).
-    """
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise InvalidRequest(
-            f"invalid {model.__name__}: {where}: {first['msg']} — resend it corrected"
-        ) from exc
 
 
 class MemoryService:
@@ -69,26 +50,16 @@ class MemoryService:
 
     # --- wiring ------------------------------------------------------------------------------
     def _register(self) -> None:
-        for subject, (model, handler) in self.handlers.table().items():
-            self._serve(subject, model, handler)
-
-    def _serve(
-        self,
-        subject: str,
-        model: type[BaseModel],
-        handler: Callable[[Any], Awaitable[BaseModel]],
-    ) -> None:
-        """Answer ``subject``: the raw body is decoded here (a malformed request gets an
-        ``invalid_request`` reply, not silence); what the handler raises is answered by the
-        broker's exception middleware."""
-
-        async def answer(msg: NatsMessage) -> Any:  # Any: FastStream casts to the annotation
-            return await handler(decode(model, msg.body))
-
-        answer.__name__ = f"on_{subject.replace('.', '_')}"
-        self.broker.subscriber(
-            subject, queue=subjects.QUEUE_PROJECTS, max_workers=self.settings.memory_workers
-        )(answer)
+        """Answer every request subject of :meth:`Handlers.table` with
+        :func:`loki_shared.serve.serve` (queue group ``memory``)."""
+        for subject, handler in self.handlers.table().items():
+            serve(
+                self.broker,
+                subject,
+                handler,
+                queue=subjects.QUEUE_PROJECTS,
+                max_workers=self.settings.memory_workers,
+            )
 
     async def _announce(self, event: ProjectChangedEvent) -> None:
         try:

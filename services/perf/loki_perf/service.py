@@ -44,6 +44,7 @@ from loki_shared.messages.perf import (
 )
 from loki_shared.nats import broker_client, make_broker, stop_broker
 from loki_shared.perf_publish import ensure_perf_stream
+from loki_shared.serve import serve
 
 from .decode import DEPTH_NAMES, Entry, RecordDecodeError, decode
 from .errors import MetricsPortInUse, StreamUnavailable
@@ -138,23 +139,27 @@ class PerfService:
 
     # --- request/reply -------------------------------------------------------------------------
     def _register(self) -> None:
-        broker = self.broker
+        """Answer the perf subjects with :func:`loki_shared.serve.serve` (queue group
+        ``perf``)."""
+        for subject, handler in (
+            (subjects.PERF_SUMMARY, self._on_summary),
+            (subjects.PERF_LOSSES, self._on_losses),
+            (subjects.PERF_CACHERAM, self._on_cacheram),
+        ):
+            serve(self.broker, subject, handler, queue=subjects.QUEUE_PERF)
 
-        @broker.subscriber(subjects.PERF_SUMMARY, queue=subjects.QUEUE_PERF)
-        async def on_summary(_: SummaryRequest) -> PerfSummary:
-            s = self.ring.summary()
-            s["detail"]["rebuilding"] = not self.ready.is_set()
-            return PerfSummary(**s)
+    async def _on_summary(self, _: SummaryRequest) -> PerfSummary:
+        s = self.ring.summary()
+        s["detail"]["rebuilding"] = not self.ready.is_set()
+        return PerfSummary(**s)
 
-        @broker.subscriber(subjects.PERF_LOSSES, queue=subjects.QUEUE_PERF)
-        async def on_losses(req: LossesRequest) -> LossesReply:
-            if not 1 <= req.limit <= subjects.STREAM_PERF_MAX_MSGS:
-                raise InvalidRequest(f"limit must be 1..{subjects.STREAM_PERF_MAX_MSGS}")
-            return LossesReply(losses=self.ring.losses(req.limit))
+    async def _on_losses(self, req: LossesRequest) -> LossesReply:
+        if not 1 <= req.limit <= subjects.STREAM_PERF_MAX_MSGS:
+            raise InvalidRequest(f"limit must be 1..{subjects.STREAM_PERF_MAX_MSGS}")
+        return LossesReply(losses=self.ring.losses(req.limit))
 
-        @broker.subscriber(subjects.PERF_CACHERAM, queue=subjects.QUEUE_PERF)
-        async def on_cacheram(req: CacheRamAdviceRequest) -> CacheRamAdviceReply:
-            return CacheRamAdviceReply(**self.ring.advice(req.since_seq))
+    async def _on_cacheram(self, req: CacheRamAdviceRequest) -> CacheRamAdviceReply:
+        return CacheRamAdviceReply(**self.ring.advice(req.since_seq))
 
     # --- life cycle ----------------------------------------------------------------------------
     async def start(self) -> None:

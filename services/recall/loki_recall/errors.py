@@ -24,7 +24,9 @@ class StoreUnavailable(errors.Unavailable, RecallError):
 
 
 class BadRequest(errors.InvalidRequest, RecallError):
-    """A request that is not valid JSON for its message model."""
+    """A request its message model takes but the service refuses (a purge naming both a
+    conversation and a project, or neither); one not valid for its model is refused by
+    :func:`loki_shared.serve.decode`."""
 
 
 class Deleted(errors.NotFound, RecallError):

@@ -12,11 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TypeVar
 
 from faststream.nats import NatsBroker
-from faststream.nats.annotations import NatsMessage
-from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
 
 from loki_shared import lifecycle, subjects
@@ -36,6 +33,7 @@ from loki_shared.messages.recall import (
 )
 from loki_shared.nats import make_broker, stop_broker, until_routable
 from loki_shared.sealing import service_sealer
+from loki_shared.serve import serve
 
 from . import tools
 from .archive import Archive, ScopedReader
@@ -43,21 +41,6 @@ from .errors import BadRequest, StoreUnavailable, UnknownTool
 from .settings import Settings
 
 log = logging.getLogger("loki.recall")
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def _decode(model: type[M], body: bytes) -> M:
-    """``body`` as ``model``.
-
-    Raises:
-        BadRequest: not valid JSON for ``model``.
-    """
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as exc:
-        raise BadRequest(f"invalid {model.__name__}: {exc.errors()[:1]}") from exc
 
 
 class RecallService:
@@ -82,65 +65,59 @@ class RecallService:
 
     # --- handlers --------------------------------------------------------------------------
     def _register(self) -> None:
-        """Subscribe the handlers. Requests are decoded here from the raw body with pydantic
-        (exact big integers; a malformed request gets an ``invalid_request`` reply rather
-        than silence). What a handler raises is answered by the broker's exception
-        middleware (:func:`loki_shared.errors.exception_middleware`)."""
-        broker, archive = self.broker, self.archive
-        workers = self.settings.recall_workers
-        q = subjects.QUEUE_RECALL
+        """Answer the recall subjects with :func:`loki_shared.serve.serve` (queue group
+        ``recall``, ``LOKI_RECALL_WORKERS`` at once each): a malformed request gets an
+        ``invalid_request`` reply, what a handler raises is answered by the broker's
+        exception middleware (:func:`loki_shared.errors.exception_middleware`)."""
+        broker, q, workers = self.broker, subjects.QUEUE_RECALL, self.settings.recall_workers
+        serve(broker, subjects.RECALL_ARCHIVE, self._on_archive, queue=q, max_workers=workers)
+        serve(broker, subjects.RECALL_TOOL, self._on_tool, queue=q, max_workers=workers)
+        serve(broker, subjects.RECALL_BLOCK, self._on_block, queue=q, max_workers=workers)
+        serve(broker, subjects.RECALL_BLOCKS, self._on_blocks, queue=q, max_workers=workers)
+        serve(broker, subjects.RECALL_PURGE, self._on_purge, queue=q, max_workers=workers)
 
-        @broker.subscriber(subjects.RECALL_ARCHIVE, queue=q, max_workers=workers)
-        async def on_archive(msg: NatsMessage) -> ArchiveReply:
-            block = await archive.archive(_decode(ArchiveRequest, msg.body))
-            try:
-                await broker.publish(
-                    ArchiveEvent(
-                        id=block.id,
-                        seq=block.seq,
-                        conversation=block.conversation,
-                        ts=block.created,
-                    ),
-                    subjects.EVENTS_ARCHIVE,
-                )
-            except Exception as exc:  # noqa: BLE001 - audit is best effort
-                log.warning("archive event not published: %s", exc)
-            return ArchiveReply(id=block.id, seq=block.seq)
-
-        @broker.subscriber(subjects.RECALL_TOOL, queue=q, max_workers=workers)
-        async def on_tool(msg: NatsMessage) -> ToolReply:
-            req = _decode(ToolRequest, msg.body)
-            reader: tools.Reader = archive
-            if req.scope is not None:
-                reader = ScopedReader(archive, req.scope.project)
-            if req.name == tools.RECALL:
-                text = await tools.recall(req.arguments, reader)
-            elif req.name == tools.RECALL_SEARCH:
-                text = await tools.recall_search(req.arguments, reader)
-            else:
-                raise UnknownTool(f"unknown tool {req.name!r}")
-            return ToolReply(text=text)
-
-        @broker.subscriber(subjects.RECALL_BLOCK, queue=q, max_workers=workers)
-        async def on_block(msg: NatsMessage) -> BlockReply:
-            req = _decode(BlockRequest, msg.body)
-            return BlockReply(block=await archive.get(req.seq))
-
-        @broker.subscriber(subjects.RECALL_BLOCKS, queue=q, max_workers=workers)
-        async def on_blocks(msg: NatsMessage) -> BlocksReply:
-            req = _decode(BlocksRequest, msg.body)
-            blocks, next_after = await archive.page(
-                req.after, max(req.max_bytes, 1), req.conversation, req.project
+    async def _on_archive(self, req: ArchiveRequest) -> ArchiveReply:
+        block = await self.archive.archive(req)
+        try:
+            await self.broker.publish(
+                ArchiveEvent(
+                    id=block.id,
+                    seq=block.seq,
+                    conversation=block.conversation,
+                    ts=block.created,
+                ),
+                subjects.EVENTS_ARCHIVE,
             )
-            return BlocksReply(blocks=blocks, next_after=next_after)
+        except Exception as exc:  # noqa: BLE001 - audit is best effort
+            log.warning("archive event not published: %s", exc)
+        return ArchiveReply(id=block.id, seq=block.seq)
 
-        @broker.subscriber(subjects.RECALL_PURGE, queue=q, max_workers=workers)
-        async def on_purge(msg: NatsMessage) -> PurgeReply:
-            req = _decode(PurgeRequest, msg.body)
-            if (req.conversation is None) == (req.project is None):
-                raise BadRequest("name exactly one of conversation, project")
-            seqs = await archive.purge(req.conversation, req.project)
-            return PurgeReply(seqs=seqs)
+    async def _on_tool(self, req: ToolRequest) -> ToolReply:
+        reader: tools.Reader = self.archive
+        if req.scope is not None:
+            reader = ScopedReader(self.archive, req.scope.project)
+        if req.name == tools.RECALL:
+            text = await tools.recall(req.arguments, reader)
+        elif req.name == tools.RECALL_SEARCH:
+            text = await tools.recall_search(req.arguments, reader)
+        else:
+            raise UnknownTool(f"unknown tool {req.name!r}")
+        return ToolReply(text=text)
+
+    async def _on_block(self, req: BlockRequest) -> BlockReply:
+        return BlockReply(block=await self.archive.get(req.seq))
+
+    async def _on_blocks(self, req: BlocksRequest) -> BlocksReply:
+        blocks, next_after = await self.archive.page(
+            req.after, max(req.max_bytes, 1), req.conversation, req.project
+        )
+        return BlocksReply(blocks=blocks, next_after=next_after)
+
+    async def _on_purge(self, req: PurgeRequest) -> PurgeReply:
+        if (req.conversation is None) == (req.project is None):
+            raise BadRequest("name exactly one of conversation, project")
+        seqs = await self.archive.purge(req.conversation, req.project)
+        return PurgeReply(seqs=seqs)
 
     # --- catch-up ------------------------------------------------------------------------
     async def _catch_up(self) -> None:
