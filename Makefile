@@ -8,8 +8,12 @@ export LOKI_VENV := $(abspath $(VENV))
 up: install
 	$(VENV)/bin/loki up
 
+# The suite runs on LOKI_TEST_WORKERS pytest-xdist workers (each with its own NATS, Redis and
+# llama-server; most tests wait on processes and sockets, so more workers than cores pay),
+# handed out a file at a time (tests/conftest.py says which folders share one worker).
+LOKI_TEST_WORKERS ?= 3
 test: install-test
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(LOKI_TEST_WORKERS)
 
 # Lint and types (configuration in pyproject.toml): ruff's rules and formatting over the whole
 # tree; mypy strict for the shared package, at its default level for the services and the CLI.

@@ -17,6 +17,13 @@ The URLs they return carry the harness's login (``nats://test:...@``, ``redis://
 - ``service_env``: the ``LOKI_*`` environment a service process needs to reach them.
 
 Nothing here talks to anything but 127.0.0.1.
+
+Run in parallel (``make test``: pytest-xdist, ``LOKI_TEST_WORKERS`` processes), each worker
+has its own servers (the session fixtures above are per worker). Tests are handed out a file
+at a time (module fixtures are built once), except the folders of :data:`ONE_WORKER`, whose
+files share one resource outside the process (the compose check's Docker project) and run on
+one worker, one after another; the slowest folders are handed out first (:data:`FIRST`) so
+the run does not end on one long file.
 """
 
 from __future__ import annotations
@@ -171,3 +178,44 @@ def service_env(nats_url: str, redis_url: str, tmp_path: Path) -> dict[str, str]
 @pytest.fixture(scope="session")
 def python_exe() -> str:
     return sys.executable
+
+
+#: Folders whose files share something outside the worker (the compose check's one Docker
+#: project ``loki-check`` and its images): all of their tests go to one worker.
+ONE_WORKER = ("tests/compose/",)
+
+#: Folders handed out first: the longest units (the compose check builds and brings up a
+#: whole stack; the chaos, end-to-end and lifecycle files start whole stacks).
+FIRST = ("tests/compose/", "tests/chaos/", "tests/e2e/", "tests/lifecycle/")
+
+
+def _unit(nodeid: str) -> str:
+    """The unit a test is handed out in: its file, or its folder in :data:`ONE_WORKER`."""
+    path = nodeid.split("::", 1)[0]
+    return next((folder for folder in ONE_WORKER if path.startswith(folder)), path)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the units so the longest (:data:`FIRST`) are handed out first; the order of
+    tests inside a file is kept."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return next((i for i, folder in enumerate(FIRST) if path.startswith(folder)), len(FIRST))
+
+    items.sort(key=rank)  # stable: within a rank, collection order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scheduler by scope, the scope being :func:`_unit`, handed out in the
+    order :func:`pytest_collection_modifyitems` made (not by test count)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return UnitScheduling(config, log)

