@@ -10,6 +10,7 @@
 - :mod:`.archive` — big blocks archived verbatim through the recall service;
 - :mod:`.summary_client` — the summary request to the engine (lease, POST, answer);
 - :mod:`.failures` — the fingerprints of failed summaries (never asked twice);
+- :mod:`.health` — per model, until restart: continuation suspended, summaries failing;
 - :mod:`.shrink` — archive-then-drop: the last resort, and the path after failed summaries;
 - :mod:`.events` — the marker, audit event and log line of each compaction.
 

@@ -22,7 +22,7 @@ together (tests named in docs/behaviour.md (compaction)):
   same summary is never asked again, and the refusal hold-off applies; when the fallback
   leaves the context above the threshold (or strips nothing), or the summary would repeat
   one that failed, :mod:`.shrink` archives then drops the oldest exchanges — at any trigger;
-  two failures in a row on one model are logged once and named in the marker;
+  two failures in a row on one model are logged once and named in the marker (:mod:`.health`);
 - reactive, when the engine still refuses after a compaction (or nothing could be
   summarised): the last-resort :mod:`.shrink`;
 - KEEP_TURN_IMAGES: whenever a compaction is due (any trigger), the kept images are made
@@ -36,7 +36,8 @@ together (tests named in docs/behaviour.md (compaction)):
   ``compact`` perf record per summary request.
 
 The continuation path is suspended for a model (until restart) after two failures of
-requests that reached the engine, or at once on a template error or a tool call.
+requests that reached the engine, or at once on a template error or a tool call
+(:mod:`.health`).
 """
 
 from __future__ import annotations
@@ -63,18 +64,14 @@ from .archive import Archiver, BlockIds
 from .digest import digest
 from .events import CompactionEvents
 from .failures import torso_fingerprint
+from .health import SummaryHealth
 from .rules import big_parts, budget_tokens, strip_torso
 from .shrink import shrink
 from .slot_watch import SlotWatch
 from .state import ConvState
-from .summary_client import NOT_SENT, SummaryClient, SummaryOutcome
+from .summary_client import SummaryClient, SummaryOutcome
 
 log = logging.getLogger("loki.chat.compaction")
-
-#: Failed summaries in a row after which a model is said to fail them (logged once).
-FAILING_AFTER = 2
-#: The compaction marker's note once summaries fail on the model.
-FAILING_NOTE = "summaries fail on this model: older turns were archived and dropped instead"
 
 
 @dataclass
@@ -104,13 +101,8 @@ class CompactionPolicy:
     def __init__(self, deps: CompactionDeps) -> None:
         self.settings = deps.settings
         self.states: dict[str, ConvState] = {}
-        #: models whose continuation path is suspended until restart
-        self.suspended: set[str] = set()
-        self.failures: dict[str, int] = {}
-        #: failed summaries in a row, per model (reset by a summary that passes)
-        self.summary_failures: dict[str, int] = {}
-        #: models whose failing summaries were logged (once per model until restart)
-        self.failing_logged: set[str] = set()
+        #: per model, until restart: continuation suspended, failed summaries in a row
+        self.health = SummaryHealth()
         self.n_ctx = 0  # the window of the last lease seen (tokens)
         #: the cap on one step's reply (``LOKI_MAX_TOKENS``, else the last lease's; tokens)
         self.reply_cap: int | None = deps.settings.max_tokens
@@ -121,6 +113,16 @@ class CompactionPolicy:
         self.summaries = SummaryClient(deps.settings, deps.bus, deps.http, leases, self.slots)
         #: ``timings.prompt_n`` of each continuation request answered (figures, tests)
         self.continuation_prompt_n: list[int] = []
+
+    @property
+    def suspended(self) -> set[str]:
+        """Models whose continuation path is suspended until restart (:mod:`.health`)."""
+        return self.health.suspended
+
+    @property
+    def failures(self) -> dict[str, int]:
+        """Counted continuation failures per model (:mod:`.health`)."""
+        return self.health.failures
 
     @property
     def _perf_sub(self) -> Any:
@@ -247,9 +249,8 @@ class CompactionPolicy:
         if st.failed.failed(fingerprint):
             # the very same summary request failed already: never sent again
             log.info("[compact] %s: this summary failed before; archive and drop", conv.id)
-            changed = await self._shrink(
-                view, n_ctx, st, t0, failure="failed_before", note=self._note(st.summary_model)
-            )
+            note = self.health.note(st.summary_model)
+            changed = await self._shrink(view, n_ctx, st, t0, failure="failed_before", note=note)
             if not changed:
                 st.refused_at = before
             return changed
@@ -258,7 +259,7 @@ class CompactionPolicy:
         outcome, path = await self._summarise(view, n_ctx, st, cut, ids, archived)
         if outcome.text is None:
             return await self._failed(view, n_ctx, st, t0, cut, ids, archived, outcome, fingerprint)
-        self._passed(outcome.model)
+        self.health.summary_passed(outcome.model)
         summary = D.summary_message(cut, outcome.text, ids, self.summaries.cite)
         if self.settings.compact_tail_reuse and summary.loki is not None:
             # COMPACT_TAIL_REUSE: sent after the tail (less its trailing user messages)
@@ -290,7 +291,7 @@ class CompactionPolicy:
         if outcome.failure != "no_lease":  # a request that never left is not remembered
             st.failed.remember(fingerprint, before)
         st.refused_at = before
-        note = self._count_summary_failure(outcome.model)
+        note = self.health.summary_failed(outcome.model)
         if outcome.model:
             st.summary_model = outcome.model
         system = self.settings.system_prompt
@@ -428,34 +429,6 @@ class CompactionPolicy:
         elif D.leaves_no_room(after, n_ctx, self.reply_cap):
             await self._shrink(view, n_ctx, st, time.monotonic())
 
-    # -- failures of summaries, per model ---------------------------------------------------
-    def _passed(self, model: str | None) -> None:
-        if model:
-            self.summary_failures.pop(model, None)
-
-    def _count_summary_failure(self, model: str | None) -> str | None:
-        """One more failed summary in a row for ``model``; at the second, logged once per
-        model (until restart). Returns the marker's note when summaries fail on it."""
-        if not model:
-            return None
-        n = self.summary_failures.get(model, 0) + 1
-        self.summary_failures[model] = n
-        if n >= FAILING_AFTER and model not in self.failing_logged:
-            self.failing_logged.add(model)
-            log.warning(
-                "[compact] summaries fail on %s (%d in a row): older turns are archived and "
-                "dropped instead",
-                model,
-                n,
-            )
-        return self._note(model)
-
-    def _note(self, model: str | None) -> str | None:
-        """The marker's note when ``model`` failed :data:`FAILING_AFTER` summaries in a row."""
-        if model and self.summary_failures.get(model, 0) >= FAILING_AFTER:
-            return FAILING_NOTE
-        return None
-
     # -- summary ----------------------------------------------------------------------------
     async def _summarise(
         self,
@@ -474,7 +447,7 @@ class CompactionPolicy:
             trigger=view.trigger,
             stamp=st.stamp,
             epoch=self.slots.epoch,
-            suspended=self.suspended,
+            suspended=self.health.suspended,
             messages=conv.messages,
             ctx_used=view.ctx_used,
             n_ctx=n_ctx,
@@ -489,9 +462,9 @@ class CompactionPolicy:
             if outcome.prompt_n is not None:
                 self.continuation_prompt_n.append(outcome.prompt_n)
             if outcome.text is not None:
-                self.failures.pop(model, None)
+                self.health.continuation_passed(model)
                 return outcome, "continuation"
-            self._count_failure(model, outcome)
+            self.health.continuation_failed(model, outcome)
             log.info(
                 "[compact] %s: continuation failed (%s); transcript path", conv.id, outcome.failure
             )
@@ -500,19 +473,6 @@ class CompactionPolicy:
             return S.render_transcript(cut.torso, ids, set(ids), cite)
 
         return await self.summaries.transcript(conv.id, budget, render), "summary"
-
-    def _count_failure(self, model: str, outcome: SummaryOutcome) -> None:
-        """A failed continuation: counted when the request reached the engine; the path is
-        suspended for ``model`` at the second, or at once when the outcome asks."""
-        if outcome.failure not in NOT_SENT:
-            self.failures[model] = self.failures.get(model, 0) + 1
-        if outcome.suspend or self.failures.get(model, 0) >= 2:
-            self.suspended.add(model)
-            log.warning(
-                "[compact] continuation suspended for %s until restart (%s)",
-                model,
-                outcome.failure,
-            )
 
     # -- last resort ------------------------------------------------------------------------
     async def _shrink(
