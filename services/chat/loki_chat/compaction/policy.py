@@ -11,8 +11,9 @@ together (tests named in docs/behaviour.md (compaction)):
   through ``loki.recall.archive``; the summariser sees its first 400 characters and its id;
 - the summary: :mod:`.summary_client` — continuation path (``COMPACT_CONTINUATION``) when
   :mod:`.slot_watch` says the slot still holds the conversation's last request and it fits,
-  else the transcript path; a failed or unusable summary falls back to the torso stripped of
-  its big blocks (:func:`~.rules.strip_torso`, ids kept) — raw reasoning is never installed;
+  else the transcript path; a failed or unusable summary falls back (:mod:`.fallback`) to
+  the torso stripped of its big blocks (:func:`~.rules.strip_torso`, ids kept) — raw
+  reasoning is never installed;
 - after: system, the summary message (holding the torso's last request re-injected when the
   tail has no user request), then the tail; with ``COMPACT_TAIL_REUSE`` the summary is
   marked to be sent after the tail (:mod:`.layout`; stored order unchanged), and a failed
@@ -38,6 +39,9 @@ together (tests named in docs/behaviour.md (compaction)):
 The continuation path is suspended for a model (until restart) after two failures of
 requests that reached the engine, or at once on a template error or a tool call
 (:mod:`.health`).
+
+This module applies what those choose: it installs a new model view, counts and marks it
+(:meth:`CompactionPolicy._install`), and archives-then-drops (:meth:`CompactionPolicy._shrink`).
 """
 
 from __future__ import annotations
@@ -58,14 +62,13 @@ from ..kept_images import drop_kept
 from ..leases import EngineLeases
 from ..settings import Settings
 from . import decide as D
-from . import layout
 from . import summariser as S
 from .archive import Archiver, BlockIds
-from .digest import digest
 from .events import CompactionEvents
 from .failures import torso_fingerprint
+from .fallback import FallbackPath
 from .health import SummaryHealth
-from .rules import big_parts, budget_tokens, strip_torso
+from .rules import big_parts, budget_tokens
 from .shrink import shrink
 from .slot_watch import SlotWatch
 from .state import ConvState
@@ -113,6 +116,7 @@ class CompactionPolicy:
         self.summaries = SummaryClient(deps.settings, deps.bus, deps.http, leases, self.slots)
         #: ``timings.prompt_n`` of each continuation request answered (figures, tests)
         self.continuation_prompt_n: list[int] = []
+        self.fallback = FallbackPath(deps.settings, self.archiver, self.summaries)
 
     @property
     def suspended(self) -> set[str]:
@@ -281,12 +285,11 @@ class CompactionPolicy:
         outcome: SummaryOutcome,
         fingerprint: str,
     ) -> bool:
-        """The summary failed: remember it (never asked again; hold-off), fall back to the
-        torso stripped of its big blocks — with COMPACT_TAIL_REUSE applied, first to an
-        index of it after the tail (:meth:`_index`) — and when that leaves the context above
-        the threshold (or strips nothing), archive-then-drop the oldest exchanges."""
+        """The summary failed: remember it (never asked again; hold-off), count it for its
+        model (:mod:`.health`), and apply what takes its place (:mod:`.fallback`): the
+        torso's index or the stripped torso installed, or archive-then-drop the oldest
+        exchanges. True when the model view changed."""
         conv = view.conversation
-        reactive = view.trigger == "reactive"
         before = view.ctx_used
         if outcome.failure != "no_lease":  # a request that never left is not remembered
             st.failed.remember(fingerprint, before)
@@ -294,58 +297,25 @@ class CompactionPolicy:
         note = self.health.summary_failed(outcome.model)
         if outcome.model:
             st.summary_model = outcome.model
-        system = self.settings.system_prompt
-        tail_first = layout.applies(
-            self.settings.compact_tail_reuse, st.external, self.summaries.template
-        )
-        if tail_first and outcome.failure != "no_lease":
-            indexed = await self._index(view, n_ctx, cut, ids)
-            if indexed is not None:
-                new, after, more = indexed
-                log.warning(
-                    "[compact] %s: summary failed (%s); torso indexed after the tail",
-                    conv.id,
-                    outcome.failure,
-                )
-                await self._install(
-                    view,
-                    n_ctx,
-                    st,
-                    new,
-                    "fallback",
-                    archived + more,
-                    t0,
-                    after=after,
-                    failure=outcome.failure,
-                    note=note,
-                )
-                return True
-        stripped = strip_torso(cut.torso, ids, self.summaries.cite)
-        new = [*stripped, *cut.tail]
-        after = conv.meter.view_tokens(system, new)
-        above = after > self.settings.compact_threshold * n_ctx
-        # no lease: the engine was not reached (busy, restarting): nothing is dropped for that
-        unreached = outcome.failure == "no_lease" and not reactive
-        if unreached and stripped == cut.torso:
+        fb = await self.fallback.choose(view, n_ctx, st.external, cut, ids, outcome.failure)
+        if fb.action == "none":
             return False
-        if stripped != cut.torso and (reactive or not above or unreached):
-            log.warning(
-                "[compact] %s: summary failed (%s); torso stripped of big blocks",
-                conv.id,
-                outcome.failure,
-            )
+        if fb.action != "drop":
             await self._install(
-                view, n_ctx, st, new, "fallback", archived, t0, after=after, failure=outcome.failure
+                view,
+                n_ctx,
+                st,
+                fb.new,
+                "fallback",
+                archived + fb.archived,
+                t0,
+                after=fb.after,
+                failure=outcome.failure,
+                note=note if fb.action == "index" else None,
             )
             return True
-        log.warning(
-            "[compact] %s: summary failed (%s) and stripping %s; archive and drop",
-            conv.id,
-            outcome.failure,
-            "leaves the context above the threshold" if stripped != cut.torso else "saves nothing",
-        )
-        if stripped != cut.torso:
-            conv.messages[:] = new
+        if fb.new:  # stripped, yet above the threshold: dropping goes on from the stripped view
+            conv.messages[:] = fb.new
             conv.meter.invalidate()
         return await self._shrink(
             view,
@@ -356,34 +326,8 @@ class CompactionPolicy:
             archived=archived,
             failure=outcome.failure,
             note=note,
-            stripped=stripped != cut.torso,
+            stripped=bool(fb.new),
         )
-
-    async def _index(
-        self, view: ContextView, n_ctx: int, cut: D.Cut, ids: BlockIds
-    ) -> tuple[list[ChatMessage], int, list[str]] | None:
-        """COMPACT_TAIL_REUSE's fallback (:mod:`.digest`): the model view with the failed
-        summary's place taken by an index of the torso, sent after the tail like a summary
-        (the tail keeps its place and its cache), its size (tokens) and the ids it archived.
-        None when an archive request failed, or when the result would still be above the
-        threshold (not reactively): the key-off fallback follows."""
-        conv = view.conversation
-
-        async def archive(role: str, text: str, tool_name: str | None) -> str | None:
-            return await self.archiver.archive(conv.id, role, text, tool_name)
-
-        made = await digest(cut.torso, ids, budget_tokens(n_ctx), archive, self.summaries.cite)
-        if made is None:
-            return None
-        text, more = made
-        summary = D.summary_message(cut, text, ids, self.summaries.cite)
-        if summary.loki is not None:
-            summary.loki.sent_after = len(D.continued(cut.tail))
-        new = [summary, *cut.tail]
-        after = conv.meter.view_tokens(self.settings.system_prompt, new)
-        if after > self.settings.compact_threshold * n_ctx and view.trigger != "reactive":
-            return None
-        return new, after, more
 
     async def _install(
         self,
