@@ -9,11 +9,11 @@ together (tests named in docs/behaviour.md (compaction)):
   assistant message) and the 20% gain re-measured first;
 - archive first: :mod:`.archive` — every torso part of at least 800 characters, verbatim,
   through ``loki.recall.archive``; the summariser sees its first 400 characters and its id;
-- the summary: :mod:`.summary_client` — continuation path (``COMPACT_CONTINUATION``) when
+- the summary: :mod:`.summary_path` — continuation path (``COMPACT_CONTINUATION``) when
   :mod:`.slot_watch` says the slot still holds the conversation's last request and it fits,
-  else the transcript path; a failed or unusable summary falls back (:mod:`.fallback`) to
-  the torso stripped of its big blocks (:func:`~.rules.strip_torso`, ids kept) — raw
-  reasoning is never installed;
+  else the transcript path (requests: :mod:`.summary_client`); a failed or unusable summary
+  falls back (:mod:`.fallback`) to the torso stripped of its big blocks
+  (:func:`~.rules.strip_torso`, ids kept) — raw reasoning is never installed;
 - after: system, the summary message (holding the torso's last request re-injected when the
   tail has no user request), then the tail; with ``COMPACT_TAIL_REUSE`` the summary is
   marked to be sent after the tail (:mod:`.layout`; stored order unchanged), and a failed
@@ -62,7 +62,6 @@ from ..kept_images import drop_kept
 from ..leases import EngineLeases
 from ..settings import Settings
 from . import decide as D
-from . import summariser as S
 from .archive import Archiver, BlockIds
 from .events import CompactionEvents
 from .failures import torso_fingerprint
@@ -73,6 +72,7 @@ from .shrink import shrink
 from .slot_watch import SlotWatch
 from .state import ConvState
 from .summary_client import SummaryClient, SummaryOutcome
+from .summary_path import SummaryPath
 
 log = logging.getLogger("loki.chat.compaction")
 
@@ -114,8 +114,7 @@ class CompactionPolicy:
         self.events = CompactionEvents(deps.bus)
         leases = EngineLeases(deps.bus, deps.settings)
         self.summaries = SummaryClient(deps.settings, deps.bus, deps.http, leases, self.slots)
-        #: ``timings.prompt_n`` of each continuation request answered (figures, tests)
-        self.continuation_prompt_n: list[int] = []
+        self.summary_path = SummaryPath(deps.settings, self.summaries, self.slots, self.health)
         self.fallback = FallbackPath(deps.settings, self.archiver, self.summaries)
 
     @property
@@ -127,6 +126,11 @@ class CompactionPolicy:
     def failures(self) -> dict[str, int]:
         """Counted continuation failures per model (:mod:`.health`)."""
         return self.health.failures
+
+    @property
+    def continuation_prompt_n(self) -> list[int]:
+        """``timings.prompt_n`` of each continuation request answered (figures, tests)."""
+        return self.summary_path.continuation_prompt_n
 
     @property
     def _perf_sub(self) -> Any:
@@ -260,7 +264,7 @@ class CompactionPolicy:
             return changed
         st.refused_at = None
         ids, archived = await self.archiver.archive_parts(conv.id, big_parts(cut.torso))
-        outcome, path = await self._summarise(view, n_ctx, st, cut, ids, archived)
+        outcome, path = await self.summary_path.summarise(view, n_ctx, st, cut, ids, archived)
         if outcome.text is None:
             return await self._failed(view, n_ctx, st, t0, cut, ids, archived, outcome, fingerprint)
         self.health.summary_passed(outcome.model)
@@ -372,51 +376,6 @@ class CompactionPolicy:
                     await self._shrink(view, n_ctx, st, time.monotonic())
         elif D.leaves_no_room(after, n_ctx, self.reply_cap):
             await self._shrink(view, n_ctx, st, time.monotonic())
-
-    # -- summary ----------------------------------------------------------------------------
-    async def _summarise(
-        self,
-        view: ContextView,
-        n_ctx: int,
-        st: ConvState,
-        cut: D.Cut,
-        ids: BlockIds,
-        archived: list[str],
-    ) -> tuple[SummaryOutcome, str]:
-        """The summary of ``cut.torso`` and its path (``continuation`` or ``summary``)."""
-        budget = budget_tokens(n_ctx)
-        conv = view.conversation
-        allowed = D.continuation_allowed(
-            enabled=self.settings.compact_continuation,
-            trigger=view.trigger,
-            stamp=st.stamp,
-            epoch=self.slots.epoch,
-            suspended=self.health.suspended,
-            messages=conv.messages,
-            ctx_used=view.ctx_used,
-            n_ctx=n_ctx,
-            budget=budget,
-            count=conv.meter.tokens,
-        )
-        if allowed and st.stamp is not None:
-            model = st.stamp.model
-            outcome = await self.summaries.continuation(
-                conv, st.stamp, cut.boundary, budget, archived
-            )
-            if outcome.prompt_n is not None:
-                self.continuation_prompt_n.append(outcome.prompt_n)
-            if outcome.text is not None:
-                self.health.continuation_passed(model)
-                return outcome, "continuation"
-            self.health.continuation_failed(model, outcome)
-            log.info(
-                "[compact] %s: continuation failed (%s); transcript path", conv.id, outcome.failure
-            )
-
-        def render(cite: bool) -> str:
-            return S.render_transcript(cut.torso, ids, set(ids), cite)
-
-        return await self.summaries.transcript(conv.id, budget, render), "summary"
 
     # -- last resort ------------------------------------------------------------------------
     async def _shrink(
