@@ -17,7 +17,7 @@ import pytest
 
 from loki_chat.compaction.decide import decide
 from loki_chat.compaction.failures import MAX_REMEMBERED, FailedSummaries, torso_fingerprint
-from loki_chat.compaction.policy import FAILING_NOTE
+from loki_chat.compaction.health import FAILING_NOTE
 from loki_chat.conversation import Conversation
 from loki_chat.meter import estimate_tokens
 from loki_shared.messages.chat import ChatMessage, ToolCall, ToolCallFunction

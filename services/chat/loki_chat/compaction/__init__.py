@@ -9,7 +9,10 @@
 - :mod:`.slot_watch` — whether a slot still holds a conversation's last request;
 - :mod:`.archive` — big blocks archived verbatim through the recall service;
 - :mod:`.summary_client` — the summary request to the engine (lease, POST, answer);
+- :mod:`.summary_path` — which path asks for the summary: continuation, else transcript;
+- :mod:`.fallback` — what takes a failed summary's place (index, stripped torso, or drop);
 - :mod:`.failures` — the fingerprints of failed summaries (never asked twice);
+- :mod:`.health` — per model, until restart: continuation suspended, summaries failing;
 - :mod:`.shrink` — archive-then-drop: the last resort, and the path after failed summaries;
 - :mod:`.events` — the marker, audit event and log line of each compaction.
 

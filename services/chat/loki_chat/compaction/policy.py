@@ -9,10 +9,11 @@ together (tests named in docs/behaviour.md (compaction)):
   assistant message) and the 20% gain re-measured first;
 - archive first: :mod:`.archive` — every torso part of at least 800 characters, verbatim,
   through ``loki.recall.archive``; the summariser sees its first 400 characters and its id;
-- the summary: :mod:`.summary_client` — continuation path (``COMPACT_CONTINUATION``) when
+- the summary: :mod:`.summary_path` — continuation path (``COMPACT_CONTINUATION``) when
   :mod:`.slot_watch` says the slot still holds the conversation's last request and it fits,
-  else the transcript path; a failed or unusable summary falls back to the torso stripped of
-  its big blocks (:func:`~.rules.strip_torso`, ids kept) — raw reasoning is never installed;
+  else the transcript path (requests: :mod:`.summary_client`); a failed or unusable summary
+  falls back (:mod:`.fallback`) to the torso stripped of its big blocks
+  (:func:`~.rules.strip_torso`, ids kept) — raw reasoning is never installed;
 - after: system, the summary message (holding the torso's last request re-injected when the
   tail has no user request), then the tail; with ``COMPACT_TAIL_REUSE`` the summary is
   marked to be sent after the tail (:mod:`.layout`; stored order unchanged), and a failed
@@ -22,7 +23,7 @@ together (tests named in docs/behaviour.md (compaction)):
   same summary is never asked again, and the refusal hold-off applies; when the fallback
   leaves the context above the threshold (or strips nothing), or the summary would repeat
   one that failed, :mod:`.shrink` archives then drops the oldest exchanges — at any trigger;
-  two failures in a row on one model are logged once and named in the marker;
+  two failures in a row on one model are logged once and named in the marker (:mod:`.health`);
 - reactive, when the engine still refuses after a compaction (or nothing could be
   summarised): the last-resort :mod:`.shrink`;
 - KEEP_TURN_IMAGES: whenever a compaction is due (any trigger), the kept images are made
@@ -36,7 +37,11 @@ together (tests named in docs/behaviour.md (compaction)):
   ``compact`` perf record per summary request.
 
 The continuation path is suspended for a model (until restart) after two failures of
-requests that reached the engine, or at once on a template error or a tool call.
+requests that reached the engine, or at once on a template error or a tool call
+(:mod:`.health`).
+
+This module applies what those choose: it installs a new model view, counts and marks it
+(:meth:`CompactionPolicy._install`), and archives-then-drops (:meth:`CompactionPolicy._shrink`).
 """
 
 from __future__ import annotations
@@ -57,24 +62,19 @@ from ..kept_images import drop_kept
 from ..leases import EngineLeases
 from ..settings import Settings
 from . import decide as D
-from . import layout
-from . import summariser as S
 from .archive import Archiver, BlockIds
-from .digest import digest
 from .events import CompactionEvents
 from .failures import torso_fingerprint
-from .rules import big_parts, budget_tokens, strip_torso
+from .fallback import FallbackPath
+from .health import SummaryHealth
+from .rules import big_parts, budget_tokens
 from .shrink import shrink
 from .slot_watch import SlotWatch
 from .state import ConvState
-from .summary_client import NOT_SENT, SummaryClient, SummaryOutcome
+from .summary_client import SummaryClient, SummaryOutcome
+from .summary_path import SummaryPath
 
 log = logging.getLogger("loki.chat.compaction")
-
-#: Failed summaries in a row after which a model is said to fail them (logged once).
-FAILING_AFTER = 2
-#: The compaction marker's note once summaries fail on the model.
-FAILING_NOTE = "summaries fail on this model: older turns were archived and dropped instead"
 
 
 @dataclass
@@ -104,13 +104,8 @@ class CompactionPolicy:
     def __init__(self, deps: CompactionDeps) -> None:
         self.settings = deps.settings
         self.states: dict[str, ConvState] = {}
-        #: models whose continuation path is suspended until restart
-        self.suspended: set[str] = set()
-        self.failures: dict[str, int] = {}
-        #: failed summaries in a row, per model (reset by a summary that passes)
-        self.summary_failures: dict[str, int] = {}
-        #: models whose failing summaries were logged (once per model until restart)
-        self.failing_logged: set[str] = set()
+        #: per model, until restart: continuation suspended, failed summaries in a row
+        self.health = SummaryHealth()
         self.n_ctx = 0  # the window of the last lease seen (tokens)
         #: the cap on one step's reply (``LOKI_MAX_TOKENS``, else the last lease's; tokens)
         self.reply_cap: int | None = deps.settings.max_tokens
@@ -119,8 +114,23 @@ class CompactionPolicy:
         self.events = CompactionEvents(deps.bus)
         leases = EngineLeases(deps.bus, deps.settings)
         self.summaries = SummaryClient(deps.settings, deps.bus, deps.http, leases, self.slots)
-        #: ``timings.prompt_n`` of each continuation request answered (figures, tests)
-        self.continuation_prompt_n: list[int] = []
+        self.summary_path = SummaryPath(deps.settings, self.summaries, self.slots, self.health)
+        self.fallback = FallbackPath(deps.settings, self.archiver, self.summaries)
+
+    @property
+    def suspended(self) -> set[str]:
+        """Models whose continuation path is suspended until restart (:mod:`.health`)."""
+        return self.health.suspended
+
+    @property
+    def failures(self) -> dict[str, int]:
+        """Counted continuation failures per model (:mod:`.health`)."""
+        return self.health.failures
+
+    @property
+    def continuation_prompt_n(self) -> list[int]:
+        """``timings.prompt_n`` of each continuation request answered (figures, tests)."""
+        return self.summary_path.continuation_prompt_n
 
     @property
     def _perf_sub(self) -> Any:
@@ -247,18 +257,17 @@ class CompactionPolicy:
         if st.failed.failed(fingerprint):
             # the very same summary request failed already: never sent again
             log.info("[compact] %s: this summary failed before; archive and drop", conv.id)
-            changed = await self._shrink(
-                view, n_ctx, st, t0, failure="failed_before", note=self._note(st.summary_model)
-            )
+            note = self.health.note(st.summary_model)
+            changed = await self._shrink(view, n_ctx, st, t0, failure="failed_before", note=note)
             if not changed:
                 st.refused_at = before
             return changed
         st.refused_at = None
         ids, archived = await self.archiver.archive_parts(conv.id, big_parts(cut.torso))
-        outcome, path = await self._summarise(view, n_ctx, st, cut, ids, archived)
+        outcome, path = await self.summary_path.summarise(view, n_ctx, st, cut, ids, archived)
         if outcome.text is None:
             return await self._failed(view, n_ctx, st, t0, cut, ids, archived, outcome, fingerprint)
-        self._passed(outcome.model)
+        self.health.summary_passed(outcome.model)
         summary = D.summary_message(cut, outcome.text, ids, self.summaries.cite)
         if self.settings.compact_tail_reuse and summary.loki is not None:
             # COMPACT_TAIL_REUSE: sent after the tail (less its trailing user messages)
@@ -280,71 +289,37 @@ class CompactionPolicy:
         outcome: SummaryOutcome,
         fingerprint: str,
     ) -> bool:
-        """The summary failed: remember it (never asked again; hold-off), fall back to the
-        torso stripped of its big blocks — with COMPACT_TAIL_REUSE applied, first to an
-        index of it after the tail (:meth:`_index`) — and when that leaves the context above
-        the threshold (or strips nothing), archive-then-drop the oldest exchanges."""
+        """The summary failed: remember it (never asked again; hold-off), count it for its
+        model (:mod:`.health`), and apply what takes its place (:mod:`.fallback`): the
+        torso's index or the stripped torso installed, or archive-then-drop the oldest
+        exchanges. True when the model view changed."""
         conv = view.conversation
-        reactive = view.trigger == "reactive"
         before = view.ctx_used
         if outcome.failure != "no_lease":  # a request that never left is not remembered
             st.failed.remember(fingerprint, before)
         st.refused_at = before
-        note = self._count_summary_failure(outcome.model)
+        note = self.health.summary_failed(outcome.model)
         if outcome.model:
             st.summary_model = outcome.model
-        system = self.settings.system_prompt
-        tail_first = layout.applies(
-            self.settings.compact_tail_reuse, st.external, self.summaries.template
-        )
-        if tail_first and outcome.failure != "no_lease":
-            indexed = await self._index(view, n_ctx, cut, ids)
-            if indexed is not None:
-                new, after, more = indexed
-                log.warning(
-                    "[compact] %s: summary failed (%s); torso indexed after the tail",
-                    conv.id,
-                    outcome.failure,
-                )
-                await self._install(
-                    view,
-                    n_ctx,
-                    st,
-                    new,
-                    "fallback",
-                    archived + more,
-                    t0,
-                    after=after,
-                    failure=outcome.failure,
-                    note=note,
-                )
-                return True
-        stripped = strip_torso(cut.torso, ids, self.summaries.cite)
-        new = [*stripped, *cut.tail]
-        after = conv.meter.view_tokens(system, new)
-        above = after > self.settings.compact_threshold * n_ctx
-        # no lease: the engine was not reached (busy, restarting): nothing is dropped for that
-        unreached = outcome.failure == "no_lease" and not reactive
-        if unreached and stripped == cut.torso:
+        fb = await self.fallback.choose(view, n_ctx, st.external, cut, ids, outcome.failure)
+        if fb.action == "none":
             return False
-        if stripped != cut.torso and (reactive or not above or unreached):
-            log.warning(
-                "[compact] %s: summary failed (%s); torso stripped of big blocks",
-                conv.id,
-                outcome.failure,
-            )
+        if fb.action != "drop":
             await self._install(
-                view, n_ctx, st, new, "fallback", archived, t0, after=after, failure=outcome.failure
+                view,
+                n_ctx,
+                st,
+                fb.new,
+                "fallback",
+                archived + fb.archived,
+                t0,
+                after=fb.after,
+                failure=outcome.failure,
+                note=note if fb.action == "index" else None,
             )
             return True
-        log.warning(
-            "[compact] %s: summary failed (%s) and stripping %s; archive and drop",
-            conv.id,
-            outcome.failure,
-            "leaves the context above the threshold" if stripped != cut.torso else "saves nothing",
-        )
-        if stripped != cut.torso:
-            conv.messages[:] = new
+        if fb.new:  # stripped, yet above the threshold: dropping goes on from the stripped view
+            conv.messages[:] = fb.new
             conv.meter.invalidate()
         return await self._shrink(
             view,
@@ -355,34 +330,8 @@ class CompactionPolicy:
             archived=archived,
             failure=outcome.failure,
             note=note,
-            stripped=stripped != cut.torso,
+            stripped=bool(fb.new),
         )
-
-    async def _index(
-        self, view: ContextView, n_ctx: int, cut: D.Cut, ids: BlockIds
-    ) -> tuple[list[ChatMessage], int, list[str]] | None:
-        """COMPACT_TAIL_REUSE's fallback (:mod:`.digest`): the model view with the failed
-        summary's place taken by an index of the torso, sent after the tail like a summary
-        (the tail keeps its place and its cache), its size (tokens) and the ids it archived.
-        None when an archive request failed, or when the result would still be above the
-        threshold (not reactively): the key-off fallback follows."""
-        conv = view.conversation
-
-        async def archive(role: str, text: str, tool_name: str | None) -> str | None:
-            return await self.archiver.archive(conv.id, role, text, tool_name)
-
-        made = await digest(cut.torso, ids, budget_tokens(n_ctx), archive, self.summaries.cite)
-        if made is None:
-            return None
-        text, more = made
-        summary = D.summary_message(cut, text, ids, self.summaries.cite)
-        if summary.loki is not None:
-            summary.loki.sent_after = len(D.continued(cut.tail))
-        new = [summary, *cut.tail]
-        after = conv.meter.view_tokens(self.settings.system_prompt, new)
-        if after > self.settings.compact_threshold * n_ctx and view.trigger != "reactive":
-            return None
-        return new, after, more
 
     async def _install(
         self,
@@ -427,92 +376,6 @@ class CompactionPolicy:
                     await self._shrink(view, n_ctx, st, time.monotonic())
         elif D.leaves_no_room(after, n_ctx, self.reply_cap):
             await self._shrink(view, n_ctx, st, time.monotonic())
-
-    # -- failures of summaries, per model ---------------------------------------------------
-    def _passed(self, model: str | None) -> None:
-        if model:
-            self.summary_failures.pop(model, None)
-
-    def _count_summary_failure(self, model: str | None) -> str | None:
-        """One more failed summary in a row for ``model``; at the second, logged once per
-        model (until restart). Returns the marker's note when summaries fail on it."""
-        if not model:
-            return None
-        n = self.summary_failures.get(model, 0) + 1
-        self.summary_failures[model] = n
-        if n >= FAILING_AFTER and model not in self.failing_logged:
-            self.failing_logged.add(model)
-            log.warning(
-                "[compact] summaries fail on %s (%d in a row): older turns are archived and "
-                "dropped instead",
-                model,
-                n,
-            )
-        return self._note(model)
-
-    def _note(self, model: str | None) -> str | None:
-        """The marker's note when ``model`` failed :data:`FAILING_AFTER` summaries in a row."""
-        if model and self.summary_failures.get(model, 0) >= FAILING_AFTER:
-            return FAILING_NOTE
-        return None
-
-    # -- summary ----------------------------------------------------------------------------
-    async def _summarise(
-        self,
-        view: ContextView,
-        n_ctx: int,
-        st: ConvState,
-        cut: D.Cut,
-        ids: BlockIds,
-        archived: list[str],
-    ) -> tuple[SummaryOutcome, str]:
-        """The summary of ``cut.torso`` and its path (``continuation`` or ``summary``)."""
-        budget = budget_tokens(n_ctx)
-        conv = view.conversation
-        allowed = D.continuation_allowed(
-            enabled=self.settings.compact_continuation,
-            trigger=view.trigger,
-            stamp=st.stamp,
-            epoch=self.slots.epoch,
-            suspended=self.suspended,
-            messages=conv.messages,
-            ctx_used=view.ctx_used,
-            n_ctx=n_ctx,
-            budget=budget,
-            count=conv.meter.tokens,
-        )
-        if allowed and st.stamp is not None:
-            model = st.stamp.model
-            outcome = await self.summaries.continuation(
-                conv, st.stamp, cut.boundary, budget, archived
-            )
-            if outcome.prompt_n is not None:
-                self.continuation_prompt_n.append(outcome.prompt_n)
-            if outcome.text is not None:
-                self.failures.pop(model, None)
-                return outcome, "continuation"
-            self._count_failure(model, outcome)
-            log.info(
-                "[compact] %s: continuation failed (%s); transcript path", conv.id, outcome.failure
-            )
-
-        def render(cite: bool) -> str:
-            return S.render_transcript(cut.torso, ids, set(ids), cite)
-
-        return await self.summaries.transcript(conv.id, budget, render), "summary"
-
-    def _count_failure(self, model: str, outcome: SummaryOutcome) -> None:
-        """A failed continuation: counted when the request reached the engine; the path is
-        suspended for ``model`` at the second, or at once when the outcome asks."""
-        if outcome.failure not in NOT_SENT:
-            self.failures[model] = self.failures.get(model, 0) + 1
-        if outcome.suspend or self.failures.get(model, 0) >= 2:
-            self.suspended.add(model)
-            log.warning(
-                "[compact] continuation suspended for %s until restart (%s)",
-                model,
-                outcome.failure,
-            )
 
     # -- last resort ------------------------------------------------------------------------
     async def _shrink(
