@@ -132,3 +132,4 @@ class Settings(LokiSettings):
     keep_turn_images: bool = False
     memory_timeout_s: float = Field(default=5.0, gt=0)
     memory_active_wait_s: float = Field(default=0.5, gt=0)
+    mcp_timeout_s: float = Field(default=30.0, gt=0)
