@@ -12,7 +12,7 @@ from mcp import types
 from pydantic import ValidationError
 
 from loki_chat.mcp.adapter import SCHEMA_FALLBACK_NOTE, ToolInfo, parameters, result_text
-from loki_chat.mcp.config import ServerConfig, StdioFile
+from loki_chat.mcp.config import StdioFile
 from loki_chat.mcp.manager import McpManager, merge
 from loki_chat.mcp.names import MAX_NAME, model_name, unique_names
 from loki_chat.tools import ToolBox, ToolSpec
@@ -45,19 +45,26 @@ def test_an_object_schema_passes_through_and_any_other_gets_the_fallback():
 
 
 def _result(*blocks, is_error=False, structured=None):
-    return types.CallToolResult(content=list(blocks), is_error=is_error, structured_content=structured)
+    return types.CallToolResult(
+        content=list(blocks), is_error=is_error, structured_content=structured
+    )
 
 
 def test_results_text_images_errors_and_structured_content():
     text = types.TextContent(type="text", text="one")
     image = types.ImageContent(type="image", data="iVBORw0KGgo=", mime_type="image/png")
-    assert result_text(_result(text, types.TextContent(type="text", text="two")), "s__t", False) == "one\n\ntwo"
+    assert (
+        result_text(_result(text, types.TextContent(type="text", text="two")), "s__t", False)
+        == "one\n\ntwo"
+    )
     seen = result_text(_result(text, image), "s__t", True)
     assert not isinstance(seen, str) and len(seen.images) == 1
     assert seen.images[0].url.startswith("data:image/png;base64,") and "next message" in seen.text
     blind = result_text(_result(text, image), "s__t", False)
     assert isinstance(blind, str) and "does not see images" in blind
-    err = result_text(_result(types.TextContent(type="text", text="bad city"), is_error=True), "s__t", False)
+    err = result_text(
+        _result(types.TextContent(type="text", text="bad city"), is_error=True), "s__t", False
+    )
     assert err == "Error: `s__t` reported an error: bad city"
     assert result_text(_result(structured={"a": 1}), "s__t", False) == '{"a": 1}'
     assert result_text(_result(), "s__t", False) == "(the tool returned nothing)"
