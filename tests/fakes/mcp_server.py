@@ -5,8 +5,9 @@
 
 Tools: ``echo(text, count)`` (its arguments back as JSON), ``fail(reason)`` (an ``isError``
 result), ``slow(seconds)``, ``big(size)`` (``size`` characters), ``die()`` (the process
-exits mid-call), ``picture()`` (a PNG image), ``get-weather.now(city)`` (a name to sanitise);
-with ``MCP_EXTRA=1`` also ``extra()`` (a changed tool list). With ``MCP_TOKEN`` set, an HTTP
+exits mid-call), ``picture()`` (a PNG image), ``get-weather.now(city)`` (a name to sanitise),
+``grow()`` (adds ``extra()`` and sends ``notifications/tools/list_changed``: a tool list that
+changes mid-conversation). With ``MCP_TOKEN`` set, an HTTP
 request without ``Authorization: Bearer <token>`` gets 401.
 """
 
@@ -19,7 +20,8 @@ import os
 import sys
 from typing import Any
 
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 #: A 1×1 PNG.
 PNG = base64.b64decode(
@@ -36,7 +38,7 @@ def echo(text: str, count: int = 1) -> str:
 
 @server.tool(description="Always fails with the reason given.")
 def fail(reason: str) -> str:
-    raise ValueError(reason)
+    raise ToolError(reason)
 
 
 @server.tool(description="Sleep for the seconds given, then answer.")
@@ -65,11 +67,15 @@ def weather(city: str) -> str:
     return f"sunny in {city}"
 
 
-if os.environ.get("MCP_EXTRA"):
+def extra() -> str:
+    return "extra"
 
-    @server.tool(description="A tool that appears later.")
-    def extra() -> str:
-        return "extra"
+
+@server.tool(description="Add the tool `extra` and tell the client the tool list changed.")
+async def grow(ctx: Context) -> str:
+    server.add_tool(extra, name="extra", description="A tool that appears later.")
+    await ctx.session.send_tool_list_changed()
+    return "grown"
 
 
 def guarded(app: Any, token: str) -> Any:
