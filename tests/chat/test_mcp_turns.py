@@ -13,27 +13,20 @@ in the perf records), a server off for the conversation's project."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loki_chat.mcp import connection
-from loki_shared import servers, subjects
+from loki_shared import subjects
 from loki_shared.messages.mcp import McpReply, McpRequest, McpServerSpec
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.messages.recall import DEFAULT_PROJECT
 from tests.fakes.fake_engine import text_reply, tool_reply
+from tests.fakes.mcp_server import SERVER, SLOW
 
-SERVER = Path(__file__).resolve().parents[1] / "fakes" / "mcp_server.py"
-#: Under a loaded machine a Python process importing the SDK takes seconds to start.
-SLOW = 180.0
 OWN = ["big", "die", "echo", "fail", "get_weather_now", "grow", "picture", "slow"]
 
 
@@ -58,39 +51,6 @@ def tools_bytes(request: Any) -> bytes:
     start = body.index(b'"tools":')
     end = body.index(b"]", body.rindex(b'"type":"function"'))
     return body[start : end + 1]
-
-
-@pytest.fixture
-def http_mcp() -> Iterator[Callable[..., tuple[str, subprocess.Popen[bytes]]]]:
-    """Start the test server on Streamable HTTP: ``start(port=None, env=None)`` -> (url, proc)."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(
-        port: int | None = None, env: dict[str, str] | None = None
-    ) -> tuple[str, subprocess.Popen[bytes]]:
-        port = port or servers.free_port()
-        proc = subprocess.Popen(
-            [sys.executable, str(SERVER), "http", str(port)],
-            env={**os.environ, **(env or {})},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(proc)
-        deadline = time.monotonic() + SLOW
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "server not up"
-                time.sleep(0.2)
-        return f"http://127.0.0.1:{port}/mcp", proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 async def mcp(nc: Any, **fields: Any) -> McpReply:

@@ -18,11 +18,17 @@ import base64
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+#: This file (the command the tests run).
+SERVER = Path(__file__).resolve()
+#: A generous bound for the tests' waits: on a loaded machine a Python process importing the
+#: SDK takes seconds to start.
+SLOW = 180.0
 #: A 1×1 PNG.
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="

@@ -110,7 +110,8 @@ class McpApi:
         patch = req.patch
         if patch is None:
             raise InvalidRequest("'patch' is required to update a server")
-        given = patch.model_dump(exclude_unset=True)
+        # a field left out arrives as null (the message crossed NATS whole): null = not given
+        given = {k: v for k, v in patch.model_dump().items() if v is not None}
         record: dict[str, Any] = dict(manager.records.get(cfg.name) or {})
         if cfg.source == "file":
             wrong = sorted(set(given) - {"enabled", "projects_off"})
@@ -121,6 +122,6 @@ class McpApi:
                 )
             record = {**record, "overlay": True, **given}
         else:
-            record.update({k: v for k, v in given.items() if v is not None})
+            record.update(given)
         await manager.registry.put(cfg.name, record)
         return await self._reply(cfg.name)
