@@ -214,3 +214,22 @@ async def asyncio_sleep(seconds: float) -> None:
     import asyncio
 
     await asyncio.sleep(seconds)
+
+
+async def test_an_image_result_goes_through_the_image_path_only_with_vision(
+    chat_runner, mcp_chat, client, fake_engine, supervisor
+):
+    write_stdio(chat_runner.home)
+    supervisor.vision = True
+    fake_engine.push(tool_reply([("c1", "local__picture", "{}")]), text_reply("a dot"))
+    cid, _ = await client.turn("show me", timeout=SLOW)
+    step2 = fake_engine.requests[1].json["messages"]
+    assert step2[-2]["role"] == "tool" and "shown in the next message" in step2[-2]["content"]
+    image = step2[-1]["content"][1]
+    assert step2[-1]["role"] == "user" and image["type"] == "image_url"
+    assert image["image_url"]["url"].startswith("data:image/png;base64,iVBOR")
+    supervisor.vision = False
+    fake_engine.push(tool_reply([("c2", "local__picture", "{}")]), text_reply("no dot"))
+    await client.turn("again", cid, timeout=SLOW)
+    step4 = fake_engine.requests[3].json["messages"]
+    assert step4[-1]["role"] == "tool" and "does not see images" in step4[-1]["content"]

@@ -133,3 +133,30 @@ def test_builtins_first_then_servers_by_name_then_tools_by_name(tmp_path: Path):
     assert names == ["recall", "zeta__b", "alpha__c", "alpha__d", "zeta__a", "zeta__b_2"]
     assert list(manager.box(base, "other").specs) == ["recall", "zeta__b", "zeta__a", "zeta__b_2"]
     assert manager.box(base, "p").schemas() == manager.box(base, "p").schemas()
+
+
+def test_a_subagent_gets_the_mcp_tools_its_project_allows(tmp_path: Path):
+    """Sub-agents: the recall tools, then the MCP tools of the main conversation's project
+    (none of a server off for it); the verifier sends no tools at all (its request has no
+    ``tools`` key: tests/chat/test_chat_verify.py)."""
+    from types import SimpleNamespace
+
+    from loki_chat.settings import Settings
+    from loki_chat.subagent import SubagentHost
+    from loki_chat.tools.box import CallContext
+    from loki_chat.tools.memory import CURRENT_PROJECT
+
+    manager = McpManager(registry=None, home=tmp_path, timeout_s=1.0)  # type: ignore[arg-type]
+    manager.configs = merge({}, {"srv": {"url": "http://127.0.0.1:1/mcp", "projects_off": ["q"]}})
+    manager.known = {"srv": [ToolInfo("look", "Looks.", None)]}
+    base = ToolBox([ToolSpec("recall", "r", _noop), ToolSpec("subagent", "s", _noop)])
+    shared = SimpleNamespace(
+        settings=Settings(home=tmp_path), toolbox=base, mcp=manager, tokens=None, engine=None
+    )
+    CURRENT_PROJECT.set("p")
+    assert list(SubagentHost(shared, CallContext("c1", "conv")).toolbox.specs) == [
+        "recall",
+        "srv__look",
+    ]
+    CURRENT_PROJECT.set("q")
+    assert list(SubagentHost(shared, CallContext("c1", "conv")).toolbox.specs) == ["recall"]
