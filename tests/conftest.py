@@ -31,9 +31,12 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,6 +181,42 @@ def service_env(nats_url: str, redis_url: str, tmp_path: Path) -> dict[str, str]
 @pytest.fixture(scope="session")
 def python_exe() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def http_mcp() -> Iterator[Callable[..., tuple[str, subprocess.Popen[bytes]]]]:
+    """Start the test MCP server (``tests/fakes/mcp_server.py``) on Streamable HTTP:
+    ``start(port=None, env=None)`` -> (url, process); every one is killed after the test."""
+    from tests.fakes.mcp_server import SERVER, SLOW
+
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        port: int | None = None, env: dict[str, str] | None = None
+    ) -> tuple[str, subprocess.Popen[bytes]]:
+        port = port or servers.free_port()
+        proc = subprocess.Popen(
+            [sys.executable, str(SERVER), "http", str(port)],
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        deadline = time.monotonic() + SLOW
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "server not up"
+                time.sleep(0.2)
+        return f"http://127.0.0.1:{port}/mcp", proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 #: Folders whose files share something outside the worker (the compose check's one Docker

@@ -32,6 +32,15 @@ def fingerprints(messages: Iterable[Any]) -> list[str]:
     return out
 
 
+def tools_fingerprint(tools: list[Any] | None) -> str:
+    """The fingerprint of a request's ``tools`` array (32 hex characters; ``""`` when the
+    request offered none): two requests with equal fingerprints offered the same tools in the
+    same order, so their prompt prefixes agree on them (issue 42: the perf cause ``tools``)."""
+    if not tools:
+        return ""
+    return hashlib.sha256(canonical_json(tools)).digest()[:16].hex()
+
+
 def common_prefix(a: list[str], b: list[str]) -> int:
     """Number of leading fingerprints ``a`` and ``b`` share."""
     n = 0

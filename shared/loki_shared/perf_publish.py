@@ -101,6 +101,7 @@ def build_record(
     cut: bool = False,
     ts: float | None = None,
     prefix_unstable: bool = False,
+    tools_fingerprint: str | None = None,
 ) -> PerfRecord:
     """Build the :class:`PerfRecord` of one completion.
 
@@ -117,6 +118,8 @@ def build_record(
         clock: a :class:`CompletionClock`; gives ``ttft_ms``/``total_ms`` unless given.
         cut: the stream ended without its final chunk (stop, error, disconnect).
         prefix_unstable: the lease's template probe says ``stable_prefix`` False.
+        tools_fingerprint: :func:`loki_shared.fingerprint.tools_fingerprint` of the ``tools``
+            sent (None: not said).
         ts: Unix time in seconds of the end of the completion (default: now).
 
     Raises:
@@ -153,6 +156,7 @@ def build_record(
         fingerprints=_fingerprints(sent),
         roles=[m.get("role", "") if isinstance(m, Mapping) else "" for m in sent],
         prefix_unstable=prefix_unstable,
+        tools_fingerprint=tools_fingerprint,
     )
 
 

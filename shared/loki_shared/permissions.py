@@ -153,6 +153,7 @@ _CHAT_REQUESTS = (
     subjects.CHAT_REPLAY,
     subjects.CHAT_CONVERSATIONS,
     subjects.CHAT_TASKS,
+    subjects.CHAT_MCP,
 )
 _ENGINE_REQUESTS = (
     subjects.ENGINE_INFO,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from .messages import chat, engine, events, memory, perf, projects, recall, tasks
+from .messages import chat, engine, events, mcp, memory, perf, projects, recall, tasks
 
 PREFIX = "loki"
 
@@ -60,6 +60,8 @@ CHAT_CONVERSATIONS = _exchange(
 )
 # the scheduled tasks
 CHAT_TASKS = _exchange("loki.chat.tasks", tasks.TasksRequest, tasks.TasksReply)
+# the person's MCP servers (list, add, update, delete, test)
+CHAT_MCP = _exchange("loki.chat.mcp", mcp.McpRequest, mcp.McpReply)
 CHAT_EVENTS_PREFIX = "loki.chat.events"  # + ".<conversation>": ChatEvent, live display events
 CHAT_EVENTS_ALL = "loki.chat.events.*"
 CHAT_INSTANCE_PREFIX = "loki.chat.instance"  # + ".<instance>": ForwardRequest -> reply (owner)

@@ -340,6 +340,25 @@ def test_only_the_latest_record_of_a_conversation_keeps_its_fingerprints():
     assert e.loss is not None and e.loss.type == "loss"
 
 
+def test_a_loss_after_the_tools_changed_is_caused_by_tools():
+    """Issue 42: the tools are part of the prompt prefix; when the conversation's tools
+    changed since its previous request (both records say their ``tools_fingerprint``), a loss
+    is attributed to ``tools``, whatever ran in between; the same tools, or a record that does
+    not say, leaves the cause as before."""
+    f = Feed()
+    f.add(msgs("q1"), cache_n=0, prompt_n=100, tools_fingerprint="aa")
+    e = f.add(msgs("q1", "a1", "q2"), cache_n=119, prompt_n=15, tools_fingerprint="aa")
+    assert e.loss is None
+    f.add(msgs("other"), cache_n=0, prompt_n=50, conversation="b", tools_fingerprint="aa")
+    e = f.add(msgs("q1", "a1", "q2", "a2", "q3"), cache_n=5, prompt_n=300, tools_fingerprint="bb")
+    assert e.loss.type == "loss" and e.loss.cause == "tools" and e.loss.between[0][1] == "b"
+    assert f.ring.summary()["detail"]["losses_by_cause"]["tools"]["count"] == 1
+    g = Feed()  # one record does not say: as before
+    g.add(msgs("q1"), cache_n=0, prompt_n=100)
+    e = g.add(msgs("q1", "a1", "q2"), cache_n=40, prompt_n=100, tools_fingerprint="bb")
+    assert e.loss.cause == "none"
+
+
 def test_a_loss_on_an_unstable_prefix_template_is_caused_by_the_template():
     """Issue 16: a record whose lease's template probe says ``stable_prefix`` False is
     attributed to ``template`` whatever ran in between; without the flag, as before."""

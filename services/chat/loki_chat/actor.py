@@ -34,6 +34,7 @@ from .errors import FencedWrite
 from .image_shelf import ImageShelf
 from .images import pending_item, unpack
 from .leases import PREWARM_WAIT_S, EngineLeases
+from .mcp import McpManager
 from .prewarm import PrewarmJob, run_prewarm
 from .project.head import ProjectHead
 from .settings import Settings
@@ -77,6 +78,8 @@ class Shared:
     #: (``messages`` left empty: taken from the conversation when used) — PREWARM after an
     #: engine restart (:mod:`loki_chat.restart_prewarm`) sends its prefix again
     slot_owner: PrewarmJob | None = None
+    #: the person's MCP servers (None: none, the built-in tools alone)
+    mcp: McpManager | None = None
 
 
 class Actor:
@@ -94,7 +97,6 @@ class Actor:
         conv.meter.counter = shared.tokens
         self.lock_value = lock_value
         self.settings = shared.settings
-        self.toolbox = shared.toolbox
         self.engine = shared.engine
         self.policy = shared.policy
         self.project = shared.project
@@ -110,6 +112,46 @@ class Actor:
         #: them; ``/api/chat/state``), None when they were offered
         self.tools_unavailable: dict[str, Any] | None = None
         self._prewarm: asyncio.Task[str] | None = None  # PREWARM's request, while it runs
+        #: the MCP tools this conversation was last offered (name -> schema digest; None:
+        #: not yet looked at by this owner): a change is told once, ``tools_changed``
+        self.mcp_seen: dict[str, str] | None = None
+
+    @property
+    def toolbox(self) -> ToolBox:
+        """The tools this conversation is offered: the instance's built-ins, then the MCP
+        tools its project allows (:meth:`loki_chat.mcp.McpManager.box`; a task's run gets its
+        project's)."""
+        mcp = self.shared.mcp
+        if mcp is None:
+            return self.shared.toolbox
+        return mcp.box(self.shared.toolbox, self.conv.project)
+
+    async def tools_ready(self) -> None:
+        """Before a turn: the MCP configuration read again (:meth:`McpManager.refresh`), and
+        the user told once when the MCP tools this conversation is offered changed since its
+        last turn (display event ``tools_changed``: ``added``, ``removed``, ``changed``
+        names; a prompt change, the perf service names it ``tools``). Never fails the turn."""
+        mcp = self.shared.mcp
+        if mcp is None:
+            return
+        try:
+            await mcp.refresh()
+            now = mcp.signature(self.conv.project, self.shared.toolbox)
+        except Exception:
+            log.warning("conversation %s: MCP tools not refreshed", self.conv.id, exc_info=True)
+            return
+        before, self.mcp_seen = self.mcp_seen, now
+        if before is None or before == now:
+            return
+        await self.emit(
+            {},
+            loki={
+                "event": "tools_changed",
+                "added": sorted(now.keys() - before.keys()),
+                "removed": sorted(before.keys() - now.keys()),
+                "changed": sorted(n for n in now.keys() & before.keys() if now[n] != before[n]),
+            },
+        )
 
     @property
     def busy(self) -> bool:
@@ -327,6 +369,7 @@ class Actor:
             ends = self.turn_ends
             try:
                 async with self.person_turn():
+                    await self.tools_ready()
                     runner = TurnRunner(self, None, resume=True)
                     await runner.run()
                     self.ran(runner)
@@ -369,6 +412,7 @@ class Actor:
             self.conv.compact_log()
             try:
                 async with self.person_turn():
+                    await self.tools_ready()
                     runner = TurnRunner(self, text)
                     await runner.run()
                     self.ran(runner)

@@ -57,7 +57,7 @@ async def run_calls(run: TurnRunner) -> list[ImageAttachment]:
         raw_args = run.pending_raw.get(call.id, call.function.arguments)
         if not host.stop.is_set():
             name = call.function.name
-            context = CallContext(call.id, run.conv.id, host.stop, host.emit)
+            context = CallContext(call.id, run.conv.id, host.stop, host.emit, run.vision)
             running = host.toolbox.execute(name, raw_args, context)
             if host.toolbox.handles_stop(name):  # it ends itself: its result is kept
                 outcome: ToolOutcome | None = await running

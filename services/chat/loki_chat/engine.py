@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from loki_shared.fingerprint import tools_fingerprint
 from loki_shared.messages.engine import Lease
 from loki_shared.messages.perf import PerfRecord
 from loki_shared.perf_publish import build_record
@@ -60,13 +61,19 @@ class StepResult:
     responded: bool = False
 
     def perf_record(
-        self, kind: str, conversation: str, lease: Lease, messages: list[dict[str, Any]]
+        self,
+        kind: str,
+        conversation: str,
+        lease: Lease,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
     ) -> PerfRecord:
         """The perf record of this completion: ``kind`` (``main``, ``task``, ``subagent``,
         ``verify``, ``prewarm``) for ``conversation``, sent under ``lease`` (model, local or
         external, ``id_slot``, the template probe's ``stable_prefix``) with ``messages``
-        (the wire array: only fingerprints and roles are kept); the engine's ``timings``
-        and ``usage`` as received, the times measured here.
+        (the wire array: only fingerprints and roles are kept) and ``tools`` (the tools
+        offered: their fingerprint only); the engine's ``timings`` and ``usage`` as
+        received, the times measured here.
 
         Raises:
             pydantic.ValidationError: ``kind`` is not a request kind.
@@ -85,6 +92,7 @@ class StepResult:
             finish_reason=self.acc.finish_reason,
             cut=self.cut,
             prefix_unstable=lease.template is not None and lease.template.stable_prefix is False,
+            tools_fingerprint=tools_fingerprint(tools),
         )
 
 

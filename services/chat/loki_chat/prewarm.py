@@ -129,7 +129,7 @@ async def run_prewarm(
                 log.info("[prewarm] %s: pre-empted by a real request", job.cid)
                 return "preempted"
             if result.responded:
-                publish(result.perf_record("prewarm", job.cid, lease, wire))
+                publish(result.perf_record("prewarm", job.cid, lease, wire, job.tools))
             return "error" if result.error is not None else "done"
     except LeaseError as exc:
         log.info("[prewarm] %s: no lease (%s)", job.cid, exc)

@@ -8,7 +8,8 @@
 - :mod:`.tasks` — scheduled tasks (their API and the scheduler every instance runs);
 - :mod:`.leases` — the engine leases; :mod:`.turn` — the turn loop;
   :mod:`.prewarm` / :mod:`.restart_prewarm` — PREWARM after a compaction / an engine restart;
-  :mod:`.compaction` — the default context policy; :mod:`.tools` — the tools offered.
+  :mod:`.compaction` — the default context policy; :mod:`.tools` — the tools offered;
+  :mod:`.mcp` — the person's MCP servers (``loki.chat.mcp``) and their tools.
 
 Every display event is published on ``loki.chat.events.<conversation>``: the very objects
 appended to the Log, in seq order.
@@ -35,6 +36,7 @@ from .engine import EngineClient
 from .handlers import ChatHandlers
 from .image_shelf import ImageShelf
 from .leases import EngineLeases
+from .mcp import McpApi, McpManager, Registry
 from .ownership import Ownership
 from .project.head import ProjectHead
 from .project.memory_link import active_project_id, block_fetch, memory_call
@@ -113,6 +115,12 @@ class ChatService:
         )
         if toolbox is None:  # recall, recall_search, then subagent (the order never changes)
             self.shared.toolbox.add(self.subagent_tool())
+        #: the person's MCP servers (:mod:`loki_chat.mcp`): their tools follow the built-ins
+        self.mcp = McpManager(
+            Registry(store.r, store.sealer), settings.home, settings.mcp_timeout_s
+        )
+        self.shared.mcp = self.mcp
+        self.mcp_api = McpApi(self.mcp)
         self.tasks = TaskStore(store.r, store.sealer)
         self.shared.tasks = self.tasks
         self.ownership = Ownership(self.shared)
@@ -174,6 +182,14 @@ class ChatService:
             max_workers=8,
         )
 
+        serve(
+            self.broker,
+            subjects.CHAT_MCP,
+            self.mcp_api.handle,
+            queue=subjects.QUEUE_CHAT,
+            max_workers=4,
+        )
+
         @self.broker.subscriber(subjects.ENGINE_STATE)  # every instance: no queue group
         async def on_engine_state(msg: EngineState) -> None:
             if not self.shared.closing:
@@ -199,6 +215,7 @@ class ChatService:
         self.shared.leases.closing = True  # partial replies are persisted before releases
         await self.ownership.close()
         await self.scheduler.close(timeout=1.0)  # the runs stopped now record how they ended
+        await self.mcp.close()  # stdio servers' processes end
         await self.bus.drain(timeout=3)
 
 

@@ -94,6 +94,9 @@ class Settings(LokiSettings):
     - ``LOKI_MEMORY_ACTIVE_WAIT_S`` — bound of a new conversation's wait for the active
       project (0.5 s; past it, the default project), and of a block fetch while the memory
       service does not answer.
+    - ``LOKI_MCP_TIMEOUT_S`` — bound of connecting to an MCP server and listing its tools, and
+      of each MCP tool call (30 s; past it the call's result says it timed out;
+      :mod:`loki_chat.mcp`).
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -132,3 +135,4 @@ class Settings(LokiSettings):
     keep_turn_images: bool = False
     memory_timeout_s: float = Field(default=5.0, gt=0)
     memory_active_wait_s: float = Field(default=0.5, gt=0)
+    mcp_timeout_s: float = Field(default=30.0, gt=0)

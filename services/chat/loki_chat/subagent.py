@@ -4,7 +4,8 @@ Rules (docs/behaviour.md (chat, sub-agents)):
 
 - Its own conversation (in memory, never stored), its own system prompt
   (``LOKI_SUBAGENT_SYSTEM_PROMPT``) and step budget (``LOKI_SUBAGENT_STEP_BUDGET``), the
-  recall tools only (never ``subagent``: it cannot start another), no compaction.
+  recall tools (never ``subagent``: it cannot start another) and the MCP tools the main
+  conversation's project allows, no compaction.
 - Its requests hold leases of kind ``subagent`` (for the main conversation's id, so perf
   names it in between two turns); the last one is released with ``job_done``.
 - Nothing streams to the main model: its events go to the main conversation's display log as
@@ -63,7 +64,9 @@ class SubagentHost:
                 "step_budget": shared.settings.subagent_step_budget,
             }
         )
-        self.toolbox: ToolBox = shared.toolbox.only(SUBAGENT_TOOLS)
+        base: ToolBox = shared.toolbox.only(SUBAGENT_TOOLS)
+        mcp = getattr(shared, "mcp", None)  # the MCP tools the main conversation's project has
+        self.toolbox = mcp.box(base, CURRENT_PROJECT.get()) if mcp is not None else base
         self.engine: EngineClient = shared.engine
         self.policy: ContextPolicy = NoCompaction()
         self.stop: asyncio.Event = call.stop

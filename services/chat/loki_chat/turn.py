@@ -72,10 +72,12 @@ class TurnHost(Protocol):
 
     conv: Conversation
     settings: Settings
-    toolbox: ToolBox
     engine: EngineClient
     policy: ContextPolicy
     stop: asyncio.Event
+
+    @property
+    def toolbox(self) -> ToolBox: ...
 
     async def emit(self, delta: dict[str, Any] | None = None, **fields: Any) -> ChatEvent: ...
     async def persist(self) -> None: ...
@@ -249,7 +251,7 @@ class TurnRunner:
             self.outcome.error = f"engine unavailable: {exc}"
             return self.finish
         if self.result.responded:
-            self.publish_perf(req.lease, req.wire)
+            self.publish_perf(req.lease, req.wire, req.tools)
         if self.result.error is None and not self.result.stopped:
             await turn_images.measure_images(self, req.payload)
             # compaction: the slot now holds this prompt
@@ -442,8 +444,13 @@ class TurnRunner:
         queued = sum(self.conv.meter.tokens(unpack(t)[0]) for t in self.conv.pending)
         return self.conv.meter.used(self.settings.system_prompt, self.conv.messages) + queued
 
-    def publish_perf(self, lease: Lease, wire: list[dict[str, Any]]) -> None:
+    def publish_perf(
+        self,
+        lease: Lease,
+        wire: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         assert self.result is not None
         # a scheduled task's run is a main turn of a ``task`` conversation
         kind = self.conv.kind if self.kind == "main" else self.kind
-        self.host.publish_perf(self.result.perf_record(kind, self.conv.id, lease, wire))
+        self.host.publish_perf(self.result.perf_record(kind, self.conv.id, lease, wire, tools))

@@ -37,6 +37,7 @@ from .routes import (
     chat,
     engine,
     engine_measure,
+    mcp,
     memory,
     perf,
     project_memory,
@@ -63,6 +64,7 @@ ROUTERS: dict[str, APIRouter] = {
     "engine_measure": engine_measure.router,
     "perf": perf.router,
     "tasks": tasks.router,
+    "mcp": mcp.router,
     "v1": v1.router,
 }
 

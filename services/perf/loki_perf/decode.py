@@ -121,6 +121,7 @@ class Entry:
     fingerprints: list[str] | None = None
     roles: list[str | None] | None = None
     prefix_unstable: bool = False  # the template probe said: no stable prefix (issue 16)
+    tools_fingerprint: str | None = None  # the tools offered ("" none; None unknown; issue 42)
     dropped: list[str] = field(default_factory=list)
     # derived by decode()
     cached: int | None = None  # tokens the engine reused (cache_n, else usage cached_tokens)
@@ -304,6 +305,8 @@ def decode(raw: bytes | str | dict, seq: int, ts_fallback: float) -> Entry:
     elif fr is not None:
         dropped.append("finish_reason")
     e.prefix_unstable = data.get("prefix_unstable") is True
+    tf = data.get("tools_fingerprint")
+    e.tools_fingerprint = tf if isinstance(tf, str) else None
     cut = data.get("cut", False)
     if isinstance(cut, bool):
         e.cut = cut
@@ -355,6 +358,9 @@ def _derive(e: Entry) -> None:
 
 #: The cause of a loss on a model whose chat template does not keep a stable prefix.
 TEMPLATE_CAUSE = "template"
+#: The cause of a loss after the tools the conversation is offered changed (an MCP server's
+#: tool list, issue 42): the tools are part of the prompt prefix.
+TOOLS_CAUSE = "tools"
 
 
 def category(kind: str) -> str:
@@ -381,4 +387,5 @@ CAUSES = (
     "none",
     "divergence",
     "template",
+    TOOLS_CAUSE,
 )

@@ -23,7 +23,9 @@ Loss rules (``tests/perf/test_ring.py`` names one test per rule):
    external ones and, when both slots are known, ones on another slot) is named in ``between``;
    the cause of a loss is the category of the last of them, ``none`` if there was none —
    except on a record flagged ``prefix_unstable`` (the model's chat template does not keep a
-   stable prefix, issue 16): its loss is caused by ``template``.
+   stable prefix, issue 16): its loss is caused by ``template``; and except when the tools
+   offered changed since ``prev`` (both records say their ``tools_fingerprint`` and they
+   differ: an MCP server's tool list changed, issue 42): its loss is caused by ``tools``.
 7. CACHE_RAM advice: a ``main`` completion of a local preset that strictly extends its previous
    one after something else ran in between, and whose ``cached_tokens`` (else ``cache_n``) is
    under half its prompt, is an advice event (the supervisor advises raising CACHE_RAM once).
@@ -42,6 +44,7 @@ from .decode import (
     DEPTH_NAMES,
     KINDS,
     TEMPLATE_CAUSE,
+    TOOLS_CAUSE,
     UNKNOWN_KIND,
     Entry,
     Loss,
@@ -275,7 +278,9 @@ class Ring:
                 self._maybe_advise(e, between)
             if not flagged:
                 return
-            if e.prefix_unstable:  # the template re-renders the prefix: its own fault
+            if tools_changed(prev, e):  # the tools are part of the prefix
+                cause = TOOLS_CAUSE
+            elif e.prefix_unstable:  # the template re-renders the prefix: its own fault
                 cause = TEMPLATE_CAUSE
             else:
                 cause = category(between[-1][0]) if between else "none"
@@ -457,6 +462,12 @@ class Ring:
             "events": events,
             "last_seq": self.last_seq,
         }
+
+
+def tools_changed(prev: Entry, e: Entry) -> bool:
+    """Both records say which tools they offered, and they differ (rule 6: cause ``tools``)."""
+    a, b = prev.tools_fingerprint, e.tools_fingerprint
+    return a is not None and b is not None and a != b
 
 
 def chained_prefix(a: list[str], b: list[str]) -> int:

@@ -2,6 +2,7 @@
 
 - :mod:`.base` — the common base class and the error shape of replies;
 - :mod:`.chat` — conversations, turns, display events (``loki.chat.*``);
+- :mod:`.mcp` — the person's MCP servers (``loki.chat.mcp``);
 - :mod:`.recall` — the archive and its tools (``loki.recall.*``);
 - :mod:`.memory` — the user's memory key (``loki.memory.*``);
 - :mod:`.projects` — projects, memory pages, trackers (``loki.projects.*``);

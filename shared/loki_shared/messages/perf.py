@@ -29,6 +29,9 @@ class PerfRecord(Msg):
     ``prefix_unstable`` is true when the lease's chat template probe said the model's
     template does not keep a stable prefix (``TemplateProbe.stable_prefix`` False): the perf
     service then attributes a cache loss on it to cause ``template`` (issue 16).
+    ``tools_fingerprint`` is :func:`loki_shared.fingerprint.tools_fingerprint` of the
+    ``tools`` the request offered (``""``: none; None: the publisher does not say): a loss
+    after the conversation's tools changed is attributed to cause ``tools`` (issue 42).
     No message text ever goes here.
     """
 
@@ -47,6 +50,7 @@ class PerfRecord(Msg):
     fingerprints: list[str] = Field(default_factory=list)
     roles: list[str] = Field(default_factory=list)
     prefix_unstable: bool = False
+    tools_fingerprint: str | None = None
 
 
 class SummaryRequest(Msg):

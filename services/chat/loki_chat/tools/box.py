@@ -52,13 +52,15 @@ async def _no_emit(*args: Any, **kwargs: Any) -> None:
 @dataclass
 class CallContext:
     """The turn a call runs in: ``call_id`` (the tool call's id), ``conversation`` (its id),
-    ``stop`` (the turn's stop event) and ``emit`` (the turn host's display-event sink,
-    :meth:`loki_chat.actor.Actor.emit`)."""
+    ``stop`` (the turn's stop event), ``emit`` (the turn host's display-event sink,
+    :meth:`loki_chat.actor.Actor.emit`) and ``vision`` (the step's endpoint sees images: a
+    tool may then show some, :class:`ToolReturn`)."""
 
     call_id: str
     conversation: str
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     emit: Callable[..., Awaitable[Any]] = field(default=_no_emit)
+    vision: bool = False
 
 
 CallToolFn = Callable[[dict[str, Any], CallContext], Awaitable[str | ToolReturn]]
