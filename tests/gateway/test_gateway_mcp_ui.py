@@ -20,12 +20,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from loki_cli.stack import Stack, StackConfig
-from loki_shared import servers
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.mcp_server import SERVER
 
 from .a11y import assert_accessible, assert_targets
+from .conftest import whole_stack
 
 KEY = "mcp-ui-test-key"
 SECRET = "mcp-ui-test-secret-0123456789"
@@ -43,32 +42,8 @@ def api(tmp_path_factory) -> Iterator[httpx.Client]:
     # a stdio server of the person's file: listed read-only (but for On and the projects)
     entry = {"command": sys.executable, "args": [str(SERVER), "stdio"]}
     (home / "mcp.json").write_text(json.dumps({"servers": {"local": entry}}))
-    port = servers.free_port()
-    with FakeEngine() as engine:
-        stack = Stack(
-            StackConfig(
-                home=home,
-                web_port=port,
-                echo=False,
-                env={"LOKI_ENGINE_URL": engine.url, "LOKI_SECRET_KEY": SECRET, "LOKI_API_KEY": KEY},
-            ),
-            log=lambda line: None,
-        )
-        stack.start()
-        try:
-            stack.wait_engine_ready(timeout=180)
-            with httpx.Client(
-                base_url=f"http://127.0.0.1:{port}",
-                headers={"Authorization": f"Bearer {KEY}"},
-                timeout=120,
-            ) as client:
-                deadline = time.monotonic() + 60
-                while client.get("/api/projects").status_code != 200:  # memory routable
-                    assert time.monotonic() < deadline
-                    time.sleep(0.2)
-                yield client
-        finally:
-            stack.stop()
+    with FakeEngine() as engine, whole_stack(home, engine.url, KEY, SECRET, 120) as client:
+        yield client
 
 
 def _row(name: str) -> str:
@@ -170,9 +145,11 @@ def test_a_person_adds_tests_switches_and_deletes_an_mcp_server_in_the_ui(
         _check(page, "the edit form with an error", phone)
         page.click("#mcp-cancel")
 
-        # switch it off
-        row.locator(f"input[data-key='on:{name}']").click()
+        # switch it off by keyboard: the list is drawn again, the focus stays on the switch
+        row.locator(f"input[data-key='on:{name}']").focus()
+        page.keyboard.press("Space")
         page.wait_for_selector(f"{_row(name)}[data-state='off']", timeout=WAIT_MS)
+        assert page.evaluate("document.activeElement.dataset.key") == f"on:{name}"
         listed = {s["name"]: s for s in api.get("/api/mcp/servers").json()["servers"]}
         assert listed[name]["enabled"] is False and listed[name]["state"] == "off"
         assert listed[name]["header_names"] == ["Authorization", "X-Client"]
