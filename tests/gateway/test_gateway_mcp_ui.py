@@ -4,8 +4,9 @@ engine, behind an API key) and a real MCP server on Streamable HTTP on loopback
 (``tests/fakes/mcp_server.py``, guarded by a bearer token).
 
 The person adds the server in the UI with its token, sees its state ``up`` and the tools the
-model sees, tests it, meets the API's refusal of a bad URL inline, switches it off, turns it
-off for a project, and deletes it after Loki's own question; a server of
+model sees, tests it, replaces its headers by none (state ``down``, the reason shown, the
+last known tools kept) and types the token again, meets the API's refusal of a bad URL
+inline, switches it off, turns it off for a project, and deletes it after Loki's own question; a server of
 ``LOKI_HOME/mcp.json`` is shown read-only but for On and the projects. The token is never in
 the page nor in any API answer; axe-core finds no serious or critical violation; every
 control is thumb-sized on the phone. Screenshots under ``tests/artifacts/``."""
@@ -56,6 +57,15 @@ def _open_dialog(page, phone: bool) -> None:
         page.wait_for_function(DRAWER_OPEN)
     page.click("#mcp-btn")
     page.wait_for_selector("#mcp-dialog[open]")
+
+
+def _until_state(page, name: str, state: str) -> None:
+    """Refresh the list until the server's row says ``state``."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while page.get_attribute(_row(name), "data-state") != state:
+        assert time.monotonic() < deadline, page.inner_text(_row(name))
+        page.click("#mcp-refresh")
+        page.wait_for_timeout(500)
 
 
 def _check(page, where: str, phone: bool) -> None:
@@ -114,6 +124,7 @@ def test_a_person_adds_tests_switches_and_deletes_an_mcp_server_in_the_ui(
         page.fill("#mcp-header-rows .mcp-header-value", "loki-ui")
         assert page.get_attribute("#mcp-header-rows .mcp-header-value", "type") == "password"
         _check(page, "the add form", phone)
+        page.screenshot(path=str(ARTIFACTS / f"mcp-form-{width}x{viewport['height']}.png"))
         page.click("#mcp-save")
         page.wait_for_selector(f"{_row(name)}[data-state='up']", timeout=WAIT_MS)
         assert page.is_hidden("#mcp-form")
@@ -130,6 +141,26 @@ def test_a_person_adds_tests_switches_and_deletes_an_mcp_server_in_the_ui(
         page.wait_for_selector(f"{_row(name)} .mcp-test[data-ok='true']", timeout=WAIT_MS)
         assert "Connected in" in row.locator(".mcp-test").inner_text()
         assert "echo" in row.locator(".mcp-test").inner_text()
+
+        # the headers replaced by none: the server refuses Loki, the row says why, and the
+        # last known tools stay listed; then the token typed again: up
+        row.locator("button", has_text="Edit").click()
+        page.wait_for_selector("#mcp-form:not([hidden])")
+        page.check("#mcp-form [name=replace]")
+        page.click("#mcp-save")
+        page.wait_for_selector("#mcp-form", state="hidden")
+        assert "no header set" in row.inner_text()
+        _until_state(page, name, "down")
+        assert row.locator(".mcp-server-error").inner_text().strip()
+        assert f"{seen}__echo" in row.locator(".mcp-tool-list li").all_inner_texts()
+        page.screenshot(path=str(ARTIFACTS / f"mcp-down-{width}x{viewport['height']}.png"))
+        row.locator("button", has_text="Edit").click()
+        page.check("#mcp-form [name=replace]")
+        page.fill("#mcp-form [name=token]", TOKEN)
+        page.click("#mcp-save")
+        page.wait_for_selector("#mcp-form", state="hidden")
+        assert "headers set: Authorization" in row.inner_text()
+        _until_state(page, name, "up")
 
         # an edit the API refuses: its message inline, the form kept open
         row.locator("button", has_text="Edit").click()
@@ -152,7 +183,7 @@ def test_a_person_adds_tests_switches_and_deletes_an_mcp_server_in_the_ui(
         assert page.evaluate("document.activeElement.dataset.key") == f"on:{name}"
         listed = {s["name"]: s for s in api.get("/api/mcp/servers").json()["servers"]}
         assert listed[name]["enabled"] is False and listed[name]["state"] == "off"
-        assert listed[name]["header_names"] == ["Authorization", "X-Client"]
+        assert listed[name]["header_names"] == ["Authorization"]
 
         # off for one project (the projects come from /api/projects)
         row.locator(".mcp-projects summary").click()

@@ -321,6 +321,7 @@
     } catch (e) { formFail(e); status(""); return; }
     finally { $("mcp-save").disabled = false; }
     closeForm();
+    tests.delete(r.server.name); // a test of what it was before
     replace(r.server);
     status("Saved " + r.server.name + " (" + r.server.state + ")");
     render();
