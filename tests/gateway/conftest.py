@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -90,6 +91,36 @@ def launch_gateway(
         time.sleep(0.1)
     proc.stop()
     raise RuntimeError("gateway not healthy in 60 s:\n" + "\n".join(proc.tail))
+
+
+@contextmanager
+def whole_stack(
+    home: Path, engine_url: str, key: str, secret: str, timeout: float = 30
+) -> Iterator[httpx.Client]:
+    """The whole stack (``loki_cli.stack``: gateway, chat, memory, recall, supervisor, perf)
+    on the engine at ``engine_url``, behind the API key ``key``: yields a client with the key
+    (``timeout`` s a request) once the engine is ready and the memory service answers
+    ``/api/projects``; stopped on leaving."""
+    from loki_cli.stack import Stack, StackConfig
+
+    port = servers.free_port()
+    env = {"LOKI_ENGINE_URL": engine_url, "LOKI_SECRET_KEY": secret, "LOKI_API_KEY": key}
+    stack = Stack(StackConfig(home=home, web_port=port, echo=False, env=env), log=lambda line: None)
+    stack.start()
+    try:
+        stack.wait_engine_ready(timeout=180)
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=timeout,
+        ) as client:
+            deadline = time.monotonic() + 30
+            while client.get("/api/projects").status_code != 200:  # memory service routable
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            yield client
+    finally:
+        stack.stop()
 
 
 @pytest.fixture(scope="module")

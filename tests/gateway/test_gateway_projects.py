@@ -17,11 +17,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from loki_cli.stack import Stack, StackConfig
-from loki_shared import servers
 from tests.fakes.fake_engine import FakeEngine, text_reply
 
 from .a11y import assert_accessible, assert_targets
+from .conftest import whole_stack
 
 KEY = "projects-test-key"
 SECRET = "projects-test-secret-0123456789"
@@ -35,31 +34,9 @@ def engine() -> Iterator[FakeEngine]:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, engine: FakeEngine) -> Iterator[httpx.Client]:
-    port = servers.free_port()
-    stack = Stack(
-        StackConfig(
-            home=tmp_path_factory.mktemp("projects") / "home",
-            web_port=port,
-            echo=False,
-            env={"LOKI_ENGINE_URL": engine.url, "LOKI_SECRET_KEY": SECRET, "LOKI_API_KEY": KEY},
-        ),
-        log=lambda line: None,
-    )
-    stack.start()
-    try:
-        stack.wait_engine_ready(timeout=180)
-        with httpx.Client(
-            base_url=f"http://127.0.0.1:{port}",
-            headers={"Authorization": f"Bearer {KEY}"},
-            timeout=30,
-        ) as client:
-            deadline = time.monotonic() + 30
-            while client.get("/api/projects").status_code != 200:  # memory service routable
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
-            yield client
-    finally:
-        stack.stop()
+    home = tmp_path_factory.mktemp("projects") / "home"
+    with whole_stack(home, engine.url, KEY, SECRET) as client:
+        yield client
 
 
 def error_of(r: httpx.Response, status: int) -> dict:

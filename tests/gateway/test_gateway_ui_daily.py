@@ -5,7 +5,8 @@ against the gateway and the fake chat and supervisor peers:
    items are drawn as the view scrolls up, the view kept on what it showed;
 2. every conversation is reached by Tab and opened by Enter; axe-core finds no serious or
    critical violation in any view or dialog (the main view, the phone's drawer and menu, the
-   presets dialog and form, the tasks dialog, the ask dialog, the memory and key dialogs);
+   presets dialog and form, the tasks dialog, the tool servers dialog and form, the ask
+   dialog, the memory and key dialogs);
 3. every visible control is at least 44×44 px on the phone (24×24, WCAG's minimum, on the
    desktop);
 4. no browser pop-up: rename, delete (with Undo), reset and a preset's delete ask in Loki's
@@ -242,6 +243,7 @@ def test_conversations_by_keyboard_named_buttons_and_no_axe_violation(
     dialogs = [
         ("#presets-btn", "#presets-dialog", "#presets-close"),
         ("#tasks-btn", "#tasks-dialog", "#tasks-close"),
+        ("#mcp-btn", "#mcp-dialog", "#mcp-close"),
     ]
     for opener, dialog, closer in dialogs:
         _open_drawer(page)
@@ -255,9 +257,10 @@ def test_conversations_by_keyboard_named_buttons_and_no_axe_violation(
             page.click("#preset-new-external")
             assert_accessible(page, "the external preset form")
         else:
-            page.click("#task-new")
-            page.wait_for_selector("#task-form:not([hidden])")
-            assert_accessible(page, "the task form")
+            prefix = "task" if dialog == "#tasks-dialog" else "mcp"
+            page.click(f"#{prefix}-new")
+            page.wait_for_selector(f"#{prefix}-form:not([hidden])")
+            assert_accessible(page, f"the {prefix} form")
         page.click(closer)
     # the ask dialog (a rename)
     _open_drawer(page)
@@ -329,6 +332,7 @@ def test_every_control_is_thumb_sized_on_a_phone(page_at, gateway, peers, width,
     for opener, dialog, inner in [
         ("#presets-btn", "#presets-dialog", "#preset-new-local"),
         ("#tasks-btn", "#tasks-dialog", "#task-new"),
+        ("#mcp-btn", "#mcp-dialog", "#mcp-new"),
     ]:
         _open_drawer(page)
         page.click(opener)
