@@ -52,9 +52,10 @@ class McpServerSpec(_Strict):
 
 
 class McpServerPatch(_Strict):
-    """An edit: only the fields given change (``headers`` given replaces them all; absent,
-    the sealed ones stay: they are never sent back, so the UI cannot resend them). Of a
-    ``file`` server only ``enabled`` and ``projects_off`` can change (kept beside the file)."""
+    """An edit: only the fields given change (null is not given; ``headers`` given replaces
+    them all; absent, the sealed ones stay: they are never sent back, so the UI cannot resend
+    them). Of a ``file`` server only ``enabled`` and ``projects_off`` can change (kept beside
+    the file)."""
 
     url: str | None = Field(default=None, pattern=HTTP_URL, max_length=2000)
     headers: dict[str, str] | None = Field(default=None, max_length=32)

@@ -216,7 +216,7 @@ class Connection:
         except Exception as exc:
             if is_timeout(exc):
                 raise TimeoutError(str(exc)) from exc
-            if is_closed(exc) or not self.running:
+            if is_closed(exc) or not self.running:  # reconnected at the next retry
                 self.lost(describe(exc))
                 raise ServerGone(describe(exc)) from exc
             raise
@@ -239,10 +239,22 @@ def is_timeout(exc: BaseException) -> bool:
 
 
 def is_closed(exc: BaseException) -> bool:
-    """``exc`` says the connection ended."""
-    return _code(exc) == types.CONNECTION_CLOSED or isinstance(
-        exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream
-    )
+    """``exc`` says the connection ended: the SDK's "connection closed", an HTTP server that
+    forgot the session (restarted: "Session terminated"), or a failure of the transport itself
+    (a network error, a closed stream)."""
+    if isinstance(exc, _TRANSPORT_ERRORS):
+        return True
+    return _code(exc) == types.CONNECTION_CLOSED or "Session terminated" in str(exc)
+
+
+#: Failures of the transport itself (not an answer of the server).
+_TRANSPORT_ERRORS = (
+    OSError,
+    httpx2.TransportError,
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+)
 
 
 def describe(exc: BaseException) -> str:

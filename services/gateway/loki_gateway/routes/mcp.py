@@ -40,19 +40,16 @@ MCP_WAIT_S = 75.0
 ServerPath = Annotated[str, Path(pattern=SERVER_NAME, description="The server's name.")]
 
 
-async def _mcp(bus: Bus, **fields: Any) -> McpReply:
-    return await bus.request_ok(subjects.CHAT_MCP, McpRequest(**fields), McpReply, MCP_WAIT_S)
-
-
-def _one(reply: McpReply) -> dict[str, Any]:
-    return reply.servers[0].model_dump(mode="json") if reply.servers else {}
+async def _mcp(bus: Bus, **fields: Any) -> list[dict[str, Any]]:
+    """The servers the chat service's answer names, as JSON (raises its error)."""
+    reply = await bus.request_ok(subjects.CHAT_MCP, McpRequest(**fields), McpReply, MCP_WAIT_S)
+    return [s.model_dump(mode="json") for s in reply.servers]
 
 
 @router.get("/api/mcp/servers")
 async def mcp_list(bus: Bus = Depends(get_bus)) -> Any:
     """``{"servers": [McpServerView]}`` by name (``tools``: the names the model sees)."""
-    reply = await _mcp(bus, action="list")
-    return {"servers": [s.model_dump(mode="json") for s in reply.servers]}
+    return {"servers": await _mcp(bus, action="list")}
 
 
 @router.post("/api/mcp/servers", status_code=201)
@@ -60,13 +57,13 @@ async def mcp_add(body: McpServerSpec, bus: Bus = Depends(get_bus)) -> Any:
     """Add a Streamable HTTP server (``name``, ``url``, ``headers``, ``enabled``,
     ``projects_off``): 201 ``{"server": McpServerView}``, connected and listed when it
     answered in time."""
-    reply = await _mcp(bus, action="add", spec=body)
-    return JSONResponse({"server": _one(reply)}, status_code=201)
+    (server,) = await _mcp(bus, action="add", spec=body)
+    return JSONResponse({"server": server}, status_code=201)
 
 
 async def _edit(name: str, body: McpServerPatch, bus: Bus) -> Any:
-    reply = await _mcp(bus, action="update", name=name, patch=body)
-    return {"server": _one(reply)}
+    (server,) = await _mcp(bus, action="update", name=name, patch=body)
+    return {"server": server}
 
 
 @router.put("/api/mcp/servers/{name}")
@@ -86,14 +83,16 @@ async def mcp_patch(name: ServerPath, body: McpServerPatch, bus: Bus = Depends(g
 @router.delete("/api/mcp/servers/{name}")
 async def mcp_delete(name: ServerPath, bus: Bus = Depends(get_bus)) -> Any:
     """Delete an HTTP server and its last known tools (a file server: 400, edit the file)."""
-    await _mcp(bus, action="delete", name=name)
-    return {"ok": True, "deleted": name}
+    (gone,) = await _mcp(bus, action="delete", name=name)
+    return {"ok": True, "deleted": gone["name"]}
 
 
 @router.post("/api/mcp/servers/{name}/test")
 async def mcp_test(name: ServerPath, bus: Bus = Depends(get_bus)) -> Any:
     """Connect to the server now and list its tools: ``{"server": McpServerView, "test":
     {"ok", "tools", "error", "ms"}}`` (200 either way: ``ok`` says)."""
-    reply = await _mcp(bus, action="test", name=name)
+    reply = await bus.request_ok(
+        subjects.CHAT_MCP, McpRequest(action="test", name=name), McpReply, MCP_WAIT_S
+    )
     test = reply.test.model_dump(mode="json") if reply.test else None
-    return {"server": _one(reply), "test": test}
+    return {"server": reply.servers[0].model_dump(mode="json"), "test": test}
