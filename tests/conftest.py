@@ -235,8 +235,11 @@ def _unit(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order the units so the longest (:data:`FIRST`) are handed out first; the order of
-    tests inside a file is kept."""
+    """In a pytest-xdist worker, order the units so the longest (:data:`FIRST`) are handed
+    out first; the order of tests inside a file is kept. A run in one process keeps the
+    collection order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
 
     def rank(item: pytest.Item) -> int:
         path = item.nodeid.split("::", 1)[0]
