@@ -329,10 +329,31 @@ class Stack:
         except Exception:  # noqa: BLE001 - NATS down or not up yet: no answer
             return None
 
+    def services_answering(self, timeout: float = 2.0) -> bool:
+        """Whether every service this stack runs but the gateway (checked on ``/healthz``)
+        answers its health subject over NATS (``loki.health.<service>``): a service that is
+        still importing or connecting does not, and a request to it would find no responder."""
+        import asyncio
+
+        from loki_shared import health
+
+        names = [name for name in self.procs if name != "gateway"]
+
+        async def ask_all() -> bool:
+            for name in names:
+                try:
+                    await health.ask_nats(self.nats_url, name, None, timeout, self.nats_login())
+                except (health.NoResponder, RuntimeError):
+                    return False
+            return True
+
+        return asyncio.run(ask_all())
+
     def wait_engine(self, stopping: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
-        """Block until the supervisor reports the engine ``ready`` and return its info;
-        None when ``stopping()`` became true first. A failure that the supervisor retries
-        (a crash after a healthy start) is waited through; a final one is not.
+        """Block until the supervisor reports the engine ``ready`` and every service answers
+        (:meth:`services_answering`), and return the engine's info; None when ``stopping()``
+        became true first. A failure that the supervisor retries (a crash after a healthy
+        start) is waited through; a final one is not.
 
         Raises:
             StackError: the engine failed for good (the supervisor's reason), or a service
@@ -341,7 +362,7 @@ class Stack:
         while not stopping():
             self.check_starting()
             info = self.engine_info()
-            if info and info.get("state") == "ready":
+            if info and info.get("state") == "ready" and self.services_answering():
                 return info
             if info and info.get("state") == "failed" and info.get("retry_in_s") is None:
                 raise StackError(engine_failure(info))
