@@ -80,10 +80,30 @@ def start(root: Path, engine: FakeEngine) -> Procs:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         r = httpx.get(f"{procs.base}/api/engine", timeout=5)
-        if r.status_code == 200 and r.json()["state"] == "ready":
+        if r.status_code == 200 and r.json()["state"] == "ready" and answering(nats.url):
             return procs
         time.sleep(0.2)
-    raise AssertionError(f"engine never ready: {r.text}")
+    raise AssertionError(f"engine never ready or a service not answering: {r.text}")
+
+
+def answering(nats_url: str) -> bool:
+    """Whether every service but the gateway answers its health subject (one still
+    importing would leave a request without a responder)."""
+    import asyncio
+
+    from loki_shared import health
+
+    async def ask_all() -> bool:
+        for name, _ in SERVICES:
+            if name == "gateway":
+                continue
+            try:
+                await health.ask_nats(nats_url, name, None, 2.0)
+            except (health.NoResponder, RuntimeError):
+                return False
+        return True
+
+    return asyncio.run(ask_all())
 
 
 def turn(base: str, content: str, conversation: str | None = None) -> str:
