@@ -174,21 +174,9 @@ class ChatService:
         """Declare the subscribers on the broker (before it starts)."""
         self.handlers.register(self.broker)
 
-        serve(
-            self.broker,
-            subjects.CHAT_TASKS,
-            self.tasks_api.handle,
-            queue=subjects.QUEUE_CHAT,
-            max_workers=8,
-        )
-
-        serve(
-            self.broker,
-            subjects.CHAT_MCP,
-            self.mcp_api.handle,
-            queue=subjects.QUEUE_CHAT,
-            max_workers=4,
-        )
+        q = subjects.QUEUE_CHAT
+        serve(self.broker, subjects.CHAT_TASKS, self.tasks_api.handle, queue=q, max_workers=8)
+        serve(self.broker, subjects.CHAT_MCP, self.mcp_api.handle, queue=q, max_workers=4)
 
         @self.broker.subscriber(subjects.ENGINE_STATE)  # every instance: no queue group
         async def on_engine_state(msg: EngineState) -> None:
