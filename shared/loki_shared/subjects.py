@@ -15,7 +15,19 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from .messages import chat, engine, events, mcp, memory, perf, projects, recall, tasks
+from .messages import (
+    chat,
+    code,
+    engine,
+    events,
+    mcp,
+    memory,
+    perf,
+    projects,
+    recall,
+    tasks,
+    workspace,
+)
 
 PREFIX = "loki"
 
@@ -62,6 +74,8 @@ CHAT_CONVERSATIONS = _exchange(
 CHAT_TASKS = _exchange("loki.chat.tasks", tasks.TasksRequest, tasks.TasksReply)
 # the person's MCP servers (list, add, update, delete, test)
 CHAT_MCP = _exchange("loki.chat.mcp", mcp.McpRequest, mcp.McpReply)
+# a conversation's code mode and acceptance criteria (get, mode, criteria, check)
+CHAT_CODE = _exchange("loki.chat.code", code.CodeRequest, code.CodeReply)
 CHAT_EVENTS_PREFIX = "loki.chat.events"  # + ".<conversation>": ChatEvent, live display events
 CHAT_EVENTS_ALL = "loki.chat.events.*"
 CHAT_INSTANCE_PREFIX = "loki.chat.instance"  # + ".<instance>": ForwardRequest -> reply (owner)
@@ -99,6 +113,26 @@ RECALL_TOOL = _exchange("loki.recall.tool", recall.ToolRequest, recall.ToolReply
 RECALL_BLOCK = _exchange("loki.recall.block", recall.BlockRequest, recall.BlockReply)
 RECALL_BLOCKS = _exchange("loki.recall.blocks", recall.BlocksRequest, recall.BlocksReply)
 RECALL_PURGE = _exchange("loki.recall.purge", recall.PurgeRequest, recall.PurgeReply)
+
+# --- workspace service: each project's workspace and its sandbox (queue group QUEUE_WORKSPACE)
+QUEUE_WORKSPACE = "workspace"
+WORKSPACE_CREATE = _exchange(
+    "loki.workspace.create", workspace.CreateRequest, workspace.WorkspaceReply
+)
+WORKSPACE_INFO = _exchange("loki.workspace.info", workspace.InfoRequest, workspace.WorkspaceReply)
+# list, glob, grep
+WORKSPACE_FILES = _exchange("loki.workspace.files", workspace.FilesRequest, workspace.FilesReply)
+WORKSPACE_READ = _exchange("loki.workspace.read", workspace.ReadRequest, workspace.ReadReply)
+# write, edit
+WORKSPACE_WRITE = _exchange("loki.workspace.write", workspace.WriteRequest, workspace.WriteReply)
+# a command in the sandbox
+WORKSPACE_RUN = _exchange("loki.workspace.run", workspace.RunRequest, workspace.RunReply)
+# status, diff, commit, log (in the sandbox)
+WORKSPACE_GIT = _exchange("loki.workspace.git", workspace.GitRequest, workspace.RunReply)
+# an HTML file rendered by headless chromium in the sandbox
+WORKSPACE_PREVIEW = _exchange(
+    "loki.workspace.preview", workspace.PreviewRequest, workspace.PreviewReply
+)
 
 # --- memory key (the gateway hands the user's memory key to the services) ------------------
 # broadcast when the key is set or cleared
