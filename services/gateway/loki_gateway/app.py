@@ -35,6 +35,8 @@ from .memory_state import MemoryState
 from .routes import (
     attachments,
     chat,
+    code,
+    code_colours,
     engine,
     engine_measure,
     mcp,
@@ -45,6 +47,7 @@ from .routes import (
     recall,
     tasks,
     v1,
+    workspace,
 )
 from .settings import Settings
 
@@ -65,6 +68,9 @@ ROUTERS: dict[str, APIRouter] = {
     "perf": perf.router,
     "tasks": tasks.router,
     "mcp": mcp.router,
+    "code": code.router,
+    "workspace": workspace.router,
+    "code_colours": code_colours.router,
     "v1": v1.router,
 }
 
