@@ -154,6 +154,14 @@ _CHAT_REQUESTS = (
     subjects.CHAT_CONVERSATIONS,
     subjects.CHAT_TASKS,
     subjects.CHAT_MCP,
+    subjects.CHAT_CODE,
+)
+#: The Code panel's workspace requests (issue 43): the gateway asks the workspace service.
+_WORKSPACE_GATEWAY = (
+    subjects.WORKSPACE_CREATE,
+    subjects.WORKSPACE_INFO,
+    subjects.WORKSPACE_FILES,
+    subjects.WORKSPACE_READ,
 )
 _ENGINE_REQUESTS = (
     subjects.ENGINE_INFO,
@@ -228,6 +236,7 @@ USERS: tuple[Grant, ...] = (
             subjects.RECALL_BLOCKS,
             subjects.RECALL_PURGE,
             *_PROJECTS_REQUESTS,
+            *_WORKSPACE_GATEWAY,
             subjects.PERF_SUMMARY,
             subjects.PERF_LOSSES,
             subjects.MEMORY_KEY,
