@@ -2,8 +2,8 @@
 for the gateway's code-mode tests, on the fake peers' NATS connection and event loop
 (:class:`tests.fakes.gateway_peers.FakePeers`), so they follow its conversations.
 
-- ``loki.chat.code``: a :class:`CodeState` per conversation (``project`` from
-  :attr:`CodePeers.projects`, else :attr:`CodePeers.default_project`); ``mode`` switches and
+- ``loki.chat.code``: a :class:`CodeState` per conversation (in code mode only, ``project``
+  from :attr:`CodePeers.projects`, else :attr:`CodePeers.default_project`); ``mode`` switches and
   appends the display event ``mode_changed`` to the conversation's log, as the chat service
   says it does; ``criteria`` replaces them (``c1``, ``c2``... all pending) and emits the
   display event ``criteria``; ``check`` marks each one ``met`` when its command is in
@@ -94,11 +94,20 @@ class CodePeers:
 
     # -- loki.chat.code -------------------------------------------------------------------
     def state(self, conversation: str) -> CodeState:
-        """The conversation's state (made on first use)."""
-        if conversation not in self.states:
-            project = self.projects.get(conversation, self.default_project)
-            self.states[conversation] = CodeState(project=project)
-        return self.states[conversation]
+        """The conversation's state (made on first use: chat mode, no project)."""
+        return self.states.setdefault(conversation, CodeState())
+
+    def project_of(self, conversation: str) -> str | None:
+        """The project whose workspace the conversation works in once in code mode."""
+        return self.projects.get(conversation, self.default_project)
+
+    def code_mode(self, conversation: str, project: str | None = None) -> CodeState:
+        """Put the conversation in code mode at once (no event), in ``project``."""
+        st = self.state(conversation)
+        if project is not None:
+            self.projects[conversation] = project
+        st.mode, st.project = "code", self.project_of(conversation)
+        return st
 
     async def _code(self, req: CodeRequest) -> CodeReply:
         cid = req.conversation
@@ -108,8 +117,12 @@ class CodePeers:
         if req.action == "mode" and req.mode and req.mode != st.mode:
             if cid in self.busy:
                 return CodeReply(error=_error("busy", "a turn is running: switch when it ends"))
-            st.mode = req.mode
-            await self.peers.emit(cid, {}, loki={"event": "mode_changed", "mode": req.mode})
+            # as the chat service: the project is the conversation's own, in code mode only
+            st.mode, st.project = req.mode, self.project_of(cid) if req.mode == "code" else None
+            meta = {"event": "mode_changed", "mode": req.mode}
+            if st.project:
+                meta["project"] = st.project
+            await self.peers.emit(cid, {}, loki=meta)
         elif req.action == "criteria":
             st.criteria = [
                 Criterion(id=f"c{i}", text=spec.text, command=spec.command)

@@ -15,8 +15,8 @@
 from __future__ import annotations
 
 import re
-from html import unescape
 from collections.abc import Iterator
+from html import unescape
 from typing import Any
 
 import httpx
@@ -59,10 +59,11 @@ def test_the_mode_is_read_and_switched_and_the_switch_is_told_in_the_thread(api,
     cid = peers.new_conv("mode").info.id
     r = api.get("/api/chat/mode", params={"conversation": cid})
     assert r.status_code == 200, r.text
-    assert r.json() == {"mode": "chat", "project": "demo", "criteria": [], "rounds": 0}
+    assert r.json() == {"mode": "chat", "project": None, "criteria": [], "rounds": 0}
     r = api.post("/api/chat/mode", json={"conversation": cid, "mode": "code"})
-    assert r.status_code == 200 and r.json()["mode"] == "code", r.text
-    assert last_event(peers, cid) == {"event": "mode_changed", "mode": "code"}
+    assert r.status_code == 200, r.text
+    assert r.json()["mode"] == "code" and r.json()["project"] == "demo"
+    assert last_event(peers, cid) == {"event": "mode_changed", "mode": "code", "project": "demo"}
     assert api.get("/api/chat/mode", params={"conversation": cid}).json()["mode"] == "code"
     code.busy.add(cid)
     err = error_of(api.post("/api/chat/mode", json={"conversation": cid, "mode": "chat"}), 409)
@@ -167,7 +168,7 @@ def tree(peers, code, tmp_path_factory) -> str:
     """A conversation of project ``tree`` whose workspace holds a small package, a .git, a
     binary image, a long file, a hostile HTML file and a symlink out of the workspace."""
     cid = peers.new_conv("tree").info.id
-    code.projects[cid] = "tree"
+    code.code_mode(cid, "tree")
     ws = code.workspace("tree")
     (ws / "src" / "pkg").mkdir(parents=True)
     (ws / ".git" / "objects").mkdir(parents=True)
@@ -244,7 +245,7 @@ def test_binary_long_and_wide_files(api, tree):
     assert view["last_line"] == 1 and view["text"].endswith("x\n") and view["note"]
 
 
-def test_paths_outside_the_workspace_and_conversations_without_a_project(api, peers, code, tree):
+def test_paths_outside_the_workspace_and_conversations_not_in_code_mode(api, peers, code, tree):
     for bad in ("../secret.txt", "/etc/passwd", "src/../../x", ".git/config", ".git"):
         err = error_of(
             api.get("/api/chat/files/content", params={"conversation": tree, "path": bad}), 400
@@ -262,10 +263,9 @@ def test_paths_outside_the_workspace_and_conversations_without_a_project(api, pe
     )
     error_of(api.get("/api/chat/files", params={"conversation": "nope"}), 404)
     error_of(api.get("/api/chat/files", params={"conversation": tree, "depth": 0}), 400)
-    lone = peers.new_conv("no project").info.id
-    code.projects[lone] = None
+    lone = peers.new_conv("chat mode").info.id  # not in code mode: no workspace
     err = error_of(api.get("/api/chat/files", params={"conversation": lone}), 409)
-    assert "project" in err["message"]
+    assert "code mode" in err["message"]
     # nothing was asked of the workspace service for the refused paths
     asked = [r.path for s, r in code.seen if s == "loki.workspace.read"]
     assert not any(".." in p or p.startswith("/") or ".git" in p for p in asked), asked

@@ -21,7 +21,7 @@ workspace service (``loki.workspace.*``, :mod:`loki_shared.messages.workspace`) 
 reading and refuses any path outside the workspace. The gateway refuses before asking an
 absolute path, a ``..`` part and a ``.git`` part (400, ``param`` ``path``). Errors are
 OpenAI-shaped: 400 bad input, 403 a path outside the workspace, 404 no such conversation,
-workspace or file, 409 a workspace that exists already or a conversation without a project,
+workspace or file, 409 a workspace that exists already or a conversation not in code mode,
 503 a service that does not answer.
 """
 
@@ -102,7 +102,8 @@ async def project_of(bus: Bus, conversation: str) -> str:
 
     Raises:
         NotFound: no such conversation (the chat service's answer).
-        Conflict: the conversation belongs to no project, so it has no workspace.
+        Conflict: the conversation has no workspace (not in code mode: its
+            ``CodeState.project`` is None).
     """
     reply = await bus.request_ok(
         subjects.CHAT_CODE,
@@ -114,8 +115,7 @@ async def project_of(bus: Bus, conversation: str) -> str:
         raise UpstreamError("the chat service answered loki.chat.code without a state")
     if not reply.state.project:
         raise Conflict(
-            "this conversation belongs to no project, so it has no workspace: "
-            "start it in a project to see its files"
+            "this conversation has no workspace: switch it to code mode to see its project's files"
         )
     return reply.state.project
 
