@@ -27,6 +27,9 @@ from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, Lease
 from loki_shared.messages.perf import PerfRecord
 
 from .bus import ChatBus
+from .code.check import check_all
+from .code.rules import criteria_event, workspace_of
+from .code.workspace import WorkspaceClient
 from .context import ContextPolicy
 from .conversation import Conversation
 from .engine import EngineClient
@@ -41,8 +44,10 @@ from .settings import Settings
 from .store import Store
 from .tasks.store import TaskStore
 from .tokens import TokenCounts
-from .tools import ToolBox
+from .tools import ToolBox, ToolSpec
+from .tools.code import CodeTarget, code_tools
 from .turn import TurnRunner
+from .verify import Verdict, run_verify
 
 log = logging.getLogger("loki.chat.service")
 
@@ -80,6 +85,8 @@ class Shared:
     slot_owner: PrewarmJob | None = None
     #: the person's MCP servers (None: none, the built-in tools alone)
     mcp: McpManager | None = None
+    #: the workspace service (code mode's tools and criteria; None: no code tools)
+    workspace: WorkspaceClient | None = None
 
 
 class Actor:
@@ -115,16 +122,83 @@ class Actor:
         #: the MCP tools this conversation was last offered (name -> schema digest; None:
         #: not yet looked at by this owner): a change is told once, ``tools_changed``
         self.mcp_seen: dict[str, str] | None = None
+        self._code_specs: list[ToolSpec] | None = None  # built at the first use
 
     @property
     def toolbox(self) -> ToolBox:
         """The tools this conversation is offered: the instance's built-ins, then the MCP
         tools its project allows (:meth:`loki_chat.mcp.McpManager.box`; a task's run gets its
-        project's)."""
+        project's), then, in code mode, the code tools in their fixed order
+        (:func:`loki_chat.tools.code.code_tools`)."""
         mcp = self.shared.mcp
-        if mcp is None:
-            return self.shared.toolbox
-        return mcp.box(self.shared.toolbox, self.conv.project)
+        base = self.shared.toolbox
+        if mcp is not None:
+            base = mcp.box(base, self.conv.project)
+        if self.conv.code.mode != "code" or self.shared.workspace is None:
+            return base
+        if self._code_specs is None:
+            self._code_specs = code_tools(self.code_target(self.shared.workspace))
+        return ToolBox([*base.specs.values(), *self._code_specs])
+
+    # -- code mode ------------------------------------------------------------------------
+    @property
+    def workspace_project(self) -> str:
+        """The project whose workspace this conversation works in."""
+        return workspace_of(self.conv.code, self.conv.project)
+
+    def code_target(self, workspace: WorkspaceClient) -> CodeTarget:
+        """What the code tools act on: this conversation's workspace and code state."""
+        return CodeTarget(
+            workspace=workspace,
+            project=lambda: self.workspace_project,
+            state=lambda: self.conv.code,
+            changed=self.criteria_changed,
+            check=lambda stop: self.check_criteria(stop),
+            run_timeout_s=self.settings.code_run_timeout_s,
+            result_max=self.settings.tool_result_max,
+        )
+
+    async def criteria_changed(self) -> None:
+        """The criteria changed or were checked: the ``criteria`` display event, then the
+        conversation written."""
+        await self.emit({}, loki=criteria_event(self.conv.code))
+        await self.persist()
+
+    async def check_criteria(self, stop: asyncio.Event, answer: str = "") -> bool:
+        """Check every criterion now (:func:`loki_chat.code.check.check_all`; the verifier
+        judges those without a command, under a ``verify`` lease), then tell and keep the
+        result (:meth:`criteria_changed`). False when a stop ended the check (what was
+        checked is kept)."""
+        workspace = self.shared.workspace
+        if workspace is None:
+            return True
+
+        async def judge(prompt: str, message: str) -> Verdict | None:
+            outcome = await run_verify(
+                settings=self.settings,
+                engine=self.engine,
+                lease=lambda: self.lease("verify"),
+                conversation=self.conv.id,
+                request="",
+                answer="",
+                stop=stop,
+                publish_perf=self.publish_perf,
+                prompt=prompt,
+                message=message,
+            )
+            return None if outcome.stopped else outcome.verdict
+
+        outcome = await check_all(
+            self.conv.code,
+            workspace=workspace,
+            project=self.workspace_project,
+            judge=judge,
+            answer=answer,
+            stop=stop,
+            timeout_s=self.settings.code_check_timeout_s,
+        )
+        await self.criteria_changed()
+        return not outcome.stopped
 
     async def tools_ready(self) -> None:
         """Before a turn: the MCP configuration read again (:meth:`McpManager.refresh`), and

@@ -14,8 +14,10 @@ from typing import Any
 
 from loki_shared.chat_log import coalesce, history_page
 from loki_shared.messages.chat import ChatEvent, ChatMessage, ConversationKind
+from loki_shared.messages.code import CodeState
 from loki_shared.messages.recall import DEFAULT_PROJECT
 
+from .code.rules import is_default
 from .images import PendingItem
 from .meter import ContextMeter
 from .project.snapshot import ProjSnap
@@ -68,6 +70,8 @@ class Conversation:
         project: the project the conversation belongs to (the one active at creation).
         proj_snap: PROJ_SNAPSHOT's dated copy of the project block (None: none taken).
             Both are written to the blob only when set (omitempty).
+        code: the conversation's code mode and acceptance criteria (issue 43); written to
+            the blob only when not the default (chat mode, no criteria).
     """
 
     id: str
@@ -83,6 +87,7 @@ class Conversation:
     kind: ConversationKind = "main"
     project: str = DEFAULT_PROJECT
     proj_snap: ProjSnap | None = None
+    code: CodeState = field(default_factory=CodeState)
     #: the last seq of the display log that :meth:`compact_log` has merged (stored in the head)
     log_compacted: int = 0
     persisted: Persisted = field(default_factory=Persisted, compare=False, repr=False)
@@ -187,6 +192,8 @@ class Conversation:
             head["project"] = self.project
         if self.proj_snap is not None:
             head["proj_snap"] = self.proj_snap.to_dict()
+        if not is_default(self.code):
+            head["code"] = self.code.model_dump()
         return head
 
     def to_blob(self) -> dict[str, Any]:
@@ -216,6 +223,7 @@ class Conversation:
             project=data.get("project") or DEFAULT_PROJECT,
             proj_snap=ProjSnap.from_dict(data["proj_snap"]) if data.get("proj_snap") else None,
             log_compacted=int(data.get("log_compacted", 0)),
+            code=CodeState.model_validate(data["code"]) if data.get("code") else CodeState(),
         )
 
     def info(self) -> dict[str, Any]:

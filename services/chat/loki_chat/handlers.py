@@ -1,7 +1,8 @@
 """The chat service's request handlers, one per subject, and their error mapping.
 
 Subjects served (queue group ``chat``): ``loki.chat.send``, ``loki.chat.control``,
-``loki.chat.state``, ``loki.chat.replay``, ``loki.chat.conversations``; plus this instance's
+``loki.chat.state``, ``loki.chat.replay``, ``loki.chat.conversations``, ``loki.chat.code``
+(:mod:`loki_chat.code.api`); plus this instance's
 own ``loki.chat.instance.<id>`` where other instances forward requests for conversations it
 owns (:mod:`loki_chat.ownership`). What a handler raises (a :class:`~loki_chat.errors.ChatError`
 or another :class:`loki_shared.errors.LokiError`) is answered as the reply's ``error`` by the
@@ -35,10 +36,12 @@ from loki_shared.messages.chat import (
     StateReply,
     StateRequest,
 )
+from loki_shared.messages.code import CodeReply, CodeRequest
 from loki_shared.messages.recall import DEFAULT_PROJECT, PurgeReply, PurgeRequest
 from loki_shared.serve import serve
 
 from .actor import Actor, Shared
+from .code import api as code_api
 from .context import ContextView
 from .conversation import Conversation
 from .images import unpack
@@ -75,6 +78,7 @@ ROUTES = (
     Route("state", subjects.CHAT_STATE, 16),
     Route("replay", subjects.CHAT_REPLAY, 16),
     Route("conversations", subjects.CHAT_CONVERSATIONS, 16),
+    Route("code", subjects.CHAT_CODE, 16),
 )
 ROUTES_BY_OP = {route.op: route for route in ROUTES}
 
@@ -212,6 +216,17 @@ class ChatHandlers:
 
         return await self.ownership.owned(
             req.conversation, "control", req, ControlReply, local, forwarded=forwarded
+        )
+
+    async def code(self, req: CodeRequest, forwarded: bool = False) -> CodeReply:
+        """A conversation's code mode and criteria (:func:`loki_chat.code.api.handle`), in
+        its owner."""
+
+        async def local(actor: Actor) -> CodeReply:
+            return await code_api.handle(actor, req)
+
+        return await self.ownership.owned(
+            req.conversation, "code", req, CodeReply, local, forwarded=forwarded
         )
 
     async def state(self, req: StateRequest, forwarded: bool = False) -> StateReply:

@@ -91,7 +91,9 @@ async def keep_partial(run: TurnRunner, *, stopped: bool = False, error: str | N
 
 def turn_end_meta(run: TurnRunner, finish: str) -> dict[str, Any]:
     """The ``loki`` fields of the turn end event: ``steps``, ``stopped``, ``error``,
-    ``cut_at`` (cut at the request's cap), ``prefix_unstable``, ``ctx_used``."""
+    ``cut_at`` (cut at the request's cap), ``prefix_unstable``, ``criteria_failed`` and
+    ``criteria_unchecked`` (code mode: the ids still failing, or not checked, at the end),
+    ``ctx_used``."""
     outcome = run.outcome
     meta: dict[str, Any] = {"event": "turn_end", "steps": outcome.steps}
     if outcome.stopped:
@@ -104,5 +106,9 @@ def turn_end_meta(run: TurnRunner, finish: str) -> dict[str, Any]:
             meta["cut_at"] = run.max_tokens_sent  # cut at the cap (not by the window)
     if step_rules.prefix_unstable(run.template):
         meta["prefix_unstable"] = True  # the UI's prefill badge says why the cache is lost
+    if run.criteria_failed:  # code mode: still failing after the corrective rounds
+        meta["criteria_failed"] = list(run.criteria_failed)
+    if run.criteria_unchecked:
+        meta["criteria_unchecked"] = list(run.criteria_unchecked)
     meta["ctx_used"] = run.conv.meter.used(run.settings.system_prompt, run.conv.messages)
     return meta

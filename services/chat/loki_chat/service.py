@@ -30,6 +30,7 @@ from loki_shared.serve import serve
 
 from .actor import Actor, Shared
 from .bus import ChatBus
+from .code.workspace import WorkspaceClient
 from .compaction import CompactionDeps, CompactionPolicy
 from .context import ContextPolicy
 from .engine import EngineClient
@@ -120,6 +121,9 @@ class ChatService:
             Registry(store.r, store.sealer), settings.home, settings.mcp_timeout_s
         )
         self.shared.mcp = self.mcp
+        #: the workspace service (code mode: :mod:`loki_chat.code`)
+        self.shared.workspace = WorkspaceClient(self.bus.request, settings.workspace_timeout_s)
+        self.shared.project.agents = self.shared.workspace.agents_md
         self.mcp_api = McpApi(self.mcp)
         self.tasks = TaskStore(store.r, store.sealer)
         self.shared.tasks = self.tasks
@@ -134,6 +138,7 @@ class ChatService:
         self.state = self.handlers.state
         self.replay = self.handlers.replay
         self.conversations = self.handlers.conversations
+        self.code = self.handlers.code
 
     async def _locate_engine(self) -> Engine | None:
         """The local engine that counts tokens (``loki.engine.info``; None when external,

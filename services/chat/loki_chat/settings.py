@@ -97,6 +97,15 @@ class Settings(LokiSettings):
     - ``LOKI_MCP_TIMEOUT_S`` — bound of connecting to an MCP server and listing its tools, and
       of each MCP tool call (30 s; past it the call's result says it timed out;
       :mod:`loki_chat.mcp`).
+    - ``LOKI_WORKSPACE_TIMEOUT_S`` — bound of a file operation of the workspace service
+      (code mode's tools; 30 s; past it the tool's result says the service did not answer).
+    - ``LOKI_CODE_RUN_TIMEOUT_S`` — a ``run`` command's time limit when the model names none
+      (120 s; the workspace service caps it).
+    - ``LOKI_CODE_CHECK_TIMEOUT_S`` — a criterion command's time limit (300 s).
+    - ``LOKI_CODE_VERIFY_ROUNDS`` — corrective rounds the verification loop sends in one turn
+      of code mode when criteria fail (2; 0: checked and shown, never corrected).
+    - ``LOKI_CODE_ROUND_STEPS`` — completion steps a corrective round may take beyond the
+      step budget when the budget is spent (6).
     """
 
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -136,3 +145,8 @@ class Settings(LokiSettings):
     memory_timeout_s: float = Field(default=5.0, gt=0)
     memory_active_wait_s: float = Field(default=0.5, gt=0)
     mcp_timeout_s: float = Field(default=30.0, gt=0)
+    workspace_timeout_s: float = Field(default=30.0, gt=0)
+    code_run_timeout_s: float = Field(default=120.0, gt=0)
+    code_check_timeout_s: float = Field(default=300.0, gt=0)
+    code_verify_rounds: int = Field(default=2, ge=0)
+    code_round_steps: int = Field(default=6, ge=1)

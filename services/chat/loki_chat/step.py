@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from loki_shared.messages.engine import Lease
 
 from . import step_rules
+from .code import rules as code_rules
 from .compaction import layout
 from .engine import StepResult
 from .request import build_payload, encode, wire_messages
@@ -78,7 +79,9 @@ async def prepare(run: TurnRunner, lease: Lease) -> StepRequest:
     echo_model = lease.model if run.echo_reasoning() and run.plan.echo else None
     tail_first = layout.for_lease(settings.compact_tail_reuse, lease)
     tools = run.offered_tools()
-    system = project.system_prompt(settings.system_prompt)
+    system = code_rules.system_prompt(
+        project.system_prompt(settings.system_prompt), run.conv.code, run.conv.project
+    )
     configured = run.host.toolbox.schemas()
     head = project.head(run.conv, system, configured, f"{lease.base_url}|{lease.model}")
     run.sent_system, run.sent_head = system, head

@@ -107,6 +107,10 @@ class SubagentHost:
     def prewarm(self, job: PrewarmJob) -> None:
         """Nothing: a sub-agent never compacts, and its run ends with its answer."""
 
+    async def check_criteria(self, stop: asyncio.Event, answer: str = "") -> bool:
+        """A sub-agent has no criteria (its turns are never checked)."""
+        return True
+
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None:
         """Nothing: the main turn tells the user."""
 

@@ -50,6 +50,8 @@ from loki_shared.messages.engine import Lease, TemplateProbe
 from loki_shared.messages.perf import PerfRecord
 
 from . import calls, refusal, reminders, replies, step, step_rules, turn_images, turn_verify
+from .code import loop as code_loop
+from .code import rules as code_rules
 from .context import ContextPolicy, ContextView, OverflowInfo, Trigger
 from .conversation import Conversation
 from .engine import EngineClient, StepResult
@@ -88,6 +90,7 @@ class TurnHost(Protocol):
     async def keep_images(self, images: list[ImageAttachment]) -> None: ...
     async def shelf_images(self) -> dict[str, ImageAttachment]: ...
     def prewarm(self, job: PrewarmJob) -> object: ...
+    async def check_criteria(self, stop: asyncio.Event, answer: str = "") -> bool: ...
 
     @property
     def project(self) -> ProjectHead: ...
@@ -143,6 +146,9 @@ class TurnRunner:
     budget_extra: int = 0  # steps granted beyond the budget (the corrective step)
     continued: bool = False  # this turn is a Continue (never verified)
     kept: KeptImages | None = None  # KEEP_TURN_IMAGES' side of this turn (None: key off)
+    code_rounds: int = 0  # corrective rounds the criteria sent in this turn (code mode)
+    criteria_failed: list[str] = field(default_factory=list)  # after the last check
+    criteria_unchecked: list[str] = field(default_factory=list)  # after the last check
 
     @property
     def conv(self) -> Conversation:
@@ -318,7 +324,7 @@ class TurnRunner:
                 replies.accept_message(self, ChatMessage(role="assistant", content=content))
             self.outcome.finish_reason = acc.finish_reason or "stop"
             await self.host.persist()
-            return self.verify if self.should_verify() else self.finish
+            return self.after_answer()
         if resume:  # nothing more to say: the reply was whole
             self.outcome.finish_reason = acc.finish_reason or "stop"
             return self.finish
@@ -346,6 +352,23 @@ class TurnRunner:
     async def verify(self) -> State:
         """The verifier and its corrective step (:func:`.turn_verify.verify`)."""
         return await turn_verify.verify(self)
+
+    async def criteria(self) -> State:
+        """Code mode's verification loop (:func:`.code.loop.verify_criteria`)."""
+        return await code_loop.verify_criteria(self)
+
+    def after_answer(self) -> State:
+        """After a final text answer: code mode's criteria check when it applies
+        (:func:`.code.rules.should_check`), else the verifier when it applies, else the
+        end."""
+        if code_rules.should_check(
+            self.conv.code,
+            kind=self.kind,
+            continued=self.continued,
+            finish_reason=self.outcome.finish_reason,
+        ):
+            return self.criteria
+        return self.verify if self.should_verify() else self.finish
 
     async def finish(self) -> None:
         conv = self.conv

@@ -135,13 +135,16 @@ async def run_verify(
     answer: str,
     stop: asyncio.Event,
     publish_perf: Callable[[PerfRecord], None],
+    prompt: str = VERIFY_PROMPT,
+    message: str | None = None,
 ) -> VerifyOutcome:
     """Run one verification of ``answer`` against ``request`` under a ``verify`` lease
     (``lease()``), for ``conversation`` (its id: perf names what intercalated). Never
-    raises for engine or lease trouble: that verdict is a pass (logged)."""
-    wire = wire_messages(
-        VERIFY_PROMPT, [ChatMessage(role="user", content=verify_message(request, answer))]
-    )
+    raises for engine or lease trouble: that verdict is a pass (logged). ``prompt`` and
+    ``message`` replace the verifier's system prompt and user message (code mode's
+    criteria, :mod:`loki_chat.code.check`)."""
+    user = message if message is not None else verify_message(request, answer)
+    wire = wire_messages(prompt, [ChatMessage(role="user", content=user)])
     try:
         async with lease() as held:
             payload = build_payload(settings, held.lease, wire, None)

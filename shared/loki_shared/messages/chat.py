@@ -26,9 +26,10 @@ class ToolCall(Msg):
 
 #: ``loki.injected`` values of the reminders Loki injects in a turn (the canonical list):
 #: ``budget`` (last step), ``act`` (reasoning only), ``verify`` (the verifier's corrective
-#: round). One left unanswered is removed before the conversation is persisted (the turn's
-#: end, a takeover after a crash); compaction never starts a tail on one.
-REMINDER_KINDS = ("budget", "act", "verify")
+#: round), ``criteria`` (code mode's corrective round, issue 43). One left unanswered is
+#: removed before the conversation is persisted (the turn's end, a takeover after a crash);
+#: compaction never starts a tail on one.
+REMINDER_KINDS = ("budget", "act", "verify", "criteria")
 
 
 class LokiMeta(Msg):

@@ -18,7 +18,8 @@ together (tests named in docs/behaviour.md (compaction)):
   tail has no user request), then the tail; with ``COMPACT_TAIL_REUSE`` the summary is
   marked to be sent after the tail (:mod:`.layout`; stored order unchanged), and a failed
   summary's place is taken by an index of the archived torso (:mod:`.digest`) instead of the
-  stripped torso before the tail;
+  stripped torso before the tail; in code mode with criteria, the summary message also
+  carries the criteria's state as last checked (:func:`with_criteria`);
 - a summary that fails is remembered by its torso's fingerprint (:mod:`.failures`): the
   same summary is never asked again, and the refusal hold-off applies; when the fallback
   leaves the context above the threshold (or strips nothing), or the summary would repeat
@@ -57,6 +58,7 @@ from loki_shared.messages.chat import ChatMessage
 from loki_shared.messages.engine import Lease
 
 from ..bus import ChatBus
+from ..code.rules import summary_part
 from ..context import ContextView
 from ..kept_images import drop_kept
 from ..leases import EngineLeases
@@ -67,7 +69,7 @@ from .events import CompactionEvents
 from .failures import torso_fingerprint
 from .fallback import FallbackPath
 from .health import SummaryHealth
-from .rules import big_parts, budget_tokens
+from .rules import SUMMARY_KIND, big_parts, budget_tokens
 from .shrink import shrink
 from .slot_watch import SlotWatch
 from .state import ConvState
@@ -75,6 +77,20 @@ from .summary_client import SummaryClient, SummaryOutcome
 from .summary_path import SummaryPath
 
 log = logging.getLogger("loki.chat.compaction")
+
+
+def with_criteria(new: list[ChatMessage], part: str) -> None:
+    """Code mode: the criteria's state (``part``, :func:`loki_chat.code.rules.summary_part`)
+    appended to the summary message of ``new`` (the first message marked
+    ``loki.injected="summary"``; a fresh message anyway, so no cache is lost); nothing when
+    ``part`` is empty or ``new`` holds no summary."""
+    if not part:
+        return
+    for message in new:
+        if message.loki and message.loki.injected == SUMMARY_KIND:
+            if isinstance(message.content, str):
+                message.content += part
+            return
 
 
 @dataclass
@@ -352,6 +368,7 @@ class CompactionPolicy:
         much."""
         before = view.ctx_used
         conv = view.conversation
+        with_criteria(new, summary_part(conv.code))
         conv.messages[:] = new
         conv.meter.invalidate()
         if after is None:

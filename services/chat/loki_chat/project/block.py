@@ -5,8 +5,10 @@ Rules (seeds, "PROJETS"/"TRACKERS"/"PROJ_SNAPSHOT"; issue 18):
 - The block holds the project's description, its memory index (``MEMORY.md``: one line per
   page, ``- [Title](file.md) — description``, maintained by code), the latest value of each
   tracker (one line each, in the order given: the memory service's order is deterministic)
-  and the project's instructions file, when any. An empty project renders to ``""``: no
-  block at all, so a request without project content stays byte-identical to before.
+  and the project's instructions file, when any; in code mode, the ``AGENTS.md`` of the
+  project's workspace (its repository's root), when it has one (issue 43). An empty
+  project renders to ``""``: no block at all, so a request without project content stays
+  byte-identical to before.
 - Key off: the headers of the original assembly (the tracker header tells the model to
   answer from it); the block is rebuilt each turn.
 - Key on (``as_of`` given): the index and tracker headers are fixed texts dated
@@ -70,6 +72,8 @@ class BlockView:
         index: the text of ``MEMORY.md`` (page lines and any prose around them).
         trackers: the latest value of each tracker, in a deterministic order.
         instructions: the project's instructions file (``AGENTS.md``), "" when none.
+        workspace_agents: the ``AGENTS.md`` at the root of the project's workspace (code
+            mode only; ``WorkspaceInfo.agents_md``), "" when none.
     """
 
     project: str
@@ -78,6 +82,7 @@ class BlockView:
     index: str = ""
     trackers: tuple[TrackerLine, ...] = field(default_factory=tuple)
     instructions: str = ""
+    workspace_agents: str = ""
 
     def pages(self) -> dict[str, PageLine]:
         """The index's page lines by key (``](file)``), in index order."""
@@ -103,11 +108,16 @@ class BlockView:
             or self.index.strip()
             or self.trackers
             or self.instructions.strip()
+            or self.workspace_agents.strip()
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (persisted in :class:`~.snapshot.ProjSnap`)."""
-        return asdict(self)
+        """JSON-ready form (persisted in :class:`~.snapshot.ProjSnap`; ``workspace_agents``
+        only when set, so a snapshot taken outside code mode is stored as before)."""
+        data = asdict(self)
+        if not self.workspace_agents:
+            del data["workspace_agents"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BlockView:
@@ -119,6 +129,7 @@ class BlockView:
             index=data.get("index", ""),
             trackers=trackers,
             instructions=data.get("instructions", ""),
+            workspace_agents=data.get("workspace_agents", ""),
         )
 
 
@@ -136,6 +147,7 @@ def trackers_header(as_of: str | None) -> str:
 
 INSTRUCTIONS_HEADER = "Project instructions (AGENTS.md):"
 DESCRIPTION_HEADER = "Project description:"
+WORKSPACE_AGENTS_HEADER = "Workspace instructions (AGENTS.md at the repository's root):"
 
 
 def render(view: BlockView, as_of: str | None = None) -> str:
@@ -157,4 +169,6 @@ def render(view: BlockView, as_of: str | None = None) -> str:
         parts.append(f"{trackers_header(as_of)}\n{lines}")
     if view.instructions.strip():
         parts.append(f"{INSTRUCTIONS_HEADER}\n{view.instructions.strip()}")
+    if view.workspace_agents.strip():
+        parts.append(f"{WORKSPACE_AGENTS_HEADER}\n{view.workspace_agents.strip()}")
     return "\n\n".join(parts) + "\n</project>"

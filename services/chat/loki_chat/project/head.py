@@ -10,6 +10,8 @@ PROJ_SNAPSHOT's rules):
   project changed since the state announced (or retakes past the threshold); :meth:`head`
   retakes when the request's prompt, model or the service's start changed and returns the
   snapshot's text byte for byte; :meth:`after_compaction` retakes at once from the live block.
+- Code mode (issue 43): the workspace's ``AGENTS.md`` joins the block (:meth:`_live_of`),
+  and with the key on its change is a full-text update like the instructions file's.
 - The memory service unreachable: no block with the key off; with it on, the snapshot is
   sent as it is and no update is stored (the next turn catches up). A new conversation waits
   at most ``active_wait_s`` for the active project, then belongs to the default project (no
@@ -24,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from loki_shared.messages.chat import ChatMessage, LokiMeta
@@ -52,6 +54,9 @@ SNAPSHOT_SYSTEM_LINE = (
 
 #: ``fetch(project) -> BlockView | None`` (None: no such project or service unreachable).
 BlockFetch = Callable[[str], Awaitable[BlockView | None]]
+#: ``agents(project) -> text | None``: the ``AGENTS.md`` of the project's workspace (None:
+#: none, or the workspace service did not answer).
+AgentsFetch = Callable[[str], Awaitable[str | None]]
 
 
 def utc_stamp() -> str:
@@ -78,6 +83,8 @@ class ProjectHead:
     active_wait_s: float = 0.5
     #: the memory service did not answer the last request (its warning was logged)
     unreachable: bool = False
+    #: the workspace's ``AGENTS.md`` of a conversation in code mode (None: never)
+    agents: AgentsFetch | None = None
     _live: dict[str, BlockView | None] = field(default_factory=dict)
 
     def _failed(self, what: str, exc: BaseException) -> None:
@@ -114,6 +121,28 @@ class ProjectHead:
         self._answered()
         return view
 
+    async def _live_of(self, conv: Any) -> BlockView | None:
+        """The project's block now for ``conv``: the memory service's, with, in code mode,
+        the ``AGENTS.md`` of the conversation's workspace (:attr:`agents`). With no memory
+        service at all, that file alone makes a block; with one that does not answer, no
+        block (the memory service's rule)."""
+        live = await self._fetch(conv.project)
+        code = getattr(conv, "code", None)
+        if self.agents is None or code is None or code.mode != "code":
+            return live
+        try:
+            text = await self.agents(code.project or conv.project)
+        except Exception:
+            log.debug("AGENTS.md of %s not read", conv.id, exc_info=True)
+            text = None
+        if not text or not text.strip():
+            return live
+        if live is None:
+            if self.fetch is not None:
+                return None
+            live = BlockView(project=conv.project, name=conv.project)
+        return replace(live, workspace_agents=text)
+
     async def project_for_new(self) -> str:
         """The project of a conversation created now: the active one; the default project
         when there is no memory service or it does not answer within ``active_wait_s``."""
@@ -134,7 +163,7 @@ class ProjectHead:
     async def begin_turn(self, conv: Any) -> bool:
         """Once per turn, after the turn-start compaction. Returns whether the history
         changed (an update stored, a retake or a cleaning): the caller persists."""
-        live = await self._fetch(conv.project)
+        live = await self._live_of(conv)
         self._live[conv.id] = live
         if not self.enabled:
             if conv.proj_snap is not None or any(is_update(m) for m in conv.messages):
@@ -217,7 +246,7 @@ class ProjectHead:
         block becomes the snapshot at once (no recomputation more)."""
         if not self.enabled:
             return
-        live = await self._fetch(conv.project)
+        live = await self._live_of(conv)
         self._live[conv.id] = live
         snap: ProjSnap | None = conv.proj_snap
         if live is None:

@@ -7,7 +7,8 @@ Rules:
   changed (the new line), ``-`` removed (the old line).
 - Trackers: one FULL line per tracker whose line changed or that appeared (keyed by slug);
   a removed tracker gets ``- <slug>: (tracker removed)``.
-- Prose is never diffed: the description, the instructions file, or an index whose prose
+- Prose is never diffed: the description, the instructions file, the workspace's
+  ``AGENTS.md`` (code mode), or an index whose prose
   (the text around the page lines) changed are sent whole (the index then replaces the
   page lines too).
 - Every section header says "as of <date>" (the update's date).
@@ -16,7 +17,7 @@ Rules:
 
 from __future__ import annotations
 
-from .block import INSTRUCTIONS_HEADER, BlockView
+from .block import INSTRUCTIONS_HEADER, WORKSPACE_AGENTS_HEADER, BlockView
 
 OPEN = '<context_update from="loki">'
 CLOSE = "</context_update>"
@@ -71,6 +72,10 @@ def diff(old: BlockView, new: BlockView, as_of: str) -> str | None:
     if old.instructions.strip() != new.instructions.strip():
         text = new.instructions.strip() or "(removed)"
         header = INSTRUCTIONS_HEADER.rstrip(":")
+        sections.append(f"{header} (as of {as_of}, full text):\n{text}")
+    if old.workspace_agents.strip() != new.workspace_agents.strip():
+        text = new.workspace_agents.strip() or "(removed)"
+        header = WORKSPACE_AGENTS_HEADER.rstrip(":")
         sections.append(f"{header} (as of {as_of}, full text):\n{text}")
     if not sections:
         return None

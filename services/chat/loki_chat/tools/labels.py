@@ -16,6 +16,17 @@ MAIN_ARGUMENT: dict[str, str] = {
     "recall": "id",
     "recall_search": "query",
     "see_image": "path",
+    # code mode (issue 43; :mod:`loki_chat.tools.code`)
+    "read": "path",
+    "write": "path",
+    "edit": "path",
+    "list": "path",
+    "glob": "pattern",
+    "grep": "pattern",
+    "run": "command",
+    "git": "op",
+    "criteria": "action",
+    "preview": "path",
 }
 
 

@@ -1,0 +1,131 @@
+"""The code tools that run commands in the sandbox: ``run`` and ``git``.
+
+Rules (docs/behaviour.md (chat, code mode)): a result shows the exit code (or why the
+sandbox stopped the command: ``timeout``, ``output``, ``memory``, ``processes``), the
+duration and the output; an output longer than the model may see keeps its head and its
+tail (the middle is said to be cut, with how much), so an error at the end of a long build
+log is never lost. A failure to run (service unreachable, sandbox unavailable) is a result
+that says why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loki_shared import subjects
+from loki_shared.messages.workspace import GitRequest, RunReply
+
+from ..box import ToolSpec
+from .target import CodeTarget, failure_text, missing, text_arg
+
+#: Characters of a result kept for its status line and notes (the rest is output).
+_ROOM = 600
+_GIT_OPS = ("status", "diff", "commit", "log")
+
+
+def head_tail(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: its head and its tail, the middle replaced by
+    a note saying how many characters were left out."""
+    if len(text) <= limit:
+        return text
+    keep = max(0, limit - 80)
+    head, tail = keep // 3, keep - keep // 3
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[… {cut} characters cut here …]\n{text[len(text) - tail :]}"
+
+
+def run_result(reply: RunReply, limit: int) -> str:
+    """A command's result: its status line, then its output (head and tail kept)."""
+    if reply.killed:
+        status = f"killed: {reply.killed}"
+        if reply.killed == "timeout":
+            status += " (past its time limit: give a larger timeout_s, or a shorter task)"
+        elif reply.killed == "output":
+            status += " (past the output limit: filter the output, e.g. | tail -n 50)"
+    else:
+        status = f"exit code: {reply.exit_code}"
+    status += f" | duration: {reply.duration_s:.1f} s | output: {reply.output_bytes} bytes"
+    if reply.truncated:
+        status += " (the sandbox kept its head and tail)"
+    output = head_tail(reply.output, max(200, limit - _ROOM))
+    return f"{status}\n{output}" if output else f"{status}\n(no output)"
+
+
+def command_tools(target: CodeTarget) -> list[ToolSpec]:
+    """``run`` and ``git`` over ``target``."""
+    ws = target.workspace
+
+    async def run(args: dict[str, Any]) -> str:
+        command = text_arg(args, "command")
+        if not command or not command.strip():
+            return missing("run", "command", "a shell command line")
+        raw = args.get("timeout_s")
+        timeout = (
+            float(raw)
+            if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw > 0
+            else target.run_timeout_s
+        )
+        try:
+            reply = await ws.run(target.project(), command, timeout)
+        except Exception as exc:  # noqa: BLE001 - said to the model
+            return failure_text("run", exc)
+        return run_result(reply, target.result_max)
+
+    async def git(args: dict[str, Any]) -> str:
+        op = text_arg(args, "op")
+        if op not in _GIT_OPS:
+            return missing("git", "op", "one of " + ", ".join(_GIT_OPS))
+        message = text_arg(args, "message")
+        if op == "commit" and not (message and message.strip()):
+            return missing("git", "message", "the commit message")
+        paths = args.get("paths")
+        paths = [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
+        try:
+            reply = await ws.call(
+                subjects.WORKSPACE_GIT,
+                GitRequest(project=target.project(), op=op, message=message, paths=paths),  # type: ignore[arg-type]
+                RunReply,
+                ws.timeout_s + 30.0,
+            )
+        except Exception as exc:  # noqa: BLE001 - said to the model
+            return failure_text("git", exc)
+        return run_result(reply, target.result_max)
+
+    return [
+        ToolSpec(
+            name="run",
+            description=(
+                "Run a shell command in the workspace's sandbox (no network, limits on time, "
+                "memory and output): build, tests, scripts. Shows the exit code and output."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "a sh -c command line"},
+                    "timeout_s": {
+                        "type": "number",
+                        "description": f"time limit in seconds (default {target.run_timeout_s:g})",
+                    },
+                },
+                "required": ["command"],
+            },
+            run=run,
+        ),
+        ToolSpec(
+            name="git",
+            description=(
+                "Git in the workspace: status, diff (of `paths`), commit (every change, or "
+                "`paths`, with `message`), log."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "op": {"type": "string", "enum": list(_GIT_OPS)},
+                    "message": {"type": "string", "description": "the commit message"},
+                    "paths": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["op"],
+            },
+            run=git,
+        ),
+    ]
