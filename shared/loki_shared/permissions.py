@@ -22,7 +22,9 @@ How request/reply is allowed (NATS server authorization, ``permissions`` block):
 Rules the table enforces (issue 22): only the gateway publishes ``loki.memory.key`` and answers
 ``loki.memory.status``; only chat publishes ``loki.chat.events.>``; only recall answers
 ``loki.recall.>``; only the memory service answers ``loki.projects.*`` requests and
-publishes ``loki.projects.changed``; only the supervisor answers ``loki.engine.>``; perf records
+publishes ``loki.projects.changed``; only the supervisor answers ``loki.engine.>``; only the
+workspace service answers ``loki.workspace.*`` (chat asks them all, the gateway the Code
+panel's); perf records
 are published by chat, the gateway and the bench (and by ``backup``, which writes a backup's
 records back into an empty stack on restore); each service answers only its own health subjects.
 
@@ -33,7 +35,8 @@ log in as :data:`REDIS_HEALTH_USER`, which may only ``PING``. Only the gateway w
 memory-key record ``loki:memory:kdf`` (recall and memory read it); only chat writes
 conversations (``loki:chat:*``, attachments included: the gateway writes those under
 ``loki:chat:att:*``), tasks and the recall purge queue; only recall the archive; only memory
-the projects; only the supervisor the presets; ``backup`` reads and writes every ``loki:*`` key.
+the projects; only the supervisor the presets; only the workspace service its records
+(``loki:workspace:*``); ``backup`` reads and writes every ``loki:*`` key.
 """
 
 from __future__ import annotations
@@ -163,6 +166,13 @@ _WORKSPACE_GATEWAY = (
     subjects.WORKSPACE_FILES,
     subjects.WORKSPACE_READ,
 )
+#: Every request subject the workspace service answers (issue 43): chat asks them all (the
+#: code tools).
+_WORKSPACE_REQUESTS = tuple(
+    row.subject
+    for row in subjects.EXCHANGES.values()
+    if row.subject.startswith(f"{subjects.PREFIX}.workspace.") and row.reply is not None
+)
 _ENGINE_REQUESTS = (
     subjects.ENGINE_INFO,
     subjects.ENGINE_LEASE,
@@ -222,6 +232,7 @@ _R_PURGE = ("loki:recall:purge", "loki:recall:gone")
 _R_PROJECTS = "loki:projects:*"
 _R_ENGINE = "loki:engine:*"
 _R_KDF = "loki:memory:kdf"
+_R_WORKSPACE = "loki:workspace:*"
 
 #: The table: every NATS user Loki knows, in the order docs/architecture.md shows them.
 USERS: tuple[Grant, ...] = (
@@ -263,6 +274,7 @@ USERS: tuple[Grant, ...] = (
             subjects.RECALL_TOOL,
             subjects.RECALL_PURGE,
             *_PROJECTS_CHAT,
+            *_WORKSPACE_REQUESTS,
             subjects.PERF_RECORD,
             subjects.EVENTS_COMPACTION,
             *js_stream(subjects.STREAM_PERF),
@@ -336,6 +348,17 @@ USERS: tuple[Grant, ...] = (
         responds=True,
     ),
     Grant(
+        user="workspace",
+        who="the workspace service (workspaces, files, sandboxed commands)",
+        publish=(
+            subjects.WORKSPACE_INFO,  # its own routability probe
+            *_health("workspace"),
+        ),
+        subscribe=(*_WORKSPACE_REQUESTS, *_health("workspace")),
+        responds=True,
+        redis_keys=(_R_WORKSPACE,),
+    ),
+    Grant(
         user="cli",
         who="the `loki` command (`loki up` waits on the engine; health checks by hand)",
         publish=(subjects.ENGINE_INFO, _HEALTH_ALL),
@@ -371,8 +394,16 @@ USERS: tuple[Grant, ...] = (
     ),
 )
 
-#: The services' users (the six long-running processes).
-SERVICES: tuple[str, ...] = ("gateway", "chat", "recall", "memory", "engine-supervisor", "perf")
+#: The services' users (the seven long-running processes).
+SERVICES: tuple[str, ...] = (
+    "gateway",
+    "chat",
+    "recall",
+    "memory",
+    "engine-supervisor",
+    "perf",
+    "workspace",
+)
 
 
 def grant(user: str) -> Grant:
