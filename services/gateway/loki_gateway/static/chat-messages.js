@@ -1,6 +1,8 @@
 // The conversation's events drawn as messages: user bubbles, reasoning, answers (incremental
 // Markdown, live-markdown.js, drawn a few times a second), tool calls and results, markers
-// (compaction, verifier, retry, error) and the end-of-turn badge with its Continue button.
+// (compaction, verifier, retry, mode switch, error) and the end-of-turn badge with its Continue
+// button; the code tools' calls and results are drawn by tool-view.js, and a mode switch, a
+// criteria change or a turn's end tell the Code panel (code-panel.js).
 // chat-stream.js hands each event to handleEvent. Part of the chat page (chat-state.js).
 "use strict";
 
@@ -100,6 +102,20 @@ LokiChat.part((C, $, state) => {
       C.setGenerating(true);
       return;
     }
+    if (mark === "mode_changed") {
+      // the conversation's mode switched (code-panel.js): a notice line, and the panel follows
+      const el = document.createElement("div");
+      el.className = "marker mode";
+      const l = ev.loki;
+      el.textContent = l.mode === "code"
+        ? "code mode on" + (l.project ? ": the model works in project " + l.project + "'s workspace" : "")
+          + (l.workspace_error ? " (workspace not ready: " + l.workspace_error + ")" : "")
+        : "chat mode: the code tools are off";
+      add(el);
+      if (!state.paging && window.LokiCode) LokiCode.changed(l);
+      return;
+    }
+    if (mark === "criteria") { if (!state.paging && window.LokiCode) LokiCode.changed(ev.loki); return; }
     if (mark === "retry") {
       const el = document.createElement("div");
       el.className = "marker";
@@ -131,10 +147,13 @@ LokiChat.part((C, $, state) => {
     if (delta.role === "tool") {
       const t = turn();
       const el = bubble("tool", "div");
-      const head = document.createElement("div");
-      head.textContent = "↳ result of " + (delta.name || "tool");
-      el.appendChild(head);
-      foldable(el, String(delta.content == null ? "" : delta.content));
+      // a command's result (run, git): its exit code, command and output (tool-view.js)
+      if (!(window.LokiToolView && LokiToolView.result(el, delta, ev.loki, box()))) {
+        const head = document.createElement("div");
+        head.textContent = "↳ result of " + (delta.name || "tool");
+        el.appendChild(head);
+        foldable(el, String(delta.content == null ? "" : delta.content));
+      }
       add(el);
       t.last = "tool"; t.answer = null;
       return;
@@ -178,6 +197,7 @@ LokiChat.part((C, $, state) => {
         if (fn.arguments) call.args += fn.arguments;
         call.s.textContent = "⚙ " + (call.name || "tool") + (call.args.length > 80 ? " (" + call.args.length + " chars)" : " " + call.args);
         call.pre.textContent = call.args;
+        if (window.LokiToolView) LokiToolView.call(call); // the code tools' own line (tool-view.js)
       }
       t.last = "tool"; t.answer = null;
     }
@@ -216,6 +236,7 @@ LokiChat.part((C, $, state) => {
       // (the streamed estimate, never a drop to the figure before the reply)
       C.setCtxUsed(ev.loki && typeof ev.loki.ctx_used === "number" ? ev.loki.ctx_used : state.ctxBase + state.streamed);
       C.refreshStateSoon();
+      if (!state.paging && window.LokiCode) LokiCode.changed(null); // files and criteria may have changed
     }
   }
 

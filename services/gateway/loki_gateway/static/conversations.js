@@ -114,6 +114,7 @@ LokiChat.part((C, $, state) => {
       if (b) { if (li.dataset.id === id) b.setAttribute("aria-current", "true"); else b.removeAttribute("aria-current"); }
     }
     if (id) { C.stream(id); C.refreshState(); }
+    if (window.LokiCode) LokiCode.opened(id); // its mode, workspace and criteria (code-panel.js)
   }
 
   // "+ New chat" opens the empty Untitled conversation there is, if any, rather than a
