@@ -16,6 +16,8 @@ for the gateway's code-mode tests, on the fake peers' NATS connection and event 
   and cuts a text at :attr:`CodePeers.read_cap` bytes (``truncated``).
 
 Every request is kept in :attr:`CodePeers.seen` (subject, request) for the tests to check.
+With ``serve_workspace`` false only ``loki.chat.code`` is answered here (the real workspace
+service answers the rest).
 """
 
 from __future__ import annotations
@@ -51,9 +53,10 @@ def _error(kind: str, message: str) -> ErrorInfo:
 class CodePeers:
     """The scripted code-mode peers (see the module docstring)."""
 
-    def __init__(self, peers: FakePeers, root: Path) -> None:
+    def __init__(self, peers: FakePeers, root: Path, serve_workspace: bool = True) -> None:
         self.peers = peers
         self.root = root
+        self.serve_workspace = serve_workspace  # False: the real workspace service answers
         self.states: dict[str, CodeState] = {}
         self.projects: dict[str, str | None] = {}  # conversation -> its project
         self.default_project: str | None = "demo"
@@ -83,6 +86,8 @@ class CodePeers:
             subjects.WORKSPACE_FILES: (FilesRequest, self._files),
             subjects.WORKSPACE_READ: (ReadRequest, self._read),
         }
+        if not self.serve_workspace:
+            table = {subjects.CHAT_CODE: table[subjects.CHAT_CODE]}
         for subject, (model, handler) in table.items():
 
             def keep(req: Any, subject: str = subject, handler: Any = handler) -> Any:

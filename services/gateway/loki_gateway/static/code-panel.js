@@ -90,8 +90,15 @@ window.LokiCode = (function () {
     document.body.classList.add("code-open");
     $("code-panel-btn").setAttribute("aria-expanded", "true");
     localStorage.removeItem(PREF);
+    sheet(!wide());
     drawPanel();
     if (!was && !wide()) $("code-close").focus(); // a sheet over the page: the focus goes in
+  }
+
+  // A sheet over the page (below 1000 px): what is behind it is inert while it is open.
+  function sheet(on) {
+    $("sidebar").inert = on;
+    document.querySelector("main").inert = on;
   }
 
   function closePanel(byPerson) {
@@ -99,6 +106,7 @@ window.LokiCode = (function () {
     if (LokiFileViewer.current()) LokiFileViewer.close();
     $("code-panel").hidden = true;
     document.body.classList.remove("code-open");
+    sheet(false);
     $("code-panel-btn").setAttribute("aria-expanded", "false");
     switchAfterCreate = false;
     if (byPerson) {

@@ -58,7 +58,9 @@ window.LokiFileTree = (function () {
         const b = el("button", "tree-dir");
         b.type = "button";
         b.setAttribute("aria-expanded", "false");
-        b.append(el("span", "twisty", "▸"), el("span", "name", base(e.path) + "/"));
+        const twisty = el("span", "twisty", "▸");
+        twisty.setAttribute("aria-hidden", "true");
+        b.append(twisty, el("span", "name", base(e.path) + "/"));
         b.dataset.path = e.path;
         const sub = el("ul", "file-tree");
         sub.hidden = true;

@@ -103,11 +103,11 @@ window.LokiToolView = (function () {
       return;
     }
     const tail = el("pre", "run-output", lines.slice(-TAIL_LINES).join("\n"));
-    tail.setAttribute("aria-label", "The last " + TAIL_LINES + " lines of the output");
     const whole = el("details", "run-whole");
     whole.append(el("summary", null, "Whole output (" + lines.length + " lines)"));
     const pre = el("pre", "run-output whole");
     pre.tabIndex = 0; // it scrolls: reachable by keyboard
+    pre.setAttribute("role", "region");
     pre.setAttribute("aria-label", "Whole output");
     whole.addEventListener("toggle", () => { if (whole.open && !pre.textContent) pre.textContent = output; });
     whole.append(pre);
