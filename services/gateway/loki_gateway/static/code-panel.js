@@ -58,7 +58,7 @@ window.LokiCode = (function () {
       catch (e) { workspace = null; } // no workspace service: the chat service says why
       if (workspace && !workspace.exists) {
         switchAfterCreate = true;
-        openPanel();
+        await openPanel();
         $("code-ws-form").elements.namedItem("clone_from").focus();
         return;
       }
@@ -91,8 +91,9 @@ window.LokiCode = (function () {
     $("code-panel-btn").setAttribute("aria-expanded", "true");
     localStorage.removeItem(PREF);
     sheet(!wide());
-    drawPanel();
+    const drawn = drawPanel();
     if (!was && !wide()) $("code-close").focus(); // a sheet over the page: the focus goes in
+    return drawn;
   }
 
   // A sheet over the page (below 1000 px): what is behind it is inert while it is open.

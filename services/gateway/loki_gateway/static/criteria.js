@@ -30,9 +30,13 @@ window.LokiCriteria = (function () {
     return ["met", "failed", "pending"].filter((k) => n[k]).map((k) => n[k] + " " + k).join(", ");
   }
 
-  // Draws `list` (CodeState.criteria).
+  // Draws `list` (CodeState.criteria); the same list again changes nothing (the focus stays).
+  let drawn = null;
   function render(list) {
     criteria = list || [];
+    const sig = JSON.stringify(criteria);
+    if (sig === drawn) return;
+    drawn = sig;
     const ul = $("criteria-list");
     ul.textContent = "";
     if (!criteria.length) {
@@ -164,6 +168,7 @@ window.LokiCriteria = (function () {
     $("criteria-edit").hidden = false;
     status("");
     openIds.clear();
+    drawn = null;
   }
 
   return { render, setup, reset };

@@ -34,10 +34,11 @@ window.LokiFileTree = (function () {
     return LokiApi.apiJSON(q);
   }
 
-  // Fills `ul` with the entries under `path`; the opened directories among them are filled too.
+  // Fills `ul` with the entries under `path` (drawn at once when they come: a reload does
+  // not flicker, and the focus stays on the button of the same path); the opened directories
+  // among them are filled too.
   async function fill(ul, path, gen) {
-    ul.textContent = "";
-    ul.append(el("li", "hint", "Loading…"));
+    if (!ul.children.length) ul.append(el("li", "hint", "Loading…"));
     let reply;
     try { reply = await list(path); }
     catch (e) {
@@ -47,6 +48,7 @@ window.LokiFileTree = (function () {
       return;
     }
     if (gen !== generation) return;
+    const focused = ul.contains(document.activeElement) ? document.activeElement.dataset.path : null;
     ul.textContent = "";
     const entries = reply.entries || [];
     if (!entries.length) ul.append(el("li", "hint", path === "." ? "The workspace is empty." : "(empty)"));
@@ -81,7 +83,12 @@ window.LokiFileTree = (function () {
       ul.append(li);
     }
     if (reply.truncated) ul.append(el("li", "hint", "More files are not listed here."));
+    if (focused) refocus(ul, focused);
     await Promise.all(opening.map(([b, sub, p]) => open(b, sub, p, gen)));
+  }
+
+  function refocus(ul, path) {
+    for (const b of ul.querySelectorAll("button[data-path]")) if (b.dataset.path === path) { b.focus(); return; }
   }
 
   async function open(button, sub, path, gen) {
