@@ -4,7 +4,9 @@ Rules (tests named in docs/behaviour.md (chat, tools)): text written before a to
 stored once, in the message that carries the calls; invalid JSON arguments are stored as
 ``{}`` and not executed (:mod:`loki_chat.tools`); every call gets a result, even when the
 turn is stopped ("Not executed: …"), so calls and results stay paired; a tool that ends
-itself on a stop (``ToolBox.handles_stop``) keeps its own result.
+itself on a stop (``ToolBox.handles_stop``) keeps its own result; a tool's ``display`` fields
+(:class:`~loki_chat.tools.box.ToolReturn`) join its ``tool_result`` event (the UI's), never
+the model's view.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ async def run_calls(run: TurnRunner) -> list[ImageAttachment]:
     seen: list[ImageAttachment] = []
     for call in run.pending_calls:
         text = STOPPED_TEXT
+        display: dict[str, Any] = {}
         raw_args = run.pending_raw.get(call.id, call.function.arguments)
         if not host.stop.is_set():
             name = call.function.name
@@ -66,6 +69,7 @@ async def run_calls(run: TurnRunner) -> list[ImageAttachment]:
             if outcome is not None:
                 text = outcome.text
                 seen += outcome.images
+                display = outcome.display
         if text is STOPPED_TEXT or host.stop.is_set():
             run.outcome.stopped = True
         model_text = cut_for_model(text, run.settings.tool_result_max)
@@ -79,6 +83,7 @@ async def run_calls(run: TurnRunner) -> list[ImageAttachment]:
             loki={
                 "event": "tool_result",
                 "label": label(call.function.name, parse_arguments(raw_args)[0] or {}),
+                **display,
             },
         )
     run.pending_calls = []

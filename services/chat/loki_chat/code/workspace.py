@@ -45,6 +45,7 @@ _ADVICE = {
     "not_found": "Check the path (list or glob show what exists).",
     "conflict": "Read the file again and resend with a text that occurs exactly once.",
     "unavailable": "The sandbox cannot run here: tell the user; file tools still work.",
+    "unreachable": "Try again in a moment, or tell the user the workspace service is down.",
 }
 
 
@@ -55,11 +56,7 @@ class WorkspaceFailure(Exception):
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         self.message = message
-        advice = _ADVICE.get(
-            kind,
-            "The workspace service did not answer: try again in a moment, or tell the user "
-            "it is down.",
-        )
+        advice = _ADVICE.get(kind, "Try again once; if it fails again, tell the user.")
         super().__init__(f"{message} {advice}".strip())
 
 

@@ -36,10 +36,12 @@ EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 @dataclass
 class ToolReturn:
     """A result with images: ``text`` for the tool message, ``images`` for the model to see
-    in this turn."""
+    in this turn, ``display`` fields added to the ``tool_result`` display event's ``loki``
+    for the UI (never sent to the model: e.g. ``run``'s exit code and output)."""
 
     text: str
     images: list[ImageAttachment] = field(default_factory=list)
+    display: dict[str, Any] = field(default_factory=dict)
 
 
 ToolFn = Callable[..., Awaitable[str | ToolReturn]]
@@ -97,12 +99,14 @@ class ToolSpec:
 class ToolOutcome:
     """``text``: the full result; ``executed``: whether the tool ran; ``arguments``: the
     arguments text to keep in the history (``{}`` when the model's were not valid JSON);
-    ``images``: images the tool gives the model to see (:class:`ToolReturn`)."""
+    ``images``: images the tool gives the model to see (:class:`ToolReturn`); ``display``:
+    fields for the ``tool_result`` display event (:class:`ToolReturn`)."""
 
     text: str
     executed: bool
     arguments: str
     images: list[ImageAttachment] = field(default_factory=list)
+    display: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_arguments(text: str) -> tuple[dict[str, Any] | None, str]:
@@ -182,6 +186,7 @@ class ToolBox:
                 arguments=arguments,
             )
         images: list[ImageAttachment] = []
+        display: dict[str, Any] = {}
         try:
             if spec.run_call is not None and call is not None:
                 got = await spec.run_call(args, call)
@@ -190,12 +195,14 @@ class ToolBox:
             else:
                 got = await spec.run(args)
             if isinstance(got, ToolReturn):
-                text, images = got.text, got.images
+                text, images, display = got.text, got.images, got.display
             else:
                 text = got
         except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's to see
             text = f"Error: the tool `{name}` failed: {exc}"
-        return ToolOutcome(text=text, executed=True, arguments=arguments, images=images)
+        return ToolOutcome(
+            text=text, executed=True, arguments=arguments, images=images, display=display
+        )
 
 
 def cut_for_model(text: str, limit: int) -> str:

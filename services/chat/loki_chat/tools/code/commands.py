@@ -4,7 +4,9 @@ Rules (docs/behaviour.md (chat, code mode)): a result shows the exit code (or wh
 sandbox stopped the command: ``timeout``, ``output``, ``memory``, ``processes``), the
 duration and the output; an output longer than the model may see keeps its head and its
 tail (the middle is said to be cut, with how much), so an error at the end of a long build
-log is never lost. A failure to run (service unreachable, sandbox unavailable) is a result
+log is never lost; the ``tool_result`` display event carries the same as fields (``run``:
+command, exit code, killed, output, truncated, output bytes, duration; git's ``op``) for the
+UI. A failure to run (service unreachable, sandbox unavailable) is a result
 that says why.
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 from loki_shared import subjects
 from loki_shared.messages.workspace import GitRequest, RunReply
 
-from ..box import ToolSpec
+from ..box import ToolReturn, ToolSpec
 from .target import CodeTarget, failure_text, missing, text_arg
 
 #: Characters of a result kept for its status line and notes (the rest is output).
@@ -51,11 +53,28 @@ def run_result(reply: RunReply, limit: int) -> str:
     return f"{status}\n{output}" if output else f"{status}\n(no output)"
 
 
+def run_display(reply: RunReply, command: str, limit: int, op: str | None = None) -> dict[str, Any]:
+    """The ``tool_result`` display event's ``run`` field (the UI shows it without parsing
+    the text): the command (and git's ``op``), its end and its output as the model got it."""
+    shown: dict[str, Any] = {
+        "command": command,
+        "exit_code": reply.exit_code,
+        "killed": reply.killed,
+        "output": head_tail(reply.output, max(200, limit - _ROOM)),
+        "truncated": reply.truncated or len(reply.output) > max(200, limit - _ROOM),
+        "output_bytes": reply.output_bytes,
+        "duration_s": reply.duration_s,
+    }
+    if op is not None:
+        shown["op"] = op
+    return {"run": shown}
+
+
 def command_tools(target: CodeTarget) -> list[ToolSpec]:
     """``run`` and ``git`` over ``target``."""
     ws = target.workspace
 
-    async def run(args: dict[str, Any]) -> str:
+    async def run(args: dict[str, Any]) -> str | ToolReturn:
         command = text_arg(args, "command")
         if not command or not command.strip():
             return missing("run", "command", "a shell command line")
@@ -69,9 +88,12 @@ def command_tools(target: CodeTarget) -> list[ToolSpec]:
             reply = await ws.run(target.project(), command, timeout)
         except Exception as exc:  # noqa: BLE001 - said to the model
             return failure_text("run", exc)
-        return run_result(reply, target.result_max)
+        return ToolReturn(
+            text=run_result(reply, target.result_max),
+            display=run_display(reply, command, target.result_max),
+        )
 
-    async def git(args: dict[str, Any]) -> str:
+    async def git(args: dict[str, Any]) -> str | ToolReturn:
         op = text_arg(args, "op")
         if op not in _GIT_OPS:
             return missing("git", "op", "one of " + ", ".join(_GIT_OPS))
@@ -89,7 +111,10 @@ def command_tools(target: CodeTarget) -> list[ToolSpec]:
             )
         except Exception as exc:  # noqa: BLE001 - said to the model
             return failure_text("git", exc)
-        return run_result(reply, target.result_max)
+        return ToolReturn(
+            text=run_result(reply, target.result_max),
+            display=run_display(reply, f"git {op}", target.result_max, op),
+        )
 
     return [
         ToolSpec(
