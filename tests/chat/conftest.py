@@ -88,3 +88,31 @@ def fake_stack(tmp_path: Path, fake_engine: FakeEngine) -> Iterator[Any]:
         yield stack
     finally:
         stack.stop()
+
+
+@pytest.fixture
+async def workspace(nats_url: str, redis_db: str, tmp_path: Path) -> AsyncIterator[Any]:
+    """The real workspace service (code mode, issue 43), in process, its workspaces under
+    ``tmp_path``; the default project's is made already (a folder, ``git init`` on the host
+    when git is there), so the file operations work even where the sandbox cannot start."""
+    import shutil
+    import subprocess
+
+    from loki_workspace.service import WorkspaceService
+    from loki_workspace.settings import Settings
+
+    folder = tmp_path / "workspaces" / "default"
+    folder.mkdir(parents=True)
+    if shutil.which("git"):
+        subprocess.run(["git", "init", "-q", "-b", "main", str(folder)], check=True)
+    service = WorkspaceService(
+        Settings(
+            home=tmp_path / "ws-home",
+            nats_url=nats_url,
+            redis_url=redis_db,
+            workspace_root=tmp_path / "workspaces",
+        )
+    )
+    await service.start()
+    yield service
+    await service.stop()

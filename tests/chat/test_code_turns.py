@@ -2,8 +2,9 @@
 workspace service, the fake supervisor and the scripted fake engine (a model's decisions
 scripted: tool calls, answers, verdicts).
 
-The default project's workspace is made before the service starts (a folder and ``git init``
-on the host), so the file tools work where the sandbox cannot start; the tests that run
+The default project's workspace is made before the service starts (the ``workspace`` fixture
+of tests/chat/conftest.py: a folder and ``git init`` on the host), so the file tools work
+where the sandbox cannot start; the tests that run
 commands (``run``, ``git``, a criterion's command) need the sandbox (bubblewrap able to make
 its namespaces here) and are skipped without it — their twin checks the result that says the
 sandbox is unavailable."""
@@ -12,10 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,30 +25,6 @@ from loki_shared.messages.code import CodeReply, CodeRequest
 from loki_shared.messages.workspace import WriteReply, WriteRequest
 from tests.chat.test_chat_verify import FROZEN_TURN_REQUEST, loki_events, verdict
 from tests.fakes.fake_engine import text_reply, tool_reply
-
-
-@pytest.fixture
-async def workspace(nats_url: str, redis_db: str, tmp_path: Path) -> AsyncIterator[Any]:
-    """The real workspace service, in process, its workspaces under ``tmp_path`` (the
-    default project's made already)."""
-    from loki_workspace.service import WorkspaceService
-    from loki_workspace.settings import Settings
-
-    folder = tmp_path / "workspaces" / "default"
-    folder.mkdir(parents=True)
-    if shutil.which("git"):
-        subprocess.run(["git", "init", "-q", "-b", "main", str(folder)], check=True)
-    service = WorkspaceService(
-        Settings(
-            home=tmp_path / "ws-home",
-            nats_url=nats_url,
-            redis_url=redis_db,
-            workspace_root=tmp_path / "workspaces",
-        )
-    )
-    await service.start()
-    yield service
-    await service.stop()
 
 
 def needs_sandbox(workspace: Any) -> None:
