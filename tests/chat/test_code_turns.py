@@ -357,3 +357,54 @@ async def test_the_workspace_agents_md_enters_the_project_block(
     update = sent[-1]["content"]
     assert '<context_update from="loki">' in update
     assert "(as of 2026-12-01 10:00 UTC, full text):\nUse spaces." in update
+
+
+async def test_a_binary_file_is_refused_with_a_hint_and_preview_gives_the_page_text(
+    chat_runner, supervisor, client, fake_engine, workspace
+):
+    await start(chat_runner)
+    cid = await code_conversation(client)
+    folder = workspace.workspaces.root / "default"
+    (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    (folder / "index.html").write_text(
+        "<html><head><title>Shop</title></head><body><h1>Hello shop</h1></body></html>"
+    )
+    fake_engine.push(
+        tool_reply([call(1, "read", path="logo.png"), call(2, "preview", path="index.html")]),
+        text_reply("Seen."),
+    )
+    _, end = await client.turn("Look at the logo and the page", cid)
+    assert end.finish_reason == "stop"
+    got = tool_results(fake_engine.requests[1].json)
+    assert got["call_read_1"].startswith("Error: logo.png is not a text file")
+    assert "see_image" in got["call_read_1"] and "preview" in got["call_read_1"]
+    # the fake lease says the endpoint does not see images: the page as text, no image
+    assert got["call_preview_2"].startswith("Page index.html: Shop\n")
+    assert "Hello shop" in got["call_preview_2"]
+    assert all(
+        m["role"] != "user" or isinstance(m["content"], str)
+        for m in fake_engine.requests[1].json["messages"]
+    )
+
+
+async def test_check_now_through_the_api_and_refused_while_a_turn_runs(
+    chat_runner, supervisor, client, fake_engine, workspace
+):
+    await start(chat_runner)
+    cid = await code_conversation(client)
+    none = await code(client, cid, "check")
+    assert none.error is not None and none.error.type == "invalid_request"
+    await code(client, cid, "criteria", criteria=[{"text": "a README exists"}])
+    fake_engine.push(verdict("fail", "no README"))
+    checked = await code(client, cid, "check")
+    assert checked.error is None
+    [c1] = checked.state.criteria
+    assert (c1.id, c1.state, c1.detail) == ("c1", "failed", "verifier: no README")
+    assert [lease.kind for lease in supervisor.leases] == ["verify"]
+    fake_engine.push(text_reply("Working.", delay_s=1.0), verdict("pass", "ok"))
+    await client.send("Go", cid)
+    await until(lambda: len(supervisor.leases) >= 2)
+    busy = await code(client, cid, "check")
+    assert busy.error is not None and busy.error.type == "conflict"
+    await client.tap.wait_turn_ends(cid, 1)
+    assert criteria_states(client, cid) == [["pending"], ["failed"], ["met"]]
