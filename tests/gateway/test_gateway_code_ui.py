@@ -242,7 +242,7 @@ def test_code_mode_the_tree_a_coloured_file_criteria_and_a_run_call(
         assert page.evaluate("document.activeElement.id") == "code-panel-btn"
     _run_turn(peers, cid, f"call_{width}", "pytest -q", FAILED)
     page.wait_for_selector(".run-result", timeout=WAIT_MS)
-    assert "▶ run: pytest -q" in page.inner_text("details.code-call summary")
+    assert "⚙ run: pytest -q" in page.inner_text("details.code-call summary")
     result = page.locator(".run-result").last
     assert result.locator(".pill.exit-fail").inner_text() == "exit 1"
     assert result.locator("pre.cmd").inner_text() == "$ pytest -q"

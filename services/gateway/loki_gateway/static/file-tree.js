@@ -34,80 +34,83 @@ window.LokiFileTree = (function () {
     return LokiApi.apiJSON(q);
   }
 
-  // Fills `ul` with the entries under `path` (drawn at once when they come: a reload does
-  // not flicker, and the focus stays on the button of the same path); the opened directories
-  // among them are filled too.
+  // The entries under `path` and, for each opened directory among them, its own (fetched
+  // before anything is drawn: a reload never flickers): {reply, subs: Map(path -> same)}.
+  async function fetchTree(path) {
+    const reply = await list(path);
+    const open = (reply.entries || []).filter((e) => e.kind === "dir" && expanded.has(e.path));
+    const subs = await Promise.all(open.map(async (e) => {
+      try { return [e.path, await fetchTree(e.path)]; } catch (err) { return [e.path, { error: err }]; }
+    }));
+    return { reply, subs: new Map(subs) };
+  }
+
+  // Fills `ul` with the entries under `path`, the focus kept on the button of the same path.
   async function fill(ul, path, gen) {
     if (!ul.children.length) ul.append(el("li", "hint", "Loading…"));
-    let reply;
-    try { reply = await list(path); }
-    catch (e) {
-      if (gen !== generation) return;
-      ul.textContent = "";
-      ul.append(el("li", "error", "Not listed: " + e.message));
-      return;
-    }
+    let data;
+    try { data = await fetchTree(path); }
+    catch (e) { data = { error: e }; }
     if (gen !== generation) return;
     const focused = ul.contains(document.activeElement) ? document.activeElement.dataset.path : null;
+    draw(ul, path, data);
+    if (focused) refocus(ul, focused);
+  }
+
+  function draw(ul, path, data) {
     ul.textContent = "";
-    const entries = reply.entries || [];
+    if (data.error) { ul.append(el("li", "error", "Not listed: " + data.error.message)); return; }
+    const entries = data.reply.entries || [];
     if (!entries.length) ul.append(el("li", "hint", path === "." ? "The workspace is empty." : "(empty)"));
-    const opening = [];
     for (const e of entries) {
       const li = el("li");
       li.dataset.path = e.path;
       if (e.kind === "dir") {
         const b = el("button", "tree-dir");
         b.type = "button";
-        b.setAttribute("aria-expanded", "false");
-        const twisty = el("span", "twisty", "▸");
+        const twisty = el("span", "twisty");
         twisty.setAttribute("aria-hidden", "true");
         b.append(twisty, el("span", "name", base(e.path) + "/"));
         b.dataset.path = e.path;
         const sub = el("ul", "file-tree");
-        sub.hidden = true;
         sub.setAttribute("aria-label", "Files in " + e.path);
         b.onclick = () => toggle(b, sub, e.path);
         li.append(b, sub);
-        if (expanded.has(e.path)) opening.push([b, sub, e.path]);
+        const inner = data.subs.get(e.path);
+        shown(b, sub, !!inner);
+        if (inner) draw(sub, e.path, inner);
       } else {
         const b = el("button", "tree-file");
         b.type = "button";
         b.dataset.path = e.path;
         b.append(el("span", "name", base(e.path) + (e.kind === "symlink" ? " →" : "")));
         if (e.kind === "file") b.append(el("span", "size", size(e.size || 0)));
-        b.setAttribute("aria-label", "Open " + e.path);
+        b.title = e.path;
         b.onclick = () => onOpen(e.path, b);
         li.append(b);
       }
       ul.append(li);
     }
-    if (reply.truncated) ul.append(el("li", "hint", "More files are not listed here."));
-    if (focused) refocus(ul, focused);
-    await Promise.all(opening.map(([b, sub, p]) => open(b, sub, p, gen)));
+    if (data.reply.truncated) ul.append(el("li", "hint", "More files are not listed here."));
   }
 
   function refocus(ul, path) {
     for (const b of ul.querySelectorAll("button[data-path]")) if (b.dataset.path === path) { b.focus(); return; }
   }
 
-  async function open(button, sub, path, gen) {
-    button.setAttribute("aria-expanded", "true");
-    button.querySelector(".twisty").textContent = "▾";
-    sub.hidden = false;
-    await fill(sub, path, gen);
+  // A directory's button and list, open or closed.
+  function shown(button, sub, open) {
+    button.setAttribute("aria-expanded", String(open));
+    button.querySelector(".twisty").textContent = open ? "▾" : "▸";
+    sub.hidden = !open;
   }
 
   function toggle(button, sub, path) {
-    if (button.getAttribute("aria-expanded") === "true") {
-      button.setAttribute("aria-expanded", "false");
-      button.querySelector(".twisty").textContent = "▸";
-      sub.hidden = true;
-      expanded.delete(path);
-      return;
-    }
+    const open = button.getAttribute("aria-expanded") !== "true";
+    shown(button, sub, open);
+    if (!open) { expanded.delete(path); return; }
     expanded.add(path);
-    open(button, sub, path, generation);
+    fill(sub, path, generation);
   }
 
   // The tree of `conv` (null: empty), its opened directories kept when it is the same one.

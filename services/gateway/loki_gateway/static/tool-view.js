@@ -1,7 +1,8 @@
 // The code tools' calls and results drawn for a person (issue 43, Code mode), in place of the
 // generic "⚙ name {json}" bubble of chat-messages.js:
-// - a call: `run` shows its command line ("$ pytest -q"), `git` its op (and commit message),
-//   the file tools (read, write, edit, list, glob, grep, preview) their path or pattern;
+// - a call: `run` shows its command line ("⚙ run: pytest -q", then "$ pytest -q"), `git` its
+//   op (and commit message), the file tools (read, write, edit, list, glob, grep, preview)
+//   their path or pattern;
 // - a result of `run` or `git`: the exit code (a badge: green 0, red otherwise), why the
 //   sandbox killed it (timeout, output, memory, processes), the duration, the command again,
 //   and the output in monospace: whole when short, else its last lines with the whole output
@@ -48,14 +49,14 @@ window.LokiToolView = (function () {
     if (!args) return false;
     if (c.name === "run" && typeof args.command === "string") {
       c.el.classList.add("code-call");
-      c.s.textContent = "▶ run: " + oneLine(args.command, 80);
+      c.s.textContent = "⚙ run: " + oneLine(args.command, 80);
       c.pre.className = "cmd";
       c.pre.textContent = "$ " + args.command + (args.timeout_s ? "\n(time limit " + args.timeout_s + " s)" : "");
       return true;
     }
     if (c.name === "git" && typeof args.op === "string") {
       c.el.classList.add("code-call");
-      c.s.textContent = "⎇ " + oneLine(gitLine(args), 80);
+      c.s.textContent = "⚙ " + oneLine(gitLine(args), 80);
       c.pre.className = "cmd";
       c.pre.textContent = gitLine(args);
       return true;
