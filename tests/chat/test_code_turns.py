@@ -408,3 +408,18 @@ async def test_check_now_through_the_api_and_refused_while_a_turn_runs(
     assert busy.error is not None and busy.error.type == "conflict"
     await client.tap.wait_turn_ends(cid, 1)
     assert criteria_states(client, cid) == [["pending"], ["failed"], ["met"]]
+
+
+async def test_a_request_reaching_another_instance_is_served_by_the_owner(
+    chat_runner, supervisor, client, fake_engine, workspace
+):
+    owner = await start(chat_runner)
+    cid = await code_conversation(client)  # owned by the only instance
+    other = await start(chat_runner)  # a second instance in the queue group
+    assert cid in owner.actors
+    await code(client, cid, "criteria", criteria=[{"text": "t", "command": "true"}])
+    for _ in range(6):  # the queue group spreads them: each reaches the owner
+        got = await code(client, cid, "get")
+        assert got.error is None and got.state.mode == "code"
+        assert [c.id for c in got.state.criteria] == ["c1"]
+    assert owner.actors[cid].conv.code.criteria[0].text == "t" and cid not in other.actors

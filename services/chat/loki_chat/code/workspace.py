@@ -42,7 +42,8 @@ _ADVICE = {
     "invalid_request": "Correct the arguments and call again.",
     "forbidden": "Use a path relative to the workspace's root, inside it (no '..', no "
     "absolute path, no link leading out).",
-    "not_found": "Check the path (list or glob show what exists).",
+    "not_found": "Check the path (list or glob show what exists); if the workspace itself "
+    "is missing, tell the user to create it.",
     "conflict": "Read the file again and resend with a text that occurs exactly once.",
     "unavailable": "The sandbox cannot run here: tell the user; file tools still work.",
     "unreachable": "Try again in a moment, or tell the user the workspace service is down.",
