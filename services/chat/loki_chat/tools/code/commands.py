@@ -23,6 +23,9 @@ from .target import CodeTarget, failure_text, missing, text_arg
 #: Characters of a result kept for its status line and notes (the rest is output).
 _ROOM = 600
 _GIT_OPS = ("status", "diff", "commit", "log")
+#: Seconds a ``git`` request may take (the service runs each of its git commands for at most
+#: 120 s in the sandbox; a commit is two).
+GIT_TIMEOUT_S = 260.0
 
 
 def head_tail(text: str, limit: int) -> str:
@@ -107,7 +110,7 @@ def command_tools(target: CodeTarget) -> list[ToolSpec]:
                 subjects.WORKSPACE_GIT,
                 GitRequest(project=target.project(), op=op, message=message, paths=paths),  # type: ignore[arg-type]
                 RunReply,
-                ws.timeout_s + 30.0,
+                GIT_TIMEOUT_S,
             )
         except Exception as exc:  # noqa: BLE001 - said to the model
             return failure_text("git", exc)

@@ -20,6 +20,7 @@ from typing import Any
 
 from loki_shared import subjects
 from loki_shared.messages.workspace import (
+    FileEntry,
     FilesReply,
     FilesRequest,
     ReadReply,
@@ -51,6 +52,15 @@ def numbered(reply: ReadReply) -> str:
         lines.pop()
     body = "\n".join(f"{reply.first_line + i:>6}\t{line}" for i, line in enumerate(lines))
     return f"{header}\n{body}"
+
+
+def entry_line(entry: FileEntry) -> str:
+    """One entry of ``list``/``glob``: ``dir/``, ``file (N bytes)`` or ``link (link)``."""
+    if entry.kind == "dir":
+        return f"{entry.path}/"
+    if entry.kind == "file":
+        return f"{entry.path} ({entry.size} bytes)"
+    return f"{entry.path} (link)"
 
 
 def binary_hint(reply: ReadReply) -> str:
@@ -163,15 +173,7 @@ def file_tools(target: CodeTarget) -> list[ToolSpec]:
             return "\n".join(lines) + more
         if not reply.entries:
             return "Nothing found." if op == "glob" else "Empty."
-        lines = [
-            f"{e.path}/"
-            if e.kind == "dir"
-            else f"{e.path} ({e.size} bytes)"
-            if e.kind == "file"
-            else f"{e.path} (link)"
-            for e in reply.entries
-        ]
-        return "\n".join(lines) + more
+        return "\n".join(entry_line(e) for e in reply.entries) + more
 
     async def list_(args: dict[str, Any]) -> str:
         return await files("list", args)
