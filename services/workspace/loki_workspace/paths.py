@@ -1,0 +1,139 @@
+"""The rules a workspace path obeys (pure, but for :func:`resolve`, which asks the file system
+where a path's symlinks lead).
+
+A path comes from the model or a person: relative to the workspace's root, POSIX form. It is
+refused before anything is touched when it is absolute, holds a NUL, or has a ``..`` that
+climbs above the root (``a/../../x``); then it is resolved on the disk, symlinks followed,
+and refused when the result is outside the root (a symlink to ``/etc/passwd`` made by a
+command). Refusals are :class:`~loki_shared.errors.Forbidden`, except a malformed path
+(NUL, empty) which is :class:`~loki_shared.errors.InvalidRequest`.
+
+File tools never write inside ``.git`` (a repository's internals are git's: hooks written
+there would run at the next commit, in the sandbox, but still unasked); they never list it
+either.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from loki_shared.errors import Forbidden, InvalidRequest
+
+#: The repository's own folder: never listed, never written by the file tools.
+GIT_DIR = ".git"
+
+
+def parts(path: str) -> tuple[str, ...]:
+    """``path``'s components after the lexical rules, ``.`` and empty ones dropped, each ``..``
+    taking back the one before it (``"a/./b/../c"`` -> ``("a", "c")``; ``"."`` -> ``()``).
+
+    Raises:
+        InvalidRequest: ``path`` holds a NUL character.
+        Forbidden: ``path`` is absolute, or a ``..`` climbs above the workspace's root.
+    """
+    if "\0" in path:
+        raise InvalidRequest(f"path {path!r} holds a NUL character: resend it without")
+    if path.startswith("/"):
+        raise Forbidden(
+            f"path {path!r} is absolute: give it relative to the workspace's root, e.g. 'src/x.py'"
+        )
+    out: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not out:
+                raise Forbidden(f"path {path!r} leaves the workspace (a '..' above its root)")
+            out.pop()
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def is_inside(root: str, target: str) -> bool:
+    """Whether the absolute, normalised path ``target`` is ``root`` or below it."""
+    return target == root or target.startswith(root.rstrip("/") + "/")
+
+
+def touches_git(rel: tuple[str, ...]) -> bool:
+    """Whether a workspace-relative path (its :func:`parts`) is inside a ``.git`` folder."""
+    return GIT_DIR in rel
+
+
+def resolve(root: Path, path: str) -> tuple[tuple[str, ...], Path]:
+    """``path`` (as sent) checked by :func:`parts`, then resolved on the disk below ``root``
+    (the workspace's real, absolute root): every symlink followed, a missing tail kept as
+    written.
+
+    Returns:
+        (the resolved path's components relative to ``root``, the resolved absolute path).
+
+    Raises:
+        InvalidRequest, Forbidden: see :func:`parts`; Forbidden also when a symlink leads
+            outside ``root``.
+    """
+    rel = parts(path)
+    real = os.path.realpath(os.path.join(root, *rel)) if rel else str(root)
+    if not is_inside(str(root), real):
+        raise Forbidden(
+            f"path {path!r} leads outside the workspace (a symlink to {real!r}): "
+            "only the workspace's own files can be used"
+        )
+    inner = os.path.relpath(real, root)
+    return (() if inner == "." else tuple(inner.split("/"))), Path(real)
+
+
+def display(rel: tuple[str, ...]) -> str:
+    """A path's components as the workspace-relative POSIX path a reply gives (``.`` for
+    the root)."""
+    return "/".join(rel) or "."
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A compiled regular expression matching the workspace-relative paths that the glob
+    ``pattern`` names: ``**`` any number of folders (``src/**/*.py`` matches
+    ``src/a.py`` and ``src/a/b.py``), ``*`` and ``?`` within one component, ``[...]`` a
+    character class; a pattern without ``/`` matches a file's name at any depth
+    (``*.py`` is ``**/*.py``).
+
+    Raises:
+        InvalidRequest: ``pattern`` is empty or absolute.
+    """
+    if not pattern or pattern.startswith("/"):
+        raise InvalidRequest(f"glob {pattern!r}: give a relative pattern, e.g. 'src/**/*.py'")
+    if "/" not in pattern:
+        pattern = "**/" + pattern
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]+/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 2 :]:
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1 : end].replace("\\", "\\\\")
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            out.append(f"[{body}]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def under(base: tuple[str, ...], rel: tuple[str, ...]) -> str:
+    """``rel`` relative to the folder ``base`` (both workspace-relative components), as a
+    POSIX path: what a glob below ``base`` is matched against."""
+    return "/".join(rel[len(base) :])
