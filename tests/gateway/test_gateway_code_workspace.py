@@ -3,10 +3,11 @@
 on the gateway tests' NATS; only ``loki.chat.code`` is scripted (a conversation in code mode
 in a project, :mod:`tests.gateway.code_peers`).
 
-A workspace is created empty and another cloned from a local git repository; the tree of a
-conversation's workspace lists its files (never ``.git``); a Python file comes back with its
-text and colours; a binary file says its type; a symlink out of the workspace is refused by
-the service (403) and ``..``, an absolute path and ``.git`` by the gateway (400)."""
+A workspace is created empty and another cloned from a local git repository where the
+service's sandbox starts (elsewhere the refusal says why); the tree of a conversation's
+workspace lists its files (never ``.git``); a Python file comes back with its text and colours;
+a binary file says its type; a symlink out of the workspace is refused by the service (its
+text never sent) and ``..``, an absolute path and ``.git`` by the gateway (400)."""
 
 from __future__ import annotations
 
@@ -94,22 +95,37 @@ def _git_repo(path: Path) -> Path:
     return path
 
 
-def test_workspaces_created_empty_and_cloned_then_browsed(api, peers, code, tmp_path):
-    r = api.get("/api/workspace", params={"project": "gwempty"})
-    assert r.status_code == 200 and r.json()["exists"] is False, r.text
+def test_a_workspace_is_created_and_cloned_where_the_sandbox_starts_else_refused_why(api, tmp_path):
+    """The service makes a workspace with git in its sandbox: where none starts here (its
+    info's ``sandbox`` is empty) the gateway relays its refusal (503 ``unavailable``, saying
+    why) and nothing is made."""
+    assert api.get("/api/workspace", params={"project": "gwempty"}).json()["exists"] is False
+    sandbox = api.get("/api/workspace", params={"project": "probe"}).json()["sandbox"]
+    source = _git_repo(tmp_path / "source")
+    if not sandbox:
+        err = error_of(api.post("/api/workspace", json={"project": "gwempty"}), 503)
+        assert err["code"] == "unavailable" and "sandbox" in err["message"], err
+        assert api.get("/api/workspace", params={"project": "gwempty"}).json()["exists"] is False
+        return
     r = api.post("/api/workspace", json={"project": "gwempty"})
     assert r.status_code == 201, r.text
     assert r.json()["exists"] is True and r.json()["origin"] == ""
     error_of(api.post("/api/workspace", json={"project": "gwempty"}), 409)
-
-    source = _git_repo(tmp_path / "source")
-    r = api.post("/api/workspace", json={"project": "gwclone", "clone_from": str(source)})
+    r = api.post("/api/workspace", json={"project": "gwclone1", "clone_from": str(source)})
     assert r.status_code == 201, r.text
-    info = r.json()
-    assert info["exists"] is True and info["head"] and info["origin"]
+    assert r.json()["exists"] is True and r.json()["head"] and r.json()["origin"]
 
+
+def test_a_conversations_workspace_is_browsed_and_read(api, peers, code, tmp_path):
+    # the workspace made on the host (a clone), as the chat tests do: reading needs no sandbox
+    source = _git_repo(tmp_path / "source")
+    ws = code.workspace("gwclone")
+    ws.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "clone", "-q", str(source), str(ws)], check=True)
     cid = peers.new_conv("real workspace").info.id
     code.code_mode(cid, "gwclone")
+    info = api.get("/api/workspace", params={"project": "gwclone"}).json()
+    assert info["exists"] is True and info["branch"] == "main" and info["head"]
     r = api.get("/api/chat/files", params={"conversation": cid, "depth": 3})
     assert r.status_code == 200, r.text
     paths = [e["path"] for e in r.json()["entries"]]
@@ -129,7 +145,7 @@ def test_workspaces_created_empty_and_cloned_then_browsed(api, peers, code, tmp_
 
     outside = tmp_path / "secret.txt"
     outside.write_text("not yours\n")
-    (code.workspace("gwclone") / "escape.txt").symlink_to(outside)
+    (ws / "escape.txt").symlink_to(outside)
     r = api.get("/api/chat/files/content", params={"conversation": cid, "path": "escape.txt"})
     assert r.status_code == 403 and "not yours" not in r.text, r.text
     for bad in ("../secret.txt", "/etc/passwd", ".git/config"):
