@@ -120,7 +120,9 @@ def _emit(peers, cid: str, delta: dict[str, Any], **extra: Any) -> None:
     peers.call(peers.emit(cid, delta, **extra))
 
 
-def _run_turn(peers, cid: str, call_id: str, command: str, result: str) -> None:
+def _run_turn(
+    peers, cid: str, call_id: str, command: str, result: str, run: Any = None, **end: Any
+) -> None:
     """A turn whose model calls ``run`` (as the chat service logs it), then answers."""
     _emit(peers, cid, {"role": "user", "content": "run the tests"}, loki={"event": "user"})
     _emit(peers, cid, {"role": "assistant"}, loki={"event": "turn_start"})
@@ -132,9 +134,12 @@ def _run_turn(peers, cid: str, call_id: str, command: str, result: str) -> None:
     }
     _emit(peers, cid, {"tool_calls": [call]})
     tool = {"role": "tool", "tool_call_id": call_id, "name": "run", "content": result}
-    _emit(peers, cid, tool, loki={"event": "tool_result", "label": "run"})
+    meta = {"event": "tool_result", "label": "run"}
+    if run is not None:  # the chat service's own figures (its loki.run)
+        meta["run"] = run
+    _emit(peers, cid, tool, loki=meta)
     _emit(peers, cid, {"content": "The tests ran."})
-    _emit(peers, cid, {}, finish_reason="stop", loki={"event": "turn_end"})
+    _emit(peers, cid, {}, finish_reason="stop", loki={"event": "turn_end", **end})
 
 
 @pytest.mark.parametrize("width,height", SIZES, ids=IDS)
@@ -240,7 +245,7 @@ def test_code_mode_the_tree_a_coloured_file_criteria_and_a_run_call(
         _press(page, "#code-close")
         page.wait_for_selector("#code-panel", state="hidden")
         assert page.evaluate("document.activeElement.id") == "code-panel-btn"
-    _run_turn(peers, cid, f"call_{width}", "pytest -q", FAILED)
+    _run_turn(peers, cid, f"call_{width}", "pytest -q", FAILED, criteria_failed=["c2"])
     page.wait_for_selector(".run-result", timeout=WAIT_MS)
     assert "⚙ run: pytest -q" in page.inner_text("details.code-call summary")
     result = page.locator(".run-result").last
@@ -248,13 +253,27 @@ def test_code_mode_the_tree_a_coloured_file_criteria_and_a_run_call(
     assert result.locator("pre.cmd").inner_text() == "$ pytest -q"
     assert "FAILED tests/test_ops.py::test_add" in result.locator("pre.run-output").inner_text()
     assert "0.4 s" in result.locator(".run-head").inner_text()
-    long = "exit code: 0 | duration: 2.0 s | output: 900 bytes\n" + "\n".join(
-        f"collected line {i}" for i in range(1, 41)
+    # the turn's end says which criteria the verification left failing
+    page.wait_for_function(
+        "Array.from(document.querySelectorAll('.badge')).some("
+        "b => b.textContent.includes('criteria not met: c2'))"
     )
-    _run_turn(peers, cid, f"call_long_{width}", "pytest -v", long)
+    output = "\n".join(f"collected line {i}" for i in range(1, 41))
+    long = "exit code: 0 | duration: 9.9 s | output: 900 bytes\n" + output
+    run = {
+        "command": "pytest -v",
+        "exit_code": 0,
+        "killed": "",
+        "output": output,
+        "truncated": False,
+        "output_bytes": 900,
+        "duration_s": 2.0,
+    }
+    _run_turn(peers, cid, f"call_long_{width}", "pytest -v", long, run)
     page.wait_for_function("document.querySelectorAll('.run-result').length === 2")
     last = page.locator(".run-result").last
     assert last.locator(".pill.exit-ok").inner_text() == "exit 0"
+    assert "2.0 s" in last.locator(".run-head").inner_text()  # loki.run's, not the text's
     assert "collected line 40" in last.locator("pre.run-output").first.inner_text()
     assert "collected line 1\n" not in last.locator("pre.run-output").first.inner_text()
     summary = last.locator(".run-whole summary")

@@ -218,6 +218,9 @@ LokiChat.part((C, $, state) => {
       const cutAt = choice.finish_reason === "length" && ev.loki ? ev.loki.cut_at : null;
       if (choice.finish_reason === "length") parts.push(cutAt ? "reply cut at " + cutAt + " tokens" : "reply cut (window full)");
       if (ev.loki && ev.loki.prefix_unstable) parts.push("template re-renders the prefix");
+      // code mode: the criteria the verification left failing or unchecked (code-panel.js)
+      if (ev.loki && ev.loki.criteria_failed && ev.loki.criteria_failed.length) parts.push("criteria not met: " + ev.loki.criteria_failed.join(", "));
+      if (ev.loki && ev.loki.criteria_unchecked && ev.loki.criteria_unchecked.length) parts.push("criteria not checked: " + ev.loki.criteria_unchecked.join(", "));
       badge.textContent = parts.join(" · ") || choice.finish_reason;
       if (choice.finish_reason === "length") {
         // Continue resumes the same assistant message (POST /api/chat/continue)

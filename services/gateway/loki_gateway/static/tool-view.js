@@ -110,7 +110,7 @@ window.LokiToolView = (function () {
     pre.tabIndex = 0; // it scrolls: reachable by keyboard
     pre.setAttribute("role", "region");
     pre.setAttribute("aria-label", "Whole output");
-    whole.addEventListener("toggle", () => { if (whole.open && !pre.textContent) pre.textContent = output; });
+    pre.textContent = output;
     whole.append(pre);
     parent.append(el("p", "hint", "Last " + TAIL_LINES + " of " + lines.length + " lines:"), tail, whole);
   }
