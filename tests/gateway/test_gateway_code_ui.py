@@ -11,6 +11,7 @@ against the gateway, the fake chat peers and the scripted ``loki.chat.code`` /
    redraws them;
 3. a ``run`` tool call shows its command line, and its result the exit code, the command and
    the output (a long output: its last lines, the whole behind a toggle opened by keyboard);
+   a ``git`` call its op and message; the turn's end names the criteria left failing;
 4. switching a project without a workspace to code mode asks first: create it empty or clone
    it from a local path, then the switch; a binary file says its type;
 
@@ -19,6 +20,7 @@ every step reached by keyboard, axe-core clean (no serious or critical violation
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -120,25 +122,33 @@ def _emit(peers, cid: str, delta: dict[str, Any], **extra: Any) -> None:
     peers.call(peers.emit(cid, delta, **extra))
 
 
-def _run_turn(
-    peers, cid: str, call_id: str, command: str, result: str, run: Any = None, **end: Any
+def _tool_turn(
+    peers,
+    cid: str,
+    call_id: str,
+    name: str,
+    args: dict[str, Any],
+    result: str,
+    run: Any = None,
+    **end: Any,
 ) -> None:
-    """A turn whose model calls ``run`` (as the chat service logs it), then answers."""
-    _emit(peers, cid, {"role": "user", "content": "run the tests"}, loki={"event": "user"})
+    """A turn whose model calls the tool ``name`` (as the chat service logs it: the call,
+    its ``tool_result`` event with ``loki.run`` when given), then answers."""
+    _emit(peers, cid, {"role": "user", "content": f"use {name}"}, loki={"event": "user"})
     _emit(peers, cid, {"role": "assistant"}, loki={"event": "turn_start"})
     call = {
         "index": 0,
         "id": call_id,
         "type": "function",
-        "function": {"name": "run", "arguments": '{"command": "' + command + '"}'},
+        "function": {"name": name, "arguments": json.dumps(args)},
     }
     _emit(peers, cid, {"tool_calls": [call]})
-    tool = {"role": "tool", "tool_call_id": call_id, "name": "run", "content": result}
-    meta = {"event": "tool_result", "label": "run"}
+    tool = {"role": "tool", "tool_call_id": call_id, "name": name, "content": result}
+    meta = {"event": "tool_result", "label": name}
     if run is not None:  # the chat service's own figures (its loki.run)
         meta["run"] = run
     _emit(peers, cid, tool, loki=meta)
-    _emit(peers, cid, {"content": "The tests ran."})
+    _emit(peers, cid, {"content": "Done."})
     _emit(peers, cid, {}, finish_reason="stop", loki={"event": "turn_end", **end})
 
 
@@ -245,7 +255,8 @@ def test_code_mode_the_tree_a_coloured_file_criteria_and_a_run_call(
         _press(page, "#code-close")
         page.wait_for_selector("#code-panel", state="hidden")
         assert page.evaluate("document.activeElement.id") == "code-panel-btn"
-    _run_turn(peers, cid, f"call_{width}", "pytest -q", FAILED, criteria_failed=["c2"])
+    run_q = {"command": "pytest -q"}
+    _tool_turn(peers, cid, f"call_{width}", "run", run_q, FAILED, criteria_failed=["c2"])
     page.wait_for_selector(".run-result", timeout=WAIT_MS)
     assert "⚙ run: pytest -q" in page.inner_text("details.code-call summary")
     result = page.locator(".run-result").last
@@ -269,7 +280,7 @@ def test_code_mode_the_tree_a_coloured_file_criteria_and_a_run_call(
         "output_bytes": 900,
         "duration_s": 2.0,
     }
-    _run_turn(peers, cid, f"call_long_{width}", "pytest -v", long, run)
+    _tool_turn(peers, cid, f"call_long_{width}", "run", {"command": "pytest -v"}, long, run)
     page.wait_for_function("document.querySelectorAll('.run-result').length === 2")
     last = page.locator(".run-result").last
     assert last.locator(".pill.exit-ok").inner_text() == "exit 0"
@@ -283,7 +294,19 @@ def test_code_mode_the_tree_a_coloured_file_criteria_and_a_run_call(
     whole = last.locator("pre.run-output.whole")
     whole.wait_for(state="visible")
     assert "collected line 1\n" in whole.inner_text()
-    _check(page, "the thread with run calls", phone)
+    # a git call: its op and message, then the result with the command it ran
+    commit = {"op": "commit", "message": "add calc"}
+    done = "[main 1a2b3c4] add calc\n 1 file changed, 6 insertions(+)"
+    git_run = {"command": "git commit", "op": "commit", "exit_code": 0, "killed": "",
+               "output": done, "truncated": False, "output_bytes": 50, "duration_s": 0.1}  # fmt: skip
+    text = "exit code: 0 | duration: 0.1 s | output: 50 bytes\n" + done
+    _tool_turn(peers, cid, f"call_git_{width}", "git", commit, text, git_run)
+    page.wait_for_function("document.querySelectorAll('.run-result').length === 3")
+    assert 'git commit -m "add calc"' in page.locator("details.code-call summary").last.inner_text()
+    git_result = page.locator(".run-result").last
+    assert git_result.locator("pre.cmd").inner_text() == "git commit"
+    assert "[main 1a2b3c4] add calc" in git_result.locator("pre.run-output").inner_text()
+    _check(page, "the thread with run and git calls", phone)
     _shot(page, f"code-run-{width}x{height}.png")
 
 
