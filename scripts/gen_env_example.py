@@ -41,6 +41,7 @@ SERVICES: list[tuple[str, str]] = [
     ("memory", "loki_memory"),
     ("engine-supervisor", "loki_supervisor"),
     ("perf", "loki_perf"),
+    ("workspace", "loki_workspace"),
 ]
 
 #: Variables read directly from the environment (not through a Settings class).
@@ -71,6 +72,8 @@ COMPOSE_DOCS: dict[str, str] = {
     "LOKI_IMAGE_PREFIX": "name prefix of the images compose builds (loki/chat, ...).",
     "LOKI_IMAGE_TAG": "tag of the images compose builds.",
     "LOKI_MODELS_DIR": "host folder mounted read-only at /models in the engine container.",
+    "LOKI_REPOS_DIR": "host folder mounted read-only at /repos in the workspace container: "
+    "the repositories a project's workspace may be cloned from (clone_from /repos/<name>).",
     "LOKI_MODEL": "GGUF the engine loads, e.g. /models/<file>.gguf; empty: the bundled SmolLM2.",
     "LOKI_LOG_LEVEL": "log level of every Loki service.",
     "LOKI_PROMETHEUS_RETENTION": "how long Prometheus keeps samples.",

@@ -1,8 +1,8 @@
-"""The embedded stack: NATS, Redis and the six services as child processes on loopback.
+"""The embedded stack: NATS, Redis and the seven services as child processes on loopback.
 
 :class:`Stack` checks the ports it must listen on (:meth:`Stack.preflight`), starts the parts
 in dependency order (NATS and Redis first and ready, then the engine supervisor — which
-launches llama-server —, recall, memory, perf, chat, and the gateway last), and stops everything in
+launches llama-server —, recall, memory, perf, workspace, chat, and the gateway last), and stops everything in
 reverse order, NATS last. Data lives under ``LOKI_HOME``: Redis's append-only file in
 ``redis/``, JetStream in ``nats/``, so conversations, the archive and the perf ring survive a
 restart of the whole stack.
@@ -53,6 +53,7 @@ SERVICES: list[tuple[str, str]] = [
     ("recall", "loki_recall"),
     ("memory", "loki_memory"),
     ("perf", "loki_perf"),
+    ("workspace", "loki_workspace"),
     ("chat", "loki_chat"),
     ("gateway", "loki_gateway"),
 ]

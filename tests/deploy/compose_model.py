@@ -28,6 +28,7 @@ LOKI_SERVICES: dict[str, tuple[str, str]] = {
     "recall": ("recall", "loki_recall"),
     "memory": ("memory", "loki_memory"),
     "perf": ("perf", "loki_perf"),
+    "workspace": ("workspace", "loki_workspace"),
     "chat": ("chat", "loki_chat"),
     "gateway": ("gateway", "loki_gateway"),
 }

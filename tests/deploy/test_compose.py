@@ -157,7 +157,11 @@ def test_referenced_volumes_networks_and_paths_exist(rendered: tuple[str, str, d
                 assert mount["source"] in declared_volumes, (name, mount)
             elif mount["type"] == "bind":
                 src = Path(mount["source"])
-                generated = (ROOT / "models", ROOT / "secrets")  # the user's / loki-secrets'
+                generated = (
+                    ROOT / "models",
+                    ROOT / "repos",
+                    ROOT / "secrets",
+                )  # the user's / loki-secrets'
                 if src.is_relative_to(ROOT) and not any(src.is_relative_to(g) for g in generated):
                     assert src.exists(), (name, "bind source missing in the repository", src)
         if svc.get("network_mode") == "none":
@@ -236,12 +240,16 @@ def test_loki_services_are_wired_to_nats_redis_and_shared_data(
         assert env["LOKI_HOME"] == "/data"
         homes = {m["source"] for m in svc["volumes"] if m["target"] == "/data"}
         assert len(homes) == 1, (name, homes)
+    # ... but the workspace service's: it seals nothing and never sees the others' data, its
+    # /data is a volume of its own (the workspaces).
     sources = {
         next(m["source"] for m in s["volumes"] if m["target"] == "/data")
         for n, s in model["services"].items()
-        if n in LOKI_SERVICES
+        if n in LOKI_SERVICES and n != "workspace"
     }
     assert len(sources) == 1, sources
+    own = {m["source"] for m in model["services"]["workspace"]["volumes"] if m["target"] == "/data"}
+    assert own and not own & sources, own
 
 
 def test_engine_is_reachable_by_name(rendered: tuple[str, str, dict]) -> None:

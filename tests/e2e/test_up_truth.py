@@ -118,6 +118,7 @@ def test_a_service_exiting_while_starting_is_said_not_restarted(
         "recall",
         "memory",
         "perf",
+        "workspace",
         "chat",
         "gateway",
     }, line

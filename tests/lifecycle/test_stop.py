@@ -1,7 +1,7 @@
 """Every service stops on SIGTERM within ``LOKI_STOP_TIMEOUT_S``, exit status 0, whatever
 NATS and Redis are doing (issue 25).
 
-The six services run as real processes on their own NATS and Redis (these tests kill them),
+The seven services run as real processes on their own NATS and Redis (these tests kill them),
 the engine supervisor following a scripted engine (``LOKI_ENGINE_URL``). One turn is done
 before each stop, and the conversation stored in Redis is compared after the stop: nothing
 already persisted is lost. Each scenario measures, for each service, the time from its
@@ -39,7 +39,7 @@ EXIT_SLACK_S = 1.0
 
 @dataclass
 class Procs:
-    """NATS, Redis and the six services of one test."""
+    """NATS, Redis and the seven services of one test."""
 
     root: Path
     nats: servers.RunningServer
