@@ -209,6 +209,7 @@ class Compose:
             "LOKI_IMAGE_PREFIX": PROJECT,
             "LOKI_CREDENTIALS_DIR": str(self.workdir / "secrets"),
             "LOKI_MODELS_DIR": str(self.workdir / "models"),
+            "LOKI_REPOS_DIR": str(self.workdir / "repos"),
             "LOKI_WEB_PORT": str(self.web_port),
             "LOKI_BIND_ADDR": "127.0.0.1",
             "GRAFANA_ADMIN_PASSWORD": "compose-check",
@@ -232,6 +233,7 @@ class Compose:
 
     def __call__(self, *args: str, timeout: float = 900, **kw) -> str:
         (self.workdir / "models").mkdir(parents=True, exist_ok=True)
+        (self.workdir / "repos").mkdir(parents=True, exist_ok=True)
         return run(self.argv(*args), timeout=timeout, env=self.env(), cwd=ROOT, **kw)
 
     def ps(self) -> list[dict]:

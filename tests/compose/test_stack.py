@@ -26,6 +26,7 @@ RUNNING = {
     "recall",
     "memory",
     "perf",
+    "workspace",
     "chat",
     "gateway",
     "prometheus",
@@ -163,3 +164,81 @@ def test_redis_refuses_another_services_keys(compose: Compose) -> None:
     assert "NOPERM" in cli("chat", "set", "loki:engine:presets", "x")
     assert "NOPERM" not in cli("engine-supervisor", "exists", "loki:engine:presets")
     assert "NOPERM" in cli("engine-supervisor", "get", "loki:chat:index")
+
+
+#: Run in the chat container (whose NATS user may ask the workspace service): each request of
+#: ``STEPS`` in turn, the replies printed as one JSON list.
+WORKSPACE_CLIENT = """
+import asyncio, json, sys
+import nats
+from loki_shared.settings import LokiSettings
+async def main():
+    s = LokiSettings()
+    nc = await nats.connect(s.nats_url, **s.nats_options())
+    out = []
+    for subject, body in json.loads(sys.argv[1]):
+        msg = await nc.request(subject, json.dumps(body).encode(), timeout=150)
+        out.append(json.loads(msg.data))
+    await nc.close()
+    print(json.dumps(out))
+asyncio.run(main())
+"""
+
+
+def ask_workspace(compose: Compose, steps: list[tuple[str, dict]]) -> list[dict]:
+    out = compose("exec", "-T", "chat", "python", "-c", WORKSPACE_CLIENT, json.dumps(steps),
+                  timeout=600)  # fmt: skip
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_workspace_container_runs_commands_in_its_sandbox(compose: Compose) -> None:
+    """In the running stack, through NATS as chat: a workspace is created, a command runs in
+    the sandbox as the container's user with only loopback and none of the container's
+    secrets, a fork bomb fails to fork, a sleep past its limit is killed, and a commit is
+    Loki's."""
+    project = "composecheck"
+    look = (
+        "id -u; cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d ' '; "
+        "ls /run/secrets /data 2>&1 | head -2; env | grep -c LOKI_ || true"
+    )
+    create, run, bomb, sleep, write, commit, log = ask_workspace(
+        compose,
+        [
+            ("loki.workspace.create", {"project": project}),
+            ("loki.workspace.run", {"project": project, "command": look}),
+            ("loki.workspace.run", {"project": project, "timeout_s": 20,
+             "command": "i=0; while [ $i -lt 400 ]; do sleep 5 & i=$((i+1)); done"}),
+            ("loki.workspace.run", {"project": project, "command": "sleep 30", "timeout_s": 1}),
+            ("loki.workspace.write", {"project": project, "op": "write", "path": "a.txt",
+                                      "content": "hello\n"}),
+            ("loki.workspace.git", {"project": project, "op": "commit", "message": "first"}),
+            ("loki.workspace.git", {"project": project, "op": "log"}),
+        ],
+    )  # fmt: skip
+    assert create.get("error") is None, create
+    assert create["info"]["sandbox"].startswith("bubblewrap"), create
+    assert run["exit_code"] == 0, run
+    lines = run["output"].splitlines()
+    assert lines[0] == "10001" and lines[1:2] == ["lo"], run["output"]
+    assert "No such file or directory" in run["output"] and lines[-1] == "0", run["output"]
+    assert "Cannot fork" in bomb["output"], bomb
+    assert sleep["killed"] == "timeout", sleep
+    assert write.get("error") is None and commit["exit_code"] == 0, (write, commit)
+    assert log["output"].strip().endswith("Loki: first"), log
+
+
+def test_the_workspace_preview_renders_in_the_container(compose: Compose) -> None:
+    project = "composepreview"
+    page = "<html><head><title>Check</title></head><body><h1>Rendered</h1></body></html>"
+    _, _, preview = ask_workspace(
+        compose,
+        [
+            ("loki.workspace.create", {"project": project}),
+            ("loki.workspace.write", {"project": project, "op": "write", "path": "index.html",
+                                      "content": page}),
+            ("loki.workspace.preview", {"project": project, "path": "index.html"}),
+        ],
+    )  # fmt: skip
+    assert preview.get("error") is None, preview
+    assert (preview["title"], preview["text"]) == ("Check", "Rendered"), preview
+    assert preview["png"].startswith("iVBORw0KGgo"), preview["png"][:40]  # base64 of a PNG

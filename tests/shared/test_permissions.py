@@ -111,12 +111,21 @@ def test_no_user_reads_another_users_replies() -> None:
 
 
 def test_only_the_services_that_answer_requests_may_respond() -> None:
-    responders = {"gateway", "chat", "recall", "memory", "engine-supervisor", "perf"}
+    responders = {"gateway", "chat", "recall", "memory", "engine-supervisor", "perf", "workspace"}
     for row in permissions.USERS:
         block = row.nats_permissions()
         # nats-server's allow_responses: a reply to a request it received, nothing more
         assert block.get("allow_responses", False) is (row.user in responders), row.user
     assert {row.user for row in permissions.USERS} >= responders | {"cli", "backup", "bench"}
+
+
+def test_only_the_workspace_service_answers_workspace_requests() -> None:
+    for subject in (subjects.WORKSPACE_RUN, subjects.WORKSPACE_WRITE, subjects.WORKSPACE_INFO):
+        assert subscribers(subject) == {"workspace"}, subject
+    # chat runs the code tools; the gateway's Code panel only reads (and creates)
+    assert publishers(subjects.WORKSPACE_RUN) == {"chat"}
+    assert "gateway" in publishers(subjects.WORKSPACE_READ)
+    assert permissions.grant("workspace").redis_keys == ("loki:workspace:*",)
 
 
 def test_the_table_cannot_be_changed_at_run_time() -> None:
