@@ -93,18 +93,12 @@ def fake_stack(tmp_path: Path, fake_engine: FakeEngine) -> Iterator[Any]:
 @pytest.fixture
 async def workspace(nats_url: str, redis_db: str, tmp_path: Path) -> AsyncIterator[Any]:
     """The real workspace service (code mode, issue 43), in process, its workspaces under
-    ``tmp_path``; the default project's is made already (a folder, ``git init`` on the host
-    when git is there), so the file operations work even where the sandbox cannot start."""
-    import shutil
-    import subprocess
-
+    ``tmp_path``; the default project's is made already: by the service where its sandbox
+    starts, else as a bare folder (so the file operations work even without a sandbox)."""
+    from loki_shared.messages.workspace import CreateRequest
     from loki_workspace.service import WorkspaceService
     from loki_workspace.settings import Settings
 
-    folder = tmp_path / "workspaces" / "default"
-    folder.mkdir(parents=True)
-    if shutil.which("git"):
-        subprocess.run(["git", "init", "-q", "-b", "main", str(folder)], check=True)
     service = WorkspaceService(
         Settings(
             home=tmp_path / "ws-home",
@@ -114,5 +108,9 @@ async def workspace(nats_url: str, redis_db: str, tmp_path: Path) -> AsyncIterat
         )
     )
     await service.start()
+    if service.sandbox.version:
+        await service.workspaces.create(CreateRequest(project="default"))
+    else:
+        (service.workspaces.root / "default").mkdir(parents=True)
     yield service
     await service.stop()

@@ -2,9 +2,9 @@
 workspace service, the fake supervisor and the scripted fake engine (a model's decisions
 scripted: tool calls, answers, verdicts).
 
-The default project's workspace is made before the service starts (the ``workspace`` fixture
-of tests/chat/conftest.py: a folder and ``git init`` on the host), so the file tools work
-where the sandbox cannot start; the tests that run
+The default project's workspace is made beforehand (the ``workspace`` fixture of
+tests/chat/conftest.py: by the service, or a bare folder where the sandbox cannot start, so
+the file tools work there too); the tests that run
 commands (``run``, ``git``, a criterion's command) need the sandbox (bubblewrap able to make
 its namespaces here) and are skipped without it — their twin checks the result that says the
 sandbox is unavailable."""
@@ -159,7 +159,7 @@ async def test_the_file_tools_act_in_the_workspace_and_every_failure_is_a_result
     for outside in (got["call_read_6"], got["call_read_7"]):
         assert outside.startswith("Error: `read` failed:") and "inside it" in outside
     assert "pkg/hello.py (" in got["call_list_8"]
-    assert got["call_grep_9"] == "pkg/hello.py:2: print('yo')"
+    assert got["call_grep_9"] == "pkg/hello.py:1: print('yo')"
     assert got["call_glob_10"].startswith("pkg/hello.py")
     assert got["call_read_11"].startswith("Error: `read` needs `path`")
     labels = [
@@ -221,6 +221,7 @@ async def test_tools_say_when_the_workspace_service_does_not_answer(
 ):
     await start(chat_runner, workspace_timeout_s=0.5)
     cid = await code_conversation(client)  # the switch itself never fails
+    await client.tap.wait(lambda: bool(loki_events(client, cid, "mode_changed")))
     [changed] = loki_events(client, cid, "mode_changed")
     assert "did not answer" in changed["workspace_error"]
     fake_engine.push(tool_reply([call(1, "read", path="a.py")]), text_reply("Sorry."))
@@ -423,3 +424,22 @@ async def test_a_request_reaching_another_instance_is_served_by_the_owner(
         assert got.error is None and got.state.mode == "code"
         assert [c.id for c in got.state.criteria] == ["c1"]
     assert owner.actors[cid].conv.code.criteria[0].text == "t" and cid not in other.actors
+
+
+async def test_a_switch_makes_the_project_workspace_when_it_has_none(
+    chat_runner, supervisor, client, fake_engine, workspace
+):
+    needs_sandbox(workspace)
+    await start(chat_runner)
+    made = await client.conversations("create", project="web")
+    cid = made.conversation.id
+    assert not (workspace.workspaces.root / "web").exists()
+    reply = await code(client, cid, "mode", mode="code")
+    assert reply.state.project == "web"
+    await client.tap.wait(lambda: bool(loki_events(client, cid, "mode_changed")))
+    [changed] = loki_events(client, cid, "mode_changed")
+    assert changed["project"] == "web" and changed["sandbox"].startswith("bubblewrap")
+    assert (workspace.workspaces.root / "web" / ".git").is_dir()
+    fake_engine.push(tool_reply([call(1, "write", path="a.txt", content="x")]), text_reply("ok"))
+    await client.turn("Write a.txt", cid)
+    assert (workspace.workspaces.root / "web" / "a.txt").read_text() == "x"
