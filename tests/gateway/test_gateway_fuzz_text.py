@@ -12,6 +12,7 @@ import pytest
 from tests.fakes.fake_engine import FakeEngine, responses_reply, text_reply
 from tests.fakes.gateway_peers import FakePeers
 
+from .code_peers import CodePeers
 from .fuzz_json import run_fuzz
 
 KEY = "fuzz-text-key"
@@ -30,11 +31,14 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def peers(gw_nats, engine):
+def peers(gw_nats, engine, tmp_path_factory):
     fake = FakePeers(gw_nats, engine.url, id_slot=0)
     fake.delay_s = 0
     fake.start()
+    # code mode's peers too (loki.chat.code, loki.workspace.*: issue 43's /api/chat routes)
+    code = CodePeers(fake, tmp_path_factory.mktemp("fuzz-workspaces")).start()
     yield fake
+    code.stop()
     fake.stop()
 
 
