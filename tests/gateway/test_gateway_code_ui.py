@@ -306,6 +306,16 @@ def test_code_mode_the_tree_a_coloured_file_criteria_and_a_run_call(
     git_result = page.locator(".run-result").last
     assert git_result.locator("pre.cmd").inner_text() == "git commit"
     assert "[main 1a2b3c4] add calc" in git_result.locator("pre.run-output").inner_text()
+    # a command the sandbox killed: why, in place of an exit code
+    slept = {"command": "sleep 99", "exit_code": None, "killed": "timeout", "output": "",
+             "truncated": False, "output_bytes": 0, "duration_s": 5.0}  # fmt: skip
+    text = "killed: timeout (past its time limit) | duration: 5.0 s | output: 0 bytes\n(no output)"
+    _tool_turn(peers, cid, f"call_kill_{width}", "run", {"command": "sleep 99"}, text, slept)
+    page.wait_for_function("document.querySelectorAll('.run-result').length === 4")
+    killed = page.locator(".run-result").last
+    assert killed.locator(".pill.exit-killed").inner_text() == "killed: timeout"
+    assert killed.locator(".pill.exit-ok, .pill.exit-fail").count() == 0
+    assert "(no output)" in killed.inner_text()
     _check(page, "the thread with run and git calls", phone)
     _shot(page, f"code-run-{width}x{height}.png")
 
