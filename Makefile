@@ -23,7 +23,7 @@ lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict -p loki_shared
-	$(VENV)/bin/mypy -p loki_chat -p loki_gateway -p loki_recall -p loki_memory -p loki_supervisor -p loki_perf -p loki_cli
+	$(VENV)/bin/mypy -p loki_chat -p loki_gateway -p loki_recall -p loki_memory -p loki_supervisor -p loki_perf -p loki_workspace -p loki_cli
 
 # The stack on a real Docker engine (issue 36): images built from the Dockerfiles, `docker
 # compose up` with the CPU engine, checked while it runs (tests/compose; part of `make test`).
