@@ -2,10 +2,10 @@
 
 :class:`Stack` checks the ports it must listen on (:meth:`Stack.preflight`), starts the parts
 in dependency order (NATS and Redis first and ready, then the engine supervisor — which
-launches llama-server —, recall, memory, perf, workspace, chat, and the gateway last), and stops everything in
-reverse order, NATS last. Data lives under ``LOKI_HOME``: Redis's append-only file in
-``redis/``, JetStream in ``nats/``, so conversations, the archive and the perf ring survive a
-restart of the whole stack.
+launches llama-server —, recall, memory, perf, workspace, chat, and the gateway last), and
+stops everything in reverse order, NATS last. Data lives under ``LOKI_HOME``: Redis's
+append-only file in ``redis/``, JetStream in ``nats/``, so conversations, the archive and the
+perf ring survive a restart of the whole stack.
 
 The embedded NATS and Redis require a login (issue 22): the passwords are generated once into
 ``LOKI_HOME/credentials.json`` (0600, :func:`loki_shared.credentials.ensure`), nats-server runs
