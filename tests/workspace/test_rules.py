@@ -11,7 +11,7 @@ import pytest
 
 from loki_shared.errors import Forbidden, InvalidRequest
 from loki_shared.messages.workspace import GitRequest
-from loki_workspace import git, paths, preview
+from loki_workspace import git, paths, preview, seccomp
 from loki_workspace.sandbox import ENV, Bind, Host, Limits, _Output, build_argv
 
 # --- paths -----------------------------------------------------------------------------------
@@ -237,3 +237,56 @@ def test_the_mount_points_parents_are_made_walkable() -> None:
     tmpfs = [argv[i + 1] for i, a in enumerate(argv) if a == "--tmpfs"]
     assert tmpfs == ["/tmp", "/dev/shm"]
     assert argv[argv.index("/tmp") - 5 : argv.index("/tmp") - 3] == ["--perms", "1777"]
+
+
+# --- the seccomp filter (root mode) ------------------------------------------------------------
+
+
+def _run_bpf(prog: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+    """The filter's answer to one call: a small interpreter of the instructions it uses."""
+    import struct
+
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    insns = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # ld [k]
+            acc = struct.unpack_from("=I", data, k)[0]
+            pc += 1
+        elif code == 0x15:  # jeq k
+            pc += 1 + (jt if acc == k else jf)
+        elif code == 0x45:  # jset k
+            pc += 1 + (jt if acc & k else jf)
+        elif code == 0x06:  # ret k
+            return k
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x}")
+
+
+@pytest.mark.parametrize("machine", sorted(seccomp.ARCHES))
+def test_the_filter_refuses_user_namespaces_only(machine: str) -> None:
+    import errno
+
+    prog = seccomp.program(machine)
+    assert prog is not None
+    audit, clone, unshare, clone3 = seccomp.ARCHES[machine]
+    allow, eperm, enosys = 0x7FFF0000, 0x50000 | errno.EPERM, 0x50000 | errno.ENOSYS
+    newuser = seccomp.CLONE_NEWUSER
+    assert _run_bpf(prog, audit, unshare, newuser) == eperm
+    assert _run_bpf(prog, audit, unshare, newuser | 0x20000) == eperm  # with CLONE_NEWNS too
+    assert _run_bpf(prog, audit, clone, newuser | 0x11) == eperm
+    assert _run_bpf(prog, audit, clone, 0x01200011) == allow  # fork's flags
+    assert _run_bpf(prog, audit, unshare, 0x20000) == allow  # a mount namespace (no right to)
+    assert _run_bpf(prog, audit, clone3) == enosys  # the C library falls back to clone
+    assert _run_bpf(prog, audit, 0) == allow and _run_bpf(prog, audit, 59) == allow
+    assert _run_bpf(prog, 0x40000003, 120, newuser) == enosys  # a 32-bit call on x86-64
+    if machine == "x86_64":
+        assert _run_bpf(prog, audit, seccomp.X32_BIT | 272, newuser) == enosys
+    assert seccomp.program("sparc") is None
+
+
+def test_under_root_the_filter_is_given_to_bwrap() -> None:
+    argv = build_argv("bwrap", ["id"], HOST, [], LIMITS, as_user=(1, 1), seccomp_fd=9)
+    assert argv[argv.index("--seccomp") + 1] == "9"
+    assert argv.index("--seccomp") < argv.index("--")

@@ -195,6 +195,14 @@ async def test_no_network_but_loopback(workspace_process: WorkspaceProcess, nc: 
     await _still_serving(nc, workspace_process, project)
 
 
+async def test_no_user_namespace_inside(workspace_process: WorkspaceProcess, nc: NATS) -> None:
+    project = await _workspace(nc)
+    run = await ask(nc, subjects.WORKSPACE_RUN, project=project,
+                    command="unshare -U -r id; echo status $?")  # fmt: skip
+    assert "Operation not permitted" in run.output and run.output.endswith("status 1\n")
+    await _still_serving(nc, workspace_process, project)
+
+
 async def test_memory_and_file_size_limits(workspace_process: WorkspaceProcess, nc: NATS) -> None:
     project = await _workspace(nc)
     mem = await ask(nc, subjects.WORKSPACE_RUN, project=project,

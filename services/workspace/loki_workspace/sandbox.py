@@ -40,8 +40,8 @@ Two ways to start it, by who the service runs as:
   command the unprivileged ``LOKI_WORKSPACE_UID``/``GID`` (default 65534) with no capability
   left, before ``prlimit``: its processes are then counted and limited (this count is that
   user's on the whole machine: sandboxes running at once share it). The workspaces belong to
-  that user. A command may then make a user namespace of its own: it gains no right on
-  anything the sandbox does not show.
+  that user. The seccomp filter of :mod:`.seccomp` keeps it from making a user namespace
+  (what ``--disable-userns`` does in the other way).
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ from pathlib import Path
 from typing import Literal
 
 from loki_shared.errors import Unavailable
+
+from . import seccomp
 
 log = logging.getLogger("loki.workspace.sandbox")
 
@@ -176,6 +178,7 @@ def build_argv(
     cwd: str = WORKSPACE,
     env: Mapping[str, str] | None = None,
     as_user: tuple[int, int] | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The ``bwrap`` command line that runs ``command`` (an argv) in the sandbox.
 
@@ -191,6 +194,8 @@ def build_argv(
         as_user: (uid, gid) the command is made inside by ``setpriv`` (the service runs as
             root: bwrap then makes no user namespace); None: the user bwrap runs as, in a
             user namespace of its own.
+        seccomp_fd: a descriptor bwrap reads a seccomp program from (``--seccomp``): with
+            ``as_user``, the filter of :mod:`.seccomp` that forbids user namespaces.
 
     Returns:
         The argv, starting with ``bwrap``.
@@ -201,6 +206,8 @@ def build_argv(
         argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         argv += ["--unshare-cgroup-try", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     # Folders bwrap would make for the mount points below are private to root (0700): the
     # sandbox's user must be able to walk them.
     dests = [*(f"/etc/{e}" for e in host.etc), *host.extra, *(b.dest for b in binds)]
@@ -307,6 +314,7 @@ class Sandbox:
         self.bwrap = shutil.which(bwrap) or bwrap
         self.host = host_layout()
         self.run_as: tuple[int, int] | None = run_as if os.geteuid() == 0 else None
+        self.filter = seccomp.program()
         self.version = ""
         self.problem = "not probed yet"
 
@@ -362,8 +370,22 @@ class Sandbox:
             for src, dest in extra:
                 fds.append(os.open(src, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
                 binds.append(Bind(fds[-1], dest))
+            seccomp_fd = None
+            if self.run_as is not None and self.filter is not None:
+                seccomp_fd, writer = os.pipe()
+                fds.append(seccomp_fd)
+                os.write(writer, self.filter)  # a few hundred bytes: the pipe holds them
+                os.close(writer)
             argv = build_argv(
-                self.bwrap, command, self.host, binds, limits, cwd, env, as_user=self.run_as
+                self.bwrap,
+                command,
+                self.host,
+                binds,
+                limits,
+                cwd,
+                env,
+                as_user=self.run_as,
+                seccomp_fd=seccomp_fd,
             )
             return await self._execute(argv, fds, limits)
         finally:
