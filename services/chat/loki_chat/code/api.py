@@ -45,6 +45,8 @@ async def handle(actor: Actor, req: CodeRequest) -> CodeReply:
         Conflict: ``mode`` or ``check`` while a turn runs.
     """
     code = actor.conv.code
+    if req.action in ("mode", "check") and actor.busy:
+        await settled(actor)
     if req.action == "mode":
         if req.mode is None:
             raise InvalidRequest("'mode' (chat or code) is required to switch the mode")
@@ -66,6 +68,13 @@ async def handle(actor: Actor, req: CodeRequest) -> CodeReply:
         actor.stop.clear()  # no turn runs: a stop from now on ends this check
         await actor.check_criteria(actor.stop)
     return CodeReply(state=actor.conv.code.model_copy(deep=True))
+
+
+async def settled(actor: Actor) -> None:
+    """When the turn's end event is out and nothing is queued, the worker is only writing the
+    conversation's last state: wait for that write (as ``control`` does) rather than refuse."""
+    if not actor.conv.turn_open and not actor.conv.pending:
+        await actor.settle()
 
 
 async def switch_mode(actor: Actor, mode: ChatMode) -> None:
