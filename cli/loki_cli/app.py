@@ -18,6 +18,7 @@ from pathlib import Path
 import typer
 
 from .backup_cmd import register as register_backup
+from .e2e import register as register_e2e
 from .stack import Stack, StackConfig, StackError
 from .term import console, say
 
@@ -101,6 +102,7 @@ def doctor() -> None:
 
 
 register_backup(app)
+register_e2e(app)
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from loki_shared.nats import close_client
 from . import errors
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
 from .bus import Bus
+from .e2e import routes as e2e_routes
 from .event_hub import EventHub
 from .json_text import JsonTextMiddleware
 from .memory_state import MemoryState
@@ -72,6 +73,7 @@ ROUTERS: dict[str, APIRouter] = {
     "workspace": workspace.router,
     "code_colours": code_colours.router,
     "v1": v1.router,
+    "e2e": e2e_routes.router,  # issue 45: pairing and the sealed chat (loki_gateway.e2e)
 }
 
 
@@ -180,6 +182,8 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
         )
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    # The e2e PWA (issue 45) under its own path: its service worker's scope is /e2e/.
+    app.mount("/e2e", StaticFiles(directory=STATIC / "e2e", html=True), name="e2e")
 
     # Outermost first: CORS, size limit, auth, then the JSON text rule (middleware added last
     # runs first).

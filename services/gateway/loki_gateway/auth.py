@@ -29,11 +29,16 @@ log = logging.getLogger("loki.gateway.auth")
 PROTECTED_PREFIXES = ("/api", "/v1")
 #: Single paths behind the key too: the API's schema (the docs pages are off, app.py).
 PROTECTED_PATHS = frozenset({"/openapi.json"})
+#: Paths under /api NOT behind the key: the e2e routes, whose credential is the paired
+#: device's sealed envelope (loki_gateway.e2e.sealed; docs/security.md).
+DEVICE_PATHS = frozenset({"/api/e2e/chat", "/api/e2e/send", "/api/e2e/control", "/api/e2e/state"})
 
 
 def is_protected(path: str) -> bool:
     """Whether ``path`` is under ``/api`` or ``/v1`` (``/api``, ``/api/...``; not ``/apix``)
-    or is one of :data:`PROTECTED_PATHS`."""
+    or is one of :data:`PROTECTED_PATHS`, and is not one of :data:`DEVICE_PATHS`."""
+    if path in DEVICE_PATHS:
+        return False
     return path in PROTECTED_PATHS or any(
         path == p or path.startswith(p + "/") for p in PROTECTED_PREFIXES
     )

@@ -1,0 +1,211 @@
+"""The e2e routes: pairing (``/api/e2e/devices``, behind the API key) and the sealed chat
+(``/api/e2e/chat`` SSE, ``/api/e2e/send``, ``/api/e2e/control``, ``/api/e2e/state``: the
+device's envelope is the credential, see :mod:`loki_gateway.e2e.sealed`), plus the PWA's page.
+
+The sealed routes call the plain routes' own functions (:mod:`loki_gateway.routes.chat`)
+with the opened body; what they answer (or the error they raise) goes back sealed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Annotated, Any
+
+import segno
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field, ValidationError
+
+from loki_shared import e2e_envelope as env
+from loki_shared.errors import LokiError
+
+from .. import errors
+from ..bus import Bus
+from ..deps import get_bus
+from ..errors import BadRequest
+from ..routes import chat
+from .devices import MAX_NAME
+from .sealed import Opened, devices, open_request, sealed_json
+from .stream import FrameSealer, sealed_stream
+
+router = APIRouter(tags=["e2e"])
+
+DevicePath = Annotated[str, Path(pattern=r"^dev_[0-9a-f]{16}$", description="Device id.")]
+STREAM_PATTERN = r"^[A-Za-z0-9_-]{8,64}$"
+
+
+class DeviceBody(BaseModel):
+    """``POST`` / ``PATCH /api/e2e/devices``: the device's name, as the list shows it."""
+
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+
+
+def _qr_svg(code: str) -> str:
+    out = io.BytesIO()
+    segno.make(code, error="m").save(out, kind="svg", scale=4, border=2, xmldecl=False)
+    return out.getvalue().decode()
+
+
+@router.post("/api/e2e/devices", status_code=201)
+async def devices_create(body: DeviceBody, request: Request) -> Any:
+    """Pair a device: 201 ``{"device": {...}, "key", "code", "qr_svg"}``. The key (base64url,
+    32 bytes), the text code holding the device id and key, and the code as a QR (SVG) are
+    given this once; no route returns them again."""
+    device, key = await devices(request).create(body.name)
+    code = env.pairing_code(device.id, key, request.scope.get("root_path", ""))
+    return JSONResponse(
+        {"device": device.public(), "key": env.b64e(key), "code": code, "qr_svg": _qr_svg(code)},
+        status_code=201,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+@router.get("/api/e2e/devices")
+async def devices_list(request: Request) -> Any:
+    """``{"devices": [{"id", "name", "created", "last_seen", "revoked"}]}`` (no keys)."""
+    return {"devices": [d.public() for d in await devices(request).list()]}
+
+
+@router.patch("/api/e2e/devices/{device}")
+async def devices_rename(device: DevicePath, body: DeviceBody, request: Request) -> Any:
+    """Rename: ``{"device": {...}}``; 404 for an unknown id."""
+    return {"device": (await devices(request).rename(device, body.name)).public()}
+
+
+@router.delete("/api/e2e/devices/{device}")
+async def devices_revoke(device: DevicePath, request: Request) -> Any:
+    """Revoke: its key is deleted; its requests are refused and its open streams end
+    (within :data:`loki_gateway.e2e.stream.CHECK_S`). ``{"device": {...}}``."""
+    return {"device": (await devices(request).revoke(device)).public()}
+
+
+async def _answer(request: Request, opened: Opened, call: Any) -> JSONResponse:
+    """Run ``call()`` (a plain route's function) and seal its answer, or its error."""
+    try:
+        result = await call()
+    except ValidationError as exc:
+        body = errors.error_body(
+            errors.describe_validation(list(exc.errors())), "invalid_request_error", "invalid_value"
+        )
+        return sealed_json(opened, 400, body)
+    except LokiError as exc:
+        plain = await errors.loki_error_handler(request, exc)
+        return sealed_json(opened, plain.status_code, json.loads(bytes(plain.body)))
+    if isinstance(result, Response):
+        return sealed_json(opened, result.status_code, json.loads(bytes(result.body)))
+    return sealed_json(opened, 200, result)
+
+
+async def _wire(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except ValueError as exc:
+        raise BadRequest("body must be a sealed envelope (JSON)", code="invalid_envelope") from exc
+
+
+@router.post("/api/e2e/send")
+async def e2e_send(request: Request, bus: Bus = Depends(get_bus)) -> Any:
+    """Sealed ``/api/chat/send``: body ``{"conversation"?, "content"}`` (no attachments);
+    answers 202 ``{"conversation", "queued"}`` sealed."""
+    opened = await open_request(request, "send", await _wire(request))
+
+    async def call() -> Any:
+        body = chat.SendBody.model_validate(opened.body)
+        if body.attachments:
+            raise BadRequest("attachments are not sent over e2e", code="invalid_value")
+        return await chat.send(body, request, bus)
+
+    return await _answer(request, opened, call)
+
+
+_CONTROLS = {
+    "stop": chat.chat_stop,
+    "reset": chat.chat_reset,
+    "compact": chat.chat_compact,
+    "continue": chat.chat_continue,
+}
+
+
+@router.post("/api/e2e/control")
+async def e2e_control(request: Request, bus: Bus = Depends(get_bus)) -> Any:
+    """Sealed controls: ``{"action": stop|reset|compact|continue|cancel_queued,
+    "conversation", "content"? (cancel_queued)}`` -> ``{"ok", "detail"}`` sealed."""
+    opened = await open_request(request, "control", await _wire(request))
+
+    async def call() -> Any:
+        fields = dict(opened.body)
+        action = fields.pop("action", None)
+        if action == "cancel_queued":
+            return await chat.chat_cancel_queued(chat.CancelQueuedBody.model_validate(fields), bus)
+        if action not in _CONTROLS:
+            raise BadRequest(
+                f"action must be one of {', '.join([*_CONTROLS, 'cancel_queued'])}",
+                code="invalid_value",
+                param="action",
+            )
+        return await _CONTROLS[action](chat.ControlBody.model_validate(fields), bus)
+
+    return await _answer(request, opened, call)
+
+
+class _StateBody(BaseModel):
+    conversation: str | None = Field(default=None, pattern=chat.CONV_PATTERN)
+
+
+@router.post("/api/e2e/state")
+async def e2e_state(request: Request, bus: Bus = Depends(get_bus)) -> Any:
+    """Sealed state: ``{"conversation": id}`` -> ``/api/chat/state``'s answer; ``{}`` ->
+    ``{"conversations": [...]}`` (the person's conversations, as ``/api/conversations``)."""
+    opened = await open_request(request, "state", await _wire(request))
+
+    async def call() -> Any:
+        body = _StateBody.model_validate(opened.body)
+        if body.conversation is None:
+            return await chat.conversations_list(None, "main", bus)
+        return await chat.chat_state(body.conversation, bus)
+
+    return await _answer(request, opened, call)
+
+
+class _StreamBody(BaseModel):
+    conversation: str = Field(pattern=chat.CONV_PATTERN)
+    after: int = Field(default=0, ge=0, le=10**15)
+    stream: str = Field(pattern=STREAM_PATTERN)
+
+
+@router.get("/api/e2e/chat")
+async def e2e_chat(
+    request: Request,
+    device: Annotated[str, Query(max_length=64)],
+    nonce: Annotated[str, Query(max_length=64)],
+    ct: Annotated[str, Query(max_length=4096)],
+    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    bus: Bus = Depends(get_bus),
+) -> Any:
+    """Sealed ``/api/chat`` SSE. The query is the opening request's envelope (``device``,
+    ``nonce``, ``ct``) whose body is ``{"conversation", "after", "stream"}``: ``after`` the
+    resume seq (a ``Last-Event-ID`` header, when sent, must equal it), ``stream`` a random id
+    (8-64 of ``A-Z a-z 0-9 _ -``) bound into every event's associated data. The frames are
+    ``/api/chat``'s, each data sealed (:mod:`loki_gateway.e2e.stream`)."""
+    wire = {"v": env.VERSION, "device": device, "nonce": nonce, "ct": ct}
+    opened = await open_request(request, "chat", wire)
+    try:
+        body = _StreamBody.model_validate(opened.body)
+    except ValidationError as exc:
+        raise BadRequest(errors.describe_validation(list(exc.errors())), "invalid_value") from exc
+    header = (last_event_id_header or "").strip()
+    if header and header != str(body.after):
+        raise BadRequest(
+            "Last-Event-ID differs from the sealed resume seq", "invalid_last_event_id"
+        )
+    response = await chat.chat_stream(request, body.conversation, body.after, None, None, bus)
+    sealer = FrameSealer(opened.key, opened.device, body.conversation, body.stream, body.after)
+    response.body_iterator = sealed_stream(response.body_iterator, sealer, devices(request))
+    return response
+
+
+@router.get("/e2e", include_in_schema=False)
+async def pwa_redirect() -> Response:
+    """The PWA lives under ``/e2e/`` (its service worker's scope)."""
+    return Response(status_code=307, headers={"Location": "/e2e/"})
