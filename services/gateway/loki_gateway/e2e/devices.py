@@ -109,17 +109,17 @@ class DeviceStore:
         now = time.time()
         fields = {"name": name, "created": repr(now), "last_seen": "", "revoked": "", "key": sealed}
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(hkey, mapping=fields)  # type: ignore[arg-type]
+            pipe.hset(hkey, mapping=fields)
             pipe.sadd(SET_KEY, device)
             await pipe.execute()
         return Device(device, name, now, None, None), key
 
     async def list(self) -> list[Device]:
         """Every device, revoked ones included, oldest first."""
-        ids = sorted(i.decode() for i in await self.redis.smembers(SET_KEY))  # type: ignore[misc]
+        ids = sorted(i.decode() for i in await self.redis.smembers(SET_KEY))
         out = []
         for device in ids:
-            raw = await self.redis.hgetall(_hash_key(device))  # type: ignore[misc]
+            raw = await self.redis.hgetall(_hash_key(device))
             if raw:
                 out.append(_device(device, raw))
         return sorted(out, key=lambda d: d.created)
@@ -130,7 +130,7 @@ class DeviceStore:
         Raises:
             NotFound: no such device id.
         """
-        raw = await self.redis.hgetall(_hash_key(device))  # type: ignore[misc]
+        raw = await self.redis.hgetall(_hash_key(device))
         if not raw:
             raise NotFound(f"no device {device!r}", code="device_not_found", param="device")
         return _device(device, raw)
@@ -138,7 +138,7 @@ class DeviceStore:
     async def rename(self, device: str, name: str) -> Device:
         """Rename ``device`` (revoked ones too). Raises NotFound."""
         await self.get(device)
-        await self.redis.hset(_hash_key(device), "name", name)  # type: ignore[misc]
+        await self.redis.hset(_hash_key(device), "name", name)
         return await self.get(device)
 
     async def revoke(self, device: str) -> Device:
@@ -162,7 +162,7 @@ class DeviceStore:
                 changed service key).
         """
         hkey = _hash_key(device)
-        sealed = await self.redis.hget(hkey, "key")  # type: ignore[misc]
+        sealed = await self.redis.hget(hkey, "key")
         if not sealed:
             raise DeviceRefused("unknown or revoked device: pair it again")
         try:
@@ -172,14 +172,14 @@ class DeviceStore:
 
     async def active(self, device: str) -> bool:
         """Whether ``device`` still has a key (not revoked)."""
-        return bool(await self.redis.hexists(_hash_key(device), "key"))  # type: ignore[misc]
+        return bool(await self.redis.hexists(_hash_key(device), "key"))
 
     async def accept_counter(self, device: str, counter: int) -> bool:
         """Record ``counter`` as the device's latest request and return True when it is above
         the last accepted one; False (nothing changed) otherwise: a replay."""
-        ok = await self.redis.eval(_COUNTER_LUA, 1, _counter_key(device), str(counter))  # type: ignore[misc]
+        ok = await self.redis.eval(_COUNTER_LUA, 1, _counter_key(device), str(counter))
         return bool(ok)
 
     async def seen(self, device: str) -> None:
         """Set ``last_seen`` to now (an accepted request)."""
-        await self.redis.hset(_hash_key(device), "last_seen", repr(time.time()))  # type: ignore[misc]
+        await self.redis.hset(_hash_key(device), "last_seen", repr(time.time()))

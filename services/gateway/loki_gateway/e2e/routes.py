@@ -86,7 +86,9 @@ async def _answer(request: Request, opened: Opened, call: Any) -> JSONResponse:
         result = await call()
     except ValidationError as exc:
         body = errors.error_body(
-            errors.describe_validation(list(exc.errors())), "invalid_request_error", "invalid_value"
+            errors.describe_validation([dict(e) for e in exc.errors()]),
+            "invalid_request_error",
+            "invalid_value",
         )
         return sealed_json(opened, 400, body)
     except LokiError as exc:
@@ -193,7 +195,9 @@ async def e2e_chat(
     try:
         body = _StreamBody.model_validate(opened.body)
     except ValidationError as exc:
-        raise BadRequest(errors.describe_validation(list(exc.errors())), "invalid_value") from exc
+        raise BadRequest(
+            errors.describe_validation([dict(e) for e in exc.errors()]), "invalid_value"
+        ) from exc
     header = (last_event_id_header or "").strip()
     if header and header != str(body.after):
         raise BadRequest(
