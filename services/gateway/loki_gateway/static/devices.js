@@ -15,9 +15,14 @@
     const dlg = document.createElement("dialog");
     dlg.id = "devices-dialog";
     dlg.setAttribute("aria-labelledby", "devices-title");
+    // its few styles inline (app.css is the main page's): width as the other dialogs, the
+    // close button shown (icons are hidden by default there)
+    dlg.style.width = "min(640px, calc(100vw - 24px))";
+    dlg.style.maxHeight = "calc(100vh - 24px)";
     dlg.innerHTML = `
       <div class="presets-head"><h2 id="devices-title">Devices</h2>
-        <button id="devices-close" type="button" class="icon" aria-label="Close">✕</button></div>
+        <button id="devices-close" type="button" class="icon" aria-label="Close"
+          style="display: inline-block">✕</button></div>
       <p class="hint">A paired phone reaches Loki through a relay or tunnel you need not trust:
         everything it sends and receives is sealed with its own key. Open <code>/e2e/</code>
         on the phone, install it, and paste the code shown here.</p>
@@ -31,7 +36,7 @@
         <p class="hint">Shown once: scan the QR code or copy the code now.</p>
         <div id="devices-qr"></div>
         <label for="devices-code">Pairing code</label>
-        <textarea id="devices-code" readonly rows="3"></textarea>
+        <textarea id="devices-code" readonly rows="3" style="width: 100%"></textarea>
       </section>
       <ul id="devices-list" aria-label="Paired devices"></ul>`;
     document.body.appendChild(dlg);
