@@ -153,11 +153,14 @@ def test_the_unraid_override_renders_and_starts(compose: Compose) -> None:
                 assert row["State"] == "exited" and row.get("ExitCode") == 0, row
             else:
                 assert row.get("Health") == "healthy", row
-        for name in ("nats", "redis", "chat", "engine-supervisor-cpu", "prometheus"):
+        for name in ("nats", "redis", "chat", "workspace", "engine-supervisor-cpu", "prometheus"):
             assert unraid("exec", "-T", name, "id", "-u", timeout=60).strip() == "99", name
         appdata = compose.workdir / "appdata"
-        assert {p.name for p in appdata.iterdir()} >= {"nats", "redis", "data", "prometheus"}
+        assert {p.name for p in appdata.iterdir()} >= {
+            "nats", "redis", "data", "workspaces", "prometheus",
+        }  # fmt: skip
         assert (appdata / "data").stat().st_uid == 99
+        assert (appdata / "workspaces").stat().st_uid == 99
         c = client(compose)
         wait_engine(c)
         conv = chat_turn(c, "Reply with one word: unraid")
