@@ -350,3 +350,26 @@ def test_revoked_device_refused_at_once_open_stream_included(gw, relay, peers):
     with pytest.raises(E2ERefused):
         list(client.events(cid))
     client.close()
+
+
+def test_cli_e2e_chat_through_relay(gw, relay, peers):
+    from typer.testing import CliRunner
+
+    from loki_cli.app import app
+
+    code = pair(gw, "cli")["code"]
+    start = len(relay.records)
+    result = CliRunner().invoke(
+        app, ["e2e", "chat", "--code", code, "--url", relay.url, "-m", "cli says hello-cli-77"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "".join(peers.reply_pieces) in result.output
+    seen = b"".join(d for _, d in relay.records[start:])
+    assert b"/api/e2e/send" in seen and b"hello-cli-77" not in seen
+    # a tampered answer stops it with an error saying so, exit status 1
+    relay.on_body = lambda path, data: data.replace(b'"ct":"', b'"ct":"AAAA')
+    broken = CliRunner().invoke(
+        app, ["e2e", "chat", "--code", code, "--url", relay.url, "-m", "again"]
+    )
+    assert broken.exit_code == 1
+    assert "not sealed for this request" in broken.output
