@@ -36,7 +36,7 @@ memory-key record ``loki:memory:kdf`` (recall and memory read it); only chat wri
 conversations (``loki:chat:*``, attachments included: the gateway writes those under
 ``loki:chat:att:*``), tasks and the recall purge queue; only recall the archive; only memory
 the projects; only the supervisor the presets; only the workspace service its records
-(``loki:workspace:*``); ``backup`` reads and writes every ``loki:*`` key.
+(``loki:workspace:*``); only the gateway the paired devices (``loki:e2e:*``); ``backup`` reads and writes every ``loki:*`` key.
 """
 
 from __future__ import annotations
@@ -233,6 +233,7 @@ _R_PROJECTS = "loki:projects:*"
 _R_ENGINE = "loki:engine:*"
 _R_KDF = "loki:memory:kdf"
 _R_WORKSPACE = "loki:workspace:*"
+_R_E2E = "loki:e2e:*"  # paired devices (issue 45, loki_gateway.e2e)
 
 #: The table: every NATS user Loki knows, in the order docs/architecture.md shows them.
 USERS: tuple[Grant, ...] = (
@@ -261,7 +262,7 @@ USERS: tuple[Grant, ...] = (
             subjects.ENGINE_STATE,  # the web UI's engine pill (GET /api/engine/events)
         ),
         responds=True,
-        redis_keys=(_R_ATTACHMENTS, _R_KDF),
+        redis_keys=(_R_ATTACHMENTS, _R_KDF, _R_E2E),
     ),
     Grant(
         user="chat",
