@@ -69,7 +69,9 @@ class E2EClient:
         self.device, self.key, base = env.read_code(code)
         self.http = httpx.Client(base_url=base_url.rstrip("/") + base, timeout=timeout)
         self._last = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the counter
+        # one request at a time until its answer's headers: counters reach Loki in order
+        self._sending = threading.Lock()
 
     def close(self) -> None:
         """Close the HTTP connections."""
@@ -98,8 +100,9 @@ class E2EClient:
             E2ERefused: the gateway refused (sealed error body, or a plain refusal).
             E2EError: the answer is not sealed or does not open for this request.
         """
-        counter, wire = self._sealed_request(route, body)
-        response = self.http.post(f"/api/e2e/{route}", json=wire)
+        with self._sending:
+            counter, wire = self._sealed_request(route, body)
+            response = self.http.post(f"/api/e2e/{route}", json=wire)
         try:
             obj = response.json()
         except ValueError as exc:
@@ -145,14 +148,18 @@ class E2EClient:
             E2EError: a frame is unsealed (downgrade) or does not open in its place.
         """
         stream = secrets.token_urlsafe(16)
-        counter, wire = self._sealed_request(
-            "chat", {"conversation": conversation, "after": after, "stream": stream}
-        )
-        del counter
-        params = {"device": wire["device"], "nonce": wire["nonce"], "ct": wire["ct"]}
-        headers = {"Last-Event-ID": str(after), "Accept": "text/event-stream"}
+        with self._sending:
+            _, wire = self._sealed_request(
+                "chat", {"conversation": conversation, "after": after, "stream": stream}
+            )
+            params = {"device": wire["device"], "nonce": wire["nonce"], "ct": wire["ct"]}
+            headers = {"Last-Event-ID": str(after), "Accept": "text/event-stream"}
+            opening = self.http.build_request(
+                "GET", "/api/e2e/chat", params=params, headers=headers
+            )
+            response = self.http.send(opening, stream=True)
         last = after
-        with self.http.stream("GET", "/api/e2e/chat", params=params, headers=headers) as response:
+        try:
             if response.status_code != 200:
                 response.read()
                 try:
@@ -188,11 +195,31 @@ class E2EClient:
                 last = seq
                 yield Event(seq, name, data)
 
+        finally:
+            response.close()
+
 
 def _text(event: Event) -> str:
     choices = event.data.get("choices") or [{}]
     delta = choices[0].get("delta") or {}
     return delta.get("content") or ""
+
+
+def _stream_turn(client: E2EClient, conversation: str, last: int) -> None:
+    """Print the turn's answer as it streams from seq ``last`` on, resuming from the last
+    seq received whenever the stream ends before the turn does (a cut, ``reconnect``)."""
+    while True:
+        for event in client.events(conversation, last):
+            last = event.seq
+            if event.name != "message":
+                continue
+            delta = (event.data.get("choices") or [{}])[0].get("delta") or {}
+            if delta.get("role") not in ("user", "tool"):
+                print(_text(event), end="", flush=True)
+            if (event.data.get("choices") or [{}])[0].get("finish_reason"):
+                print()
+                return
+        time.sleep(1.0)
 
 
 def chat(
@@ -210,15 +237,9 @@ def chat(
         for line in lines:
             if not line.strip():
                 continue
-            before = client.state(conversation)["last_seq"] if conversation else 0
+            last = client.state(conversation)["last_seq"] if conversation else 0
             conversation = client.send(line, conversation)["conversation"]
-            for event in client.events(conversation, before):
-                if event.name != "message":
-                    continue
-                print(_text(event), end="", flush=True)
-                if (event.data.get("choices") or [{}])[0].get("finish_reason"):
-                    print()
-                    break
+            _stream_turn(client, conversation, last)
     except (E2EError, E2ERefused) as exc:
         typer.echo(f"e2e: {exc}", err=True)
         raise typer.Exit(1) from exc

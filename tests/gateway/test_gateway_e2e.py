@@ -366,6 +366,22 @@ def test_cli_e2e_chat_through_relay(gw, relay, peers):
     assert "".join(peers.reply_pieces) in result.output
     seen = b"".join(d for _, d in relay.records[start:])
     assert b"/api/e2e/send" in seen and b"hello-cli-77" not in seen
+    # the stream cut in the middle of the turn: resumed from the last seq, nothing twice
+    cuts: list[str] = []
+
+    def cut_once(path, frame):
+        if frame_fields(frame).get("id") == "4" and not cuts:
+            cuts.append(path)
+            raise ConnectionResetError("the relay cuts the stream")
+        return [frame]
+
+    relay.on_frame = cut_once
+    resumed = CliRunner().invoke(
+        app, ["e2e", "chat", "--code", code, "--url", relay.url, "-m", "cut me"]
+    )
+    assert resumed.exit_code == 0, resumed.output
+    assert cuts and resumed.output.count("".join(peers.reply_pieces)) == 1, resumed.output
+    relay.reset()
     # a tampered answer stops it with an error saying so, exit status 1
     relay.on_body = lambda path, data: data.replace(b'"ct":"', b'"ct":"AAAA')
     broken = CliRunner().invoke(
