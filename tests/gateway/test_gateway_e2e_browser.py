@@ -5,9 +5,11 @@ every asset (no script through the relay), and the relay never sees the message.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.fakes.relay import Relay
+from tests.fakes.relay import Relay, frame_fields
 from tests.gateway.a11y import assert_accessible, assert_targets
 from tests.gateway.conftest import ARTIFACTS
 
@@ -26,6 +28,16 @@ def relay(gw):
     proxy = Relay(gw.url).start()
     yield proxy
     proxy.stop()
+
+
+def flip_event(path: str, frame: bytes) -> list[bytes]:
+    """Every sealed event with one character of its ciphertext changed."""
+    fields = frame_fields(frame)
+    if "id" not in fields:
+        return [frame]
+    wire = json.loads(fields["data"])
+    wire["ct"] = ("B" if wire["ct"][0] == "A" else "A") + wire["ct"][1:]
+    return [f"id: {fields['id']}\ndata: {json.dumps(wire)}".encode()]
 
 
 def _pair_in_dialog(page, name: str, phone: bool) -> str:
@@ -118,7 +130,36 @@ def test_pwa_pairs_and_chats_through_the_relay(browser, gw, relay, peers):
         )
         after = [r[1] for r in relay.requests[before:]]
         assert after and all(p.startswith("/api/e2e/") for p in after), after
+        # the stream cut in the middle of a turn: the page resumes from its last seq
+        cuts: list[str] = []
+
+        def cut_once(path, frame):
+            seq = frame_fields(frame).get("id", "")
+            if seq.isdigit() and int(seq) >= 11 and not cuts:
+                cuts.append(seq)
+                raise ConnectionResetError("the relay cuts the stream")
+            return [frame]
+
+        relay.on_frame = cut_once
+        page.fill("#composer-input", "and again")
+        page.click("#send-btn")
+        page.wait_for_function(
+            "(t) => [...document.querySelectorAll('.msg.assistant')].filter("
+            "m => m.textContent === t).length === 2",
+            arg=reply,
+            timeout=WAIT_MS,
+        )
+        assert cuts
+        assert page.locator(".msg.assistant").count() == 2
+        assert page.locator(".msg.user").count() == 2
+        # a tampered event: the page stops and says why
+        relay.on_frame = flip_event
+        page.reload()
+        page.wait_for_selector("#error:not([hidden])", timeout=WAIT_MS)
+        assert "does not open" in page.inner_text("#error")
+        assert_accessible(page, "the PWA showing an error")
     finally:
+        relay.reset()
         context.close()
     recorded = relay.recorded()
     assert MESSAGE.encode() not in recorded and b"blue bench" not in recorded
