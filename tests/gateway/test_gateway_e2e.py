@@ -389,3 +389,14 @@ def test_cli_e2e_chat_through_relay(gw, relay, peers):
     )
     assert broken.exit_code == 1
     assert "not sealed for this request" in broken.output
+
+
+def test_only_the_gateway_and_backup_reach_the_device_keys_in_redis():
+    from fnmatch import fnmatch
+
+    from loki_shared import permissions
+
+    key = "loki:e2e:device:dev_0123456789abcdef"
+    owners = {g.user for g in permissions.USERS if any(fnmatch(key, p) for p in g.redis_keys)}
+    readers = {g.user for g in permissions.USERS if any(fnmatch(key, p) for p in g.redis_reads)}
+    assert owners == {"gateway", "backup"} and not readers
