@@ -36,7 +36,8 @@ memory-key record ``loki:memory:kdf`` (recall and memory read it); only chat wri
 conversations (``loki:chat:*``, attachments included: the gateway writes those under
 ``loki:chat:att:*``), tasks and the recall purge queue; only recall the archive; only memory
 the projects; only the supervisor the presets; only the workspace service its records
-(``loki:workspace:*``); only the gateway the paired devices (``loki:e2e:*``); ``backup`` reads and writes every ``loki:*`` key.
+(``loki:workspace:*``); only the gateway the paired devices (``loki:e2e:*``); ``backup``
+reads and writes every ``loki:*`` key.
 """
 
 from __future__ import annotations
