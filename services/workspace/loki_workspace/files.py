@@ -10,6 +10,7 @@ Shapes are the contract's (:mod:`loki_shared.messages.workspace`); sizes are byt
 from __future__ import annotations
 
 import contextlib
+import errno
 import mimetypes
 import os
 import re
@@ -137,7 +138,7 @@ class Files:
         where = paths.display(rel)
         if isinstance(exc, NotADirectoryError):
             return InvalidRequest(f"{where!r} is a file, not a folder")
-        if exc.errno == 40:  # ELOOP: a symlink appeared where the check saw none
+        if exc.errno == errno.ELOOP:  # a symlink appeared where the check saw none
             return Forbidden(f"{where!r} changed into a symlink: refused")
         return InvalidRequest(f"{where!r}: {exc.strerror}")
 

@@ -28,6 +28,10 @@ fork past it. Time and output are the runner's (:class:`Sandbox`): past the dead
 output limit the whole sandbox is killed (bwrap's process group; its pid namespace dies with
 its first process, every process in it with it).
 
+Memory, processes and file size are limits a command meets (an allocation, a fork or a write
+fails: a ``MemoryError``, "Cannot fork"), not reasons to stop it: its reply's ``killed`` stays
+"" for them, and only time and output kill a sandbox.
+
 Two ways to start it, by who the service runs as:
 
 - **not root** (the compose container, a person's ``loki up``): bwrap makes a user namespace
