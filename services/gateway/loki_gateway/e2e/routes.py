@@ -1,6 +1,7 @@
-"""The e2e routes: pairing (``/api/e2e/devices``, behind the API key) and the sealed chat
-(``/api/e2e/chat`` SSE, ``/api/e2e/send``, ``/api/e2e/control``, ``/api/e2e/state``: the
-device's envelope is the credential, see :mod:`loki_gateway.e2e.sealed`), plus the PWA's page.
+"""The sealed chat routes (``/api/e2e/chat`` SSE, ``/api/e2e/send``, ``/api/e2e/control``,
+``/api/e2e/state``: the device's envelope is the credential, see
+:mod:`loki_gateway.e2e.sealed`), the PWA's path, and (included here) the pairing routes of
+:mod:`loki_gateway.e2e.pairing`.
 
 The sealed routes call the plain routes' own functions (:mod:`loki_gateway.routes.chat`)
 with the opened body; what they answer (or the error they raise) goes back sealed.
@@ -8,12 +9,10 @@ with the opened body; what they answer (or the error they raise) goes back seale
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Annotated, Any
 
-import segno
-from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
@@ -25,59 +24,14 @@ from ..bus import Bus
 from ..deps import get_bus
 from ..errors import BadRequest
 from ..routes import chat
-from .devices import MAX_NAME
+from . import pairing
 from .sealed import Opened, devices, open_request, sealed_json
 from .stream import FrameSealer, sealed_stream
 
 router = APIRouter(tags=["e2e"])
+router.include_router(pairing.router)
 
-DevicePath = Annotated[str, Path(pattern=r"^dev_[0-9a-f]{16}$", description="Device id.")]
 STREAM_PATTERN = r"^[A-Za-z0-9_-]{8,64}$"
-
-
-class DeviceBody(BaseModel):
-    """``POST`` / ``PATCH /api/e2e/devices``: the device's name, as the list shows it."""
-
-    name: str = Field(min_length=1, max_length=MAX_NAME)
-
-
-def _qr_svg(code: str) -> str:
-    out = io.BytesIO()
-    segno.make(code, error="m").save(out, kind="svg", scale=4, border=2, xmldecl=False)
-    return out.getvalue().decode()
-
-
-@router.post("/api/e2e/devices", status_code=201)
-async def devices_create(body: DeviceBody, request: Request) -> Any:
-    """Pair a device: 201 ``{"device": {...}, "key", "code", "qr_svg"}``. The key (base64url,
-    32 bytes), the text code holding the device id and key, and the code as a QR (SVG) are
-    given this once; no route returns them again."""
-    device, key = await devices(request).create(body.name)
-    code = env.pairing_code(device.id, key, request.scope.get("root_path", ""))
-    return JSONResponse(
-        {"device": device.public(), "key": env.b64e(key), "code": code, "qr_svg": _qr_svg(code)},
-        status_code=201,
-        headers={"Cache-Control": "no-store"},
-    )
-
-
-@router.get("/api/e2e/devices")
-async def devices_list(request: Request) -> Any:
-    """``{"devices": [{"id", "name", "created", "last_seen", "revoked"}]}`` (no keys)."""
-    return {"devices": [d.public() for d in await devices(request).list()]}
-
-
-@router.patch("/api/e2e/devices/{device}")
-async def devices_rename(device: DevicePath, body: DeviceBody, request: Request) -> Any:
-    """Rename: ``{"device": {...}}``; 404 for an unknown id."""
-    return {"device": (await devices(request).rename(device, body.name)).public()}
-
-
-@router.delete("/api/e2e/devices/{device}")
-async def devices_revoke(device: DevicePath, request: Request) -> Any:
-    """Revoke: its key is deleted; its requests are refused and its open streams end
-    (within :data:`loki_gateway.e2e.stream.CHECK_S`). ``{"device": {...}}``."""
-    return {"device": (await devices(request).revoke(device)).public()}
 
 
 async def _answer(request: Request, opened: Opened, call: Any) -> JSONResponse:
