@@ -191,6 +191,8 @@ async def test_run_and_git_commit_log(workspace: WorkspaceService, nc: NATS) -> 
     assert run.error is None
     assert (run.exit_code, run.killed, run.truncated) == (4, "", False)
     assert run.output == "5\nerr\n" and run.output_bytes == 6
+    # python's bytecode stays out of the workspace (a commit would carry it)
+    assert not list((workspace.workspaces.root / "demo").rglob("*.pyc"))
     sub = await ask(nc, subjects.WORKSPACE_RUN, project="demo", command="pwd", cwd="sub")
     assert sub.error.type == "invalid_request"
     status = await ask(nc, subjects.WORKSPACE_GIT, project="demo", op="status")

@@ -82,6 +82,8 @@ ENV: Mapping[str, str] = {
     "SHELL": "/bin/sh",
     "USER": "loki",
     "LOGNAME": "loki",
+    # Python's bytecode caches in /tmp, not beside the sources: a commit never carries them
+    "PYTHONPYCACHEPREFIX": "/tmp/pycache",
 }
 #: Top-level system folders bound read-only (or re-made as the symlinks they are).
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
