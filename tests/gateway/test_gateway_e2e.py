@@ -400,3 +400,30 @@ def test_only_the_gateway_and_backup_reach_the_device_keys_in_redis():
     owners = {g.user for g in permissions.USERS if any(fnmatch(key, p) for p in g.redis_keys)}
     readers = {g.user for g in permissions.USERS if any(fnmatch(key, p) for p in g.redis_reads)}
     assert owners == {"gateway", "backup"} and not readers
+
+
+def test_controls_and_sealed_errors(gw, relay, peers):
+    client = E2EClient(pair(gw)["code"], relay.url)
+    try:
+        cid = client.send("to be reset")["conversation"]
+        until_end(client.events(cid))
+        assert client.control("reset", cid)["ok"] is True
+        assert client.state(cid)["messages"] == []
+        start = len(relay.records)
+        for body, code in (
+            ({"action": "explode", "conversation": cid}, "invalid_value"),
+            ({"action": "stop", "conversation": "not a valid id!"}, "invalid_value"),
+        ):
+            with pytest.raises(E2ERefused) as refused:
+                client.request("control", body)
+            assert refused.value.sealed and refused.value.status == 400
+            assert refused.value.error["code"] == code
+        with pytest.raises(E2ERefused) as attached:
+            client.request("send", {"content": "x", "attachments": ["a1"]})
+        assert attached.value.sealed and attached.value.status == 400
+        assert "attachments" in attached.value.error["message"]
+        # the refusals' wording went sealed: the relay saw only the status
+        seen = b"".join(d for _, d in relay.records[start:])
+        assert b"explode" not in seen and b"attachments are not sent" not in seen
+    finally:
+        client.close()
