@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 
 import httpx
-import redis.asyncio as aioredis
 
 from loki_shared import lifecycle, service_main
 from loki_shared.nats import make_broker, stop_broker
+from loki_shared.redis_client import redis_client
 from loki_shared.sealing import service_sealer
 
 from .service import ChatService, instance_id
@@ -26,7 +26,7 @@ class ChatProcess:
     def __init__(self, settings: Settings) -> None:
         secret = settings.secret_key.get_secret_value() if settings.secret_key else None
         self.instance = instance_id(settings)
-        self.redis = aioredis.Redis.from_url(settings.redis_url, **settings.redis_options())
+        self.redis = redis_client(settings)
         store = Store(
             self.redis, service_sealer(settings.home, secret), self.instance, settings.lock_ttl_s
         )

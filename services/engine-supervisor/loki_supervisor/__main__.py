@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from redis.asyncio import Redis
-
 from loki_shared import lifecycle, service_main, subjects
 from loki_shared.messages.engine import EngineState
 from loki_shared.nats import make_broker, stop_broker
+from loki_shared.redis_client import redis_client
 from loki_shared.sealing import service_sealer
 
 from .service import Supervisor, build_broker
@@ -27,7 +26,7 @@ class SupervisorProcess:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         secret = settings.secret_key.get_secret_value() if settings.secret_key else None
-        self.redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        self.redis = redis_client(settings)
         self.sup = Supervisor(
             settings, self.redis, service_sealer(settings.home, secret), self._publish_state
         )

@@ -21,10 +21,10 @@ from fastapi import APIRouter, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from redis.asyncio import Redis
 
 from loki_shared.lifecycle import Steps
 from loki_shared.nats import close_client
+from loki_shared.redis_client import redis_client
 
 from . import errors
 from .auth import ApiKeyMiddleware, BodyLimitMiddleware
@@ -82,7 +82,7 @@ async def _start_memory(app: FastAPI, settings: Settings) -> None:
     NATS) into ``app.state.memory``; retried every 5 s while Redis cannot be reached, so the
     rest of the gateway serves meanwhile."""
     while True:
-        redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        redis = redis_client(settings)
         memory = MemoryState(redis, app.state.bus.client)
         try:
             await memory.start()

@@ -12,7 +12,6 @@ import asyncio
 import logging
 
 from faststream.nats import NatsBroker
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from loki_shared import lifecycle, subjects
@@ -20,6 +19,7 @@ from loki_shared.errors import Unavailable
 from loki_shared.memkey import MemoryKeyFollower
 from loki_shared.messages.projects import ActiveProjectRequest, ProjectChangedEvent
 from loki_shared.nats import broker_client, make_broker, stop_broker, until_routable
+from loki_shared.redis_client import redis_client
 from loki_shared.sealing import load_service_key
 from loki_shared.serve import serve
 
@@ -37,7 +37,7 @@ class MemoryService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         secret = settings.secret_key.get_secret_value() if settings.secret_key else None
-        self.redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        self.redis = redis_client(settings)
         self.store = Store(self.redis, load_service_key(settings.home, secret))
         self.broker: NatsBroker = make_broker(
             settings.nats_url, "memory", health_check=self._health, login=settings.nats_options()

@@ -14,7 +14,6 @@ import logging
 import time
 
 from faststream.nats import NatsBroker
-from redis.asyncio import Redis
 
 from loki_shared import lifecycle, subjects
 from loki_shared.memkey import MemoryKeyFollower
@@ -32,6 +31,7 @@ from loki_shared.messages.recall import (
     ToolRequest,
 )
 from loki_shared.nats import make_broker, stop_broker, until_routable
+from loki_shared.redis_client import redis_client
 from loki_shared.sealing import service_sealer
 from loki_shared.serve import serve
 
@@ -52,7 +52,7 @@ class RecallService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         secret = settings.secret_key.get_secret_value() if settings.secret_key else None
-        self.redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        self.redis = redis_client(settings)
         snapshot = settings.home / "recall-index.snap" if settings.recall_snapshot else None
         self.archive = Archive(self.redis, service_sealer(settings.home, secret), snapshot)
         self.broker: NatsBroker = make_broker(

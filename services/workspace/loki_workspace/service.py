@@ -17,7 +17,6 @@ from urllib.parse import quote
 
 from faststream.nats import NatsBroker
 from pydantic import BaseModel
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from loki_shared import lifecycle, subjects
@@ -39,6 +38,7 @@ from loki_shared.messages.workspace import (
     WriteRequest,
 )
 from loki_shared.nats import make_broker, stop_broker, until_routable
+from loki_shared.redis_client import redis_client
 from loki_shared.serve import serve
 
 from . import git, paths, preview
@@ -66,7 +66,7 @@ class WorkspaceService:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.redis = Redis.from_url(settings.redis_url, **settings.redis_options())
+        self.redis = redis_client(settings)
         self.sandbox = Sandbox(
             settings.workspace_bwrap, (settings.workspace_uid, settings.workspace_gid)
         )

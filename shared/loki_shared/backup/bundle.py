@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import nats
-import redis.asyncio as aioredis
 from nats.aio.client import Client as NATS
 
 from ..credentials import redact, url_login
+from ..redis_client import redis_from_url
 from . import home_part, jetstream_part, redis_part
 from .sealed_file import (
     BACKUP_SCRYPT_N,
@@ -159,7 +159,7 @@ def _refuse_existing(dest: Path | BinaryIO) -> None:
 async def _read_stores(
     source: Target,
 ) -> tuple[redis_part.RedisSnapshot, list[jetstream_part.StreamCopy]]:
-    client = aioredis.Redis.from_url(source.redis_url)
+    client = redis_from_url(source.redis_url)
     try:
         redis_snap = await redis_part.snapshot(client)
     except redis_part.RedisBackupError:
@@ -265,7 +265,7 @@ async def restore_backup(src: Path | BinaryIO, passphrase: str, target: Target) 
             empty; nothing was written. A failure while writing says what was written.
     """
     contents = read_backup(src, passphrase)
-    client = aioredis.Redis.from_url(target.redis_url)
+    client = redis_from_url(target.redis_url)
     nc = await _connect_nats(target.nats_url)
     try:
         js = nc.jetstream()
