@@ -312,10 +312,14 @@ class Stack:
         import nats as nats_client
 
         from loki_shared import subjects
+        from loki_shared.nats import nats_servers
 
         async def ask() -> dict[str, Any] | None:
             nc = await nats_client.connect(
-                self.nats_url, connect_timeout=timeout, allow_reconnect=False, **self.nats_login()
+                nats_servers(self.nats_url),
+                connect_timeout=timeout,
+                allow_reconnect=False,
+                **self.nats_login(),
             )
             try:
                 msg = await nc.request(subjects.ENGINE_INFO, b"{}", timeout=timeout)

@@ -110,13 +110,15 @@ async def ask_nats(
     from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeout
 
+    from .nats import nats_servers
+
     async def quiet(_exc: Exception) -> None:  # errors are reported once, below
         return None
 
     try:
         nc = await asyncio.wait_for(
             nats.connect(
-                nats_url,
+                nats_servers(nats_url),
                 connect_timeout=timeout,
                 max_reconnect_attempts=0,
                 allow_reconnect=False,

@@ -29,6 +29,43 @@ if TYPE_CHECKING:  # pragma: no cover
 CLOSE_TIMEOUT_S = 1.0
 
 
+#: The environment variable of :func:`stream_replicas`.
+REPLICAS_ENV = "LOKI_JETSTREAM_REPLICAS"
+
+
+def nats_servers(url: str) -> list[str]:
+    """The server URLs of ``LOKI_NATS_URL``: one URL, or several separated by commas (the
+    nodes of a NATS cluster, ``nats://n1:4222,nats://n2:4222,nats://n3:4222``), in the list
+    form ``nats.connect`` and FastStream take (the client connects to one and moves to
+    another when it goes away; the servers also announce the rest of their cluster).
+
+    Raises:
+        ValueError: no URL at all (an empty string or only commas).
+    """
+    found = [one.strip() for one in url.split(",") if one.strip()]
+    if not found:
+        raise ValueError(
+            "LOKI_NATS_URL is empty: give nats://host:4222 (or several, comma-separated)"
+        )
+    return found
+
+
+def stream_replicas() -> int:
+    """How many copies of each Loki JetStream stream a NATS cluster keeps:
+    ``LOKI_JETSTREAM_REPLICAS`` (1 by default: one server; 3 on a three-node cluster, so one
+    node lost loses nothing). Read when a stream is declared, not at import.
+
+    Raises:
+        ValueError: not a whole number from 1 to 5 (JetStream's bound).
+    """
+    import os
+
+    raw = os.environ.get(REPLICAS_ENV, "").strip() or "1"
+    if not raw.isdigit() or not 1 <= int(raw) <= 5:
+        raise ValueError(f"{REPLICAS_ENV}={raw!r}: give a whole number from 1 to 5")
+    return int(raw)
+
+
 def make_broker(
     url: str,
     name: str,
@@ -53,13 +90,14 @@ def make_broker(
     """
     login = dict(login or {})
     extra: dict[str, Any] = {}
+    servers = nats_servers(url)
     if login.get("user"):  # the explicit login wins over one in the URL (as in nats-py)
-        url = without_userinfo(url)
+        servers = [without_userinfo(one) for one in servers]
         extra["security"] = NatsUserPassword(login["user"], login.get("password") or "")
     if login.get("inbox_prefix"):
         extra["inbox_prefix"] = login["inbox_prefix"]
     broker = NatsBroker(
-        url,
+        servers,
         **extra,
         name=f"loki-{name}",
         max_reconnect_attempts=-1,
@@ -164,20 +202,24 @@ async def stop_broker(broker: NatsBroker, steps: Steps, limit_s: float | None = 
 
 
 def perf_stream() -> JStream:
-    """The perf ring: ``loki.perf.record`` kept in JetStream, at most 5000 messages."""
+    """The perf ring: ``loki.perf.record`` kept in JetStream, at most 5000 messages, in
+    :func:`stream_replicas` copies."""
     return JStream(
         name=subjects.STREAM_PERF,
         subjects=[subjects.PERF_RECORD],
         max_msgs=subjects.STREAM_PERF_MAX_MSGS,
+        num_replicas=stream_replicas(),
     )
 
 
 def events_stream() -> JStream:
-    """Audit events (compactions, archives), kept in JetStream."""
+    """Audit events (compactions, archives), kept in JetStream in :func:`stream_replicas`
+    copies."""
     return JStream(
         name=subjects.STREAM_EVENTS,
         subjects=[subjects.EVENTS_COMPACTION, subjects.EVENTS_ARCHIVE],
         max_msgs=100_000,
+        num_replicas=stream_replicas(),
     )
 
 

@@ -31,12 +31,17 @@ class LokiSettings(BaseSettings):
 
     - ``LOKI_HOME`` — data directory (default ``./data``); holds the service key file
       (``secret.key``), Redis and JetStream data in the embedded default, engine slot files.
-    - ``LOKI_NATS_URL`` — NATS server URL (default ``nats://127.0.0.1:4222``).
+    - ``LOKI_NATS_URL`` — NATS server URL (default ``nats://127.0.0.1:4222``); the nodes of a
+      NATS cluster comma-separated (:func:`loki_shared.nats.nats_servers`).
+    - ``LOKI_JETSTREAM_REPLICAS`` — copies of each Loki JetStream stream (default 1; 3 on a
+      three-node cluster), :func:`loki_shared.nats.stream_replicas`.
     - ``LOKI_NATS_USER`` — this process's NATS user (issue 22: one user per service, see
       :mod:`loki_shared.permissions`); unset: no login (a server without authorization, or
       credentials given in the URL).
     - ``LOKI_NATS_PASSWORD`` — the password of that NATS user.
-    - ``LOKI_REDIS_URL`` — Redis URL (default ``redis://127.0.0.1:6379/0``).
+    - ``LOKI_REDIS_URL`` — Redis URL (default ``redis://127.0.0.1:6379/0``), or Redis through
+      Sentinel, ``redis+sentinel://host1:26379,host2:26379/<service>/<db>``
+      (:mod:`loki_shared.redis_client`).
     - ``LOKI_REDIS_USER`` — this process's Redis ACL user (issue 36: one per service, see
       :mod:`loki_shared.permissions`); unset: none (or in the URL).
     - ``LOKI_REDIS_PASSWORD`` — the password of that Redis user; unset: none (or in the URL).
@@ -57,6 +62,9 @@ class LokiSettings(BaseSettings):
     nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL.")
     nats_user: str | None = Field(default=None, description="NATS user of this process.")
     nats_password: SecretStr | None = Field(default=None, description="Its NATS password.")
+    jetstream_replicas: int = Field(
+        default=1, ge=1, le=5, description="Copies of each JetStream stream (3 in a cluster)."
+    )
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL.")
     redis_user: str | None = Field(default=None, description="Redis ACL user of this process.")
     redis_password: SecretStr | None = Field(default=None, description="Its Redis password.")

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from loki_shared import subjects
 from loki_shared.errors import from_info
 from loki_shared.messages.base import Reply
-from loki_shared.nats import connection_callbacks
+from loki_shared.nats import connection_callbacks, nats_servers
 
 from .errors import ServiceUnavailable, UpstreamError
 
@@ -55,7 +55,7 @@ class Bus:
                 await listeners[0]._reconnected()
 
         client = await nats.connect(
-            url,
+            nats_servers(url),
             **(login or {}),
             name="loki-gateway",
             max_reconnect_attempts=-1,

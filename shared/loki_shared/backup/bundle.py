@@ -32,6 +32,7 @@ import nats
 from nats.aio.client import Client as NATS
 
 from ..credentials import redact, url_login
+from ..nats import nats_servers
 from ..redis_client import redis_from_url
 from . import home_part, jetstream_part, redis_part
 from .sealed_file import (
@@ -311,7 +312,7 @@ async def restore_backup(src: Path | BinaryIO, passphrase: str, target: Target) 
 async def _connect_nats(url: str) -> NATS:
     try:
         return await nats.connect(
-            url, connect_timeout=5, max_reconnect_attempts=0, **url_login(url)
+            nats_servers(url), connect_timeout=5, max_reconnect_attempts=0, **url_login(url)
         )
     except Exception as exc:  # any connect failure is the backup's error, said as such
         raise BackupError(f"cannot reach NATS at {redact(url)}: {exc}") from exc
