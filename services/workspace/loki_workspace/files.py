@@ -15,6 +15,7 @@ import mimetypes
 import os
 import re
 import stat
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,27 @@ MAGIC: tuple[tuple[bytes, str], ...] = (
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
+#: One lock per workspace root: an edit reads, changes and writes a file while no other
+#: write of that workspace runs (two conversations of one project editing one file at once
+#: both get their change; none reads a file half written).
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+def workspace_lock(root: Path) -> threading.Lock:
+    """The lock of the workspace at ``root`` (made on first use)."""
+    with _LOCKS_LOCK:
+        return _LOCKS.setdefault(str(root), threading.Lock())
+
+
+def split_lines(text: str) -> list[str]:
+    """``text``'s lines, each with its ``\n`` (the last one may have none), cut at ``\n``
+    only — as an editor, ``grep -n`` and ``sed`` count them: a form feed, a lone ``\r`` or a
+    U+2028 inside a line (minified code) does not start another."""
+    out = [line + "\n" for line in text.split("\n")]
+    out[-1] = out[-1][:-1]
+    return out if out[-1] else out[:-1]
+
 
 @dataclass(frozen=True)
 class Caps:
@@ -87,6 +109,23 @@ def is_text(data: bytes) -> bool:
     except UnicodeDecodeError as exc:
         return exc.start >= len(data) - 3 and exc.reason == "unexpected end of data"
     return True
+
+
+def line_ends(text: str, old: str, new: str) -> tuple[str, str]:
+    """(``old``, ``new``) in the line ends of ``text`` when ``old`` is found only so: a
+    model sends ``\n`` for a file written with ``\r\n`` (Windows) and the other way
+    round; the file keeps its own."""
+    if old in text:
+        return old, new
+    if "\r\n" in text and "\r\n" not in old and "\n" in old:
+        crlf = old.replace("\n", "\r\n")
+        if crlf in text:
+            return crlf, new.replace("\r\n", "\n").replace("\n", "\r\n")
+    if "\r\n" in old:
+        lf = old.replace("\r\n", "\n")
+        if lf in text:
+            return lf, new.replace("\r\n", "\n")
+    return old, new
 
 
 class Files:
@@ -179,11 +218,12 @@ class Files:
 
         Raises: Forbidden, InvalidRequest, NotFound (see :mod:`.paths`)."""
         rel, _ = paths.resolve(self.root, req.path)
-        data, size = self._read_bytes(rel, SCAN_MAX)
+        with workspace_lock(self.root):
+            data, size = self._read_bytes(rel, SCAN_MAX)
         shown = paths.display(rel)
         if not is_text(data):
             return ReadReply(path=shown, size=size, binary=True, mime=sniff_mime(data, rel[-1]))
-        lines = data.decode("utf-8", "replace").splitlines(keepends=True)
+        lines = split_lines(data.decode("utf-8", "replace"))
         total = len(lines)
         first = req.offset
         if total and first > total:
@@ -193,15 +233,17 @@ class Files:
         chosen = lines[first - 1 : (first - 1 + req.limit) if req.limit else None]
         kept: list[str] = []
         used = 0
+        cut = False
         for line in chosen:
             n = len(line.encode("utf-8"))
             if used + n > self.caps.read_max:
-                if not kept:  # one enormous line: its head
+                if not kept:  # one enormous line (minified code): its head, said cut
                     kept.append(line.encode()[: self.caps.read_max].decode("utf-8", "ignore"))
+                    cut = True
                 break
             kept.append(line)
             used += n
-        truncated = len(kept) < len(chosen) or size > len(data)
+        truncated = cut or len(kept) < len(chosen) or size > len(data)
         return ReadReply(
             path=shown,
             text="".join(kept),
@@ -232,14 +274,26 @@ class Files:
         if req.op == "write":
             if req.content is None:
                 raise InvalidRequest("write needs 'content' (the file's whole new text)")
-            return self._store(rel, req.content, replacements=0)
+            with workspace_lock(self.root):
+                return self._store(rel, req.content, replacements=0)
         if req.old is None or req.new is None or req.old == "":
             raise InvalidRequest("edit needs 'old' (non-empty, exact text) and 'new'")
+        if req.old == req.new:
+            raise InvalidRequest(
+                "'old' and 'new' are the same text: nothing would change; resend 'new' with "
+                "the change"
+            )
+        with workspace_lock(self.root):
+            return self._edit(rel, req)
+
+    def _edit(self, rel: tuple[str, ...], req: WriteRequest) -> WriteReply:
+        assert req.old is not None and req.new is not None
         data, size = self._read_bytes(rel, self.caps.write_max + 1)
         if size > self.caps.write_max or not is_text(data):
             raise InvalidRequest(f"{paths.display(rel)!r} is not a text file edit can change")
         text = data.decode("utf-8")
-        count = text.count(req.old)
+        old, new = line_ends(text, req.old, req.new)
+        count = text.count(old)
         if count == 0:
             raise Conflict(
                 f"'old' was not found in {paths.display(rel)!r}: read the file and resend "
@@ -250,7 +304,7 @@ class Files:
                 f"'old' occurs {count} times in {paths.display(rel)!r}: add surrounding lines "
                 "to make it unique, or set replace_all"
             )
-        return self._store(rel, text.replace(req.old, req.new), replacements=count)
+        return self._store(rel, text.replace(old, new), replacements=count)
 
     def _store(self, rel: tuple[str, ...], text: str, replacements: int) -> WriteReply:
         data = text.encode("utf-8")
@@ -358,7 +412,7 @@ class Files:
             raise NotFound(f"no file or folder {paths.display(base)!r}") from None
         if base and stat.S_ISREG(mode):
             file = FileEntry(path=paths.display(base), kind="file")
-            return self._grep_files([(base, file)], rx, req.max_results)
+            return self.grep_files([(base, file)], rx, req.max_results)
         targets = [
             (rel, e)
             for rel, e in self.walk(base, 64)
@@ -366,9 +420,9 @@ class Files:
             and e.size <= SCAN_MAX
             and (include is None or include.match(paths.under(base, rel)))
         ]
-        return self._grep_files(targets, rx, req.max_results)
+        return self.grep_files(targets, rx, req.max_results)
 
-    def _grep_files(
+    def grep_files(
         self,
         targets: list[tuple[tuple[str, ...], FileEntry]],
         rx: re.Pattern[str],
@@ -382,7 +436,8 @@ class Files:
                 continue
             if not is_text(data):
                 continue
-            for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            for number, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
+                line = line.removesuffix("\r")
                 if rx.search(line):
                     if len(matches) == limit:
                         return FilesReply(matches=matches, truncated=True)

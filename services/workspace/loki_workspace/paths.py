@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from pathlib import Path
 
 from loki_shared.errors import Forbidden, InvalidRequest
@@ -38,6 +39,11 @@ def parts(path: str) -> tuple[str, ...]:
     if path.startswith("/"):
         raise Forbidden(
             f"path {path!r} is absolute: give it relative to the workspace's root, e.g. 'src/x.py'"
+        )
+    if path == "~" or path.startswith("~/"):
+        raise InvalidRequest(
+            f"path {path!r} names a home folder: the workspace has none; give the path "
+            "relative to the workspace's root, e.g. 'notes.txt'"
         )
     out: list[str] = []
     for part in path.split("/"):
@@ -74,7 +80,7 @@ def resolve(root: Path, path: str) -> tuple[tuple[str, ...], Path]:
         InvalidRequest, Forbidden: see :func:`parts`; Forbidden also when a symlink leads
             outside ``root``.
     """
-    rel = parts(path)
+    rel = on_disk(root, parts(path))
     real = os.path.realpath(os.path.join(root, *rel)) if rel else str(root)
     if not is_inside(str(root), real):
         raise Forbidden(
@@ -83,6 +89,29 @@ def resolve(root: Path, path: str) -> tuple[tuple[str, ...], Path]:
         )
     inner = os.path.relpath(real, root)
     return (() if inner == "." else tuple(inner.split("/"))), Path(real)
+
+
+def on_disk(root: Path, rel: tuple[str, ...]) -> tuple[str, ...]:
+    """``rel`` with each component that does not exist as written replaced by the entry of
+    its folder that is the same name in another Unicode form (``café`` composed, NFC, as a
+    model writes it; decomposed, NFD, as a clone made on macOS may hold it), so that a name
+    reaches the file it shows and a write never makes a second file that looks the same.
+    Components are kept as written when no entry matches (a file to create)."""
+    out: list[str] = []
+    folder = str(root)
+    for i, part in enumerate(rel):
+        here = os.path.join(folder, part)
+        if not os.path.lexists(here) and not part.isascii():
+            want = unicodedata.normalize("NFC", part)
+            try:
+                names = os.listdir(folder)
+            except OSError:  # not a folder (yet): the open says so
+                return (*out, *rel[i:])
+            part = next((n for n in names if unicodedata.normalize("NFC", n) == want), part)
+            here = os.path.join(folder, part)
+        out.append(part)
+        folder = here
+    return tuple(out)
 
 
 def display(rel: tuple[str, ...]) -> str:

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from loki_shared.errors import Unavailable
+from loki_shared.errors import InvalidRequest, Unavailable
 
 from . import seccomp
 
@@ -366,9 +366,15 @@ class Sandbox:
         Raises:
             Unavailable: no sandbox works here (:attr:`problem` says why), or bwrap could
                 not be started.
+            InvalidRequest: an argument holds a NUL character.
         """
         if not self.version:
             raise Unavailable(f"the sandbox is not available: {self.problem}")
+        if any("\0" in arg for arg in command) or "\0" in cwd:
+            raise InvalidRequest(
+                "the command (or its message, a path) holds a NUL character, which no "
+                "program's argument can carry: resend it without"
+            )
         fds: list[int] = []
         try:
             fds.append(os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))

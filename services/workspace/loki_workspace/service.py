@@ -41,7 +41,7 @@ from loki_shared.nats import make_broker, stop_broker, until_routable
 from loki_shared.redis_client import redis_client
 from loki_shared.serve import serve
 
-from . import git, paths, preview
+from . import git, paths, preview, search
 from .sandbox import RunResult, Sandbox
 from .settings import Settings
 from .workspaces import Workspaces
@@ -119,6 +119,8 @@ class WorkspaceService:
 
     async def on_files(self, req: FilesRequest) -> FilesReply:
         files = self.workspaces.files(req.project)
+        if req.op == "grep":  # a regular expression may backtrack without end: a process
+            return await search.grep(files, req, self.settings.workspace_grep_max_s)
         return await asyncio.to_thread(files.files, req)
 
     async def on_read(self, req: ReadRequest) -> ReadReply:

@@ -46,6 +46,9 @@ class Settings(LokiSettings):
     - ``LOKI_WORKSPACE_BROWSER`` — the headless browser of ``preview`` (default
       ``chromium``, Debian's); missing, a preview is the page's text only.
     - ``LOKI_WORKSPACE_PREVIEW_TIMEOUT_S`` — seconds a preview's browser gets (default 30).
+    - ``LOKI_WORKSPACE_GREP_MAX_S`` — seconds a ``grep`` may search (default 15; below the
+      chat's wait of a file operation): past it the search is stopped and refused, so a
+      pattern that backtracks without end never holds the service.
     """
 
     workspace_root: Path | None = Field(default=None, description="Folder of the workspaces.")
@@ -64,6 +67,7 @@ class Settings(LokiSettings):
     workspace_bwrap: str = Field(default="bwrap", description="The bubblewrap program.")
     workspace_browser: str = Field(default="chromium", description="The preview browser.")
     workspace_preview_timeout_s: float = Field(default=30.0, gt=0, description="Preview, s.")
+    workspace_grep_max_s: float = Field(default=15.0, gt=0, description="A grep's bound, s.")
 
     def root(self) -> Path:
         """The workspaces' folder, absolute: ``LOKI_WORKSPACE_ROOT``, else

@@ -41,6 +41,8 @@ def check_clone_source(source: str, forbidden: list[Path]) -> Path:
         InvalidRequest: a URL, a relative path, or no such folder.
         Forbidden: inside one of ``forbidden``.
     """
+    if "\0" in source:
+        raise InvalidRequest(f"clone_from {source!r} holds a NUL character: resend it without")
     if "://" in source or source.startswith("git@") or not source.startswith("/"):
         raise InvalidRequest(
             f"clone_from {source!r}: give the absolute path of a git repository on this "

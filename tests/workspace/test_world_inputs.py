@@ -1,0 +1,231 @@
+"""Inputs from the world against the workspace service (issue 43): what a model or a person
+sends — odd paths, odd file contents, odd arguments — each answered with a clear error or
+handled, nothing lost, the service alive (its health, a command) afterwards.
+
+The service runs in-process on the real NATS and Redis, with a real sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import unicodedata
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from loki_shared import subjects
+from loki_workspace.service import WorkspaceService
+from tests.workspace.conftest import ask, healthy, nc, workspace_settings  # noqa: F401
+
+P = "world"
+
+
+@pytest.fixture
+async def service(nats_url: str, redis_db: str, tmp_path: Path) -> AsyncIterator[WorkspaceService]:
+    """The service with a short grep bound, and project :data:`P`'s workspace made."""
+    settings = workspace_settings(nats_url, redis_db, tmp_path / "home", workspace_grep_max_s=3.0)
+    svc = WorkspaceService(settings)
+    await svc.start()
+    try:
+        yield svc
+    finally:
+        await svc.stop()
+
+
+@pytest.fixture
+async def ws(service: WorkspaceService, nc: NATS) -> Path:  # noqa: F811
+    reply = await ask(nc, subjects.WORKSPACE_CREATE, project=P)
+    assert reply.error is None, reply.error
+    return service.workspaces.path(P)
+
+
+async def write(nc: NATS, path: str, content: str) -> None:  # noqa: F811
+    reply = await ask(
+        nc, subjects.WORKSPACE_WRITE, project=P, op="write", path=path, content=content
+    )
+    assert reply.error is None, reply.error
+
+
+async def edit(nc: NATS, path: str, old: str, new: str, **kw: object) -> object:  # noqa: F811
+    return await ask(
+        nc, subjects.WORKSPACE_WRITE, project=P, op="edit", path=path, old=old, new=new, **kw
+    )
+
+
+async def alive(nc: NATS) -> None:  # noqa: F811
+    assert await healthy(nc)
+    echo = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="echo alive")
+    assert (echo.exit_code, echo.output) == (0, "alive\n")
+
+
+# --- grep: a pattern that backtracks without end, an invalid one ------------------------------
+async def test_a_catastrophic_grep_pattern_is_bounded(nc: NATS, ws: Path) -> None:  # noqa: F811
+    await write(nc, "a.txt", "a" * 64 + "!\n")
+    reply = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="grep", pattern="(a+)+$")
+    assert reply.error is not None and reply.error.type == "invalid_request"
+    assert "pattern" in reply.error.message and "resend" in reply.error.message
+    await alive(nc)
+    ok = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="grep", pattern="a+!")
+    assert [(m.path, m.line) for m in ok.matches] == [("a.txt", 1)]
+
+
+async def test_an_invalid_grep_pattern_says_what_to_resend(nc: NATS, ws: Path) -> None:  # noqa: F811
+    await write(nc, "a.txt", "x\n")
+    reply = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="grep", pattern="(unclosed")
+    assert reply.error is not None and reply.error.type == "invalid_request"
+    assert "resend" in reply.error.message
+
+
+# --- file contents ----------------------------------------------------------------------------
+async def test_edit_keeps_crlf_line_ends(nc: NATS, ws: Path) -> None:  # noqa: F811
+    await write(nc, "w.bat", "echo one\r\necho two\r\necho three\r\n")
+    reply = await edit(nc, "w.bat", "echo one\necho two\n", "echo 1\necho 2\n")
+    assert reply.error is None, reply.error
+    assert (ws / "w.bat").read_bytes() == b"echo 1\r\necho 2\r\necho three\r\n"
+
+
+async def test_edit_with_the_same_text_is_refused(nc: NATS, ws: Path) -> None:  # noqa: F811
+    await write(nc, "a.py", "x = 1\n")
+    reply = await edit(nc, "a.py", "x = 1", "x = 1")
+    assert reply.error is not None and reply.error.type == "invalid_request"
+    assert "same" in reply.error.message
+
+
+async def test_lines_are_cut_at_newlines_only(nc: NATS, ws: Path) -> None:  # noqa: F811
+    # a form feed, a lone CR, a U+2028 inside a line: one line each, as an editor or grep -n
+    await write(nc, "f.c", "int a;\x0c int b;\nvar s = 'x\u2028y';\rz\nlast")
+    reply = await ask(nc, subjects.WORKSPACE_READ, project=P, path="f.c")
+    assert reply.error is None, reply.error
+    assert reply.total_lines == 3
+    assert (reply.first_line, reply.last_line) == (1, 3)
+    found = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="grep", pattern="last")
+    assert [(m.path, m.line) for m in found.matches] == [("f.c", 3)]
+
+
+async def test_a_file_without_trailing_newline_and_an_empty_one(nc: NATS, ws: Path) -> None:  # noqa: F811
+    await write(nc, "n.txt", "one\ntwo")
+    reply = await edit(nc, "n.txt", "two", "deux")
+    assert reply.error is None, reply.error
+    assert (ws / "n.txt").read_text() == "one\ndeux"
+    await write(nc, "e.txt", "")
+    empty = await ask(nc, subjects.WORKSPACE_READ, project=P, path="e.txt")
+    assert (empty.error, empty.total_lines, empty.text) == (None, 0, "")
+    past = await ask(nc, subjects.WORKSPACE_READ, project=P, path="n.txt", offset=10)
+    assert past.error is not None and "offset" in past.error.message
+
+
+async def test_a_huge_single_line_stays_within_the_read_cap(
+    nc: NATS,
+    ws: Path,
+    service: WorkspaceService,  # noqa: F811
+) -> None:
+    cap = service.settings.workspace_read_max
+    await write(nc, "min.js", "var a=1;" * (cap // 4))
+    reply = await ask(nc, subjects.WORKSPACE_READ, project=P, path="min.js")
+    assert reply.error is None, reply.error
+    assert reply.truncated and 0 < len(reply.text.encode()) <= cap
+
+
+# --- paths --------------------------------------------------------------------------------------
+async def test_a_name_in_another_unicode_form_is_the_same_file(nc: NATS, ws: Path) -> None:  # noqa: F811
+    nfd = unicodedata.normalize("NFD", "café.txt")
+    nfc = unicodedata.normalize("NFC", "café.txt")
+    await write(nc, nfd, "v1\n")
+    reply = await ask(nc, subjects.WORKSPACE_READ, project=P, path=nfc)
+    assert reply.error is None, reply.error
+    assert reply.text == "v1\n"
+    await write(nc, nfc, "v2\n")  # replaces it: never a second file that looks the same
+    assert [p.name for p in ws.iterdir() if p.name != ".git"] == [nfd]
+    assert (ws / nfd).read_text() == "v2\n"
+
+
+async def test_a_home_path_is_refused_with_what_to_send(nc: NATS, ws: Path) -> None:  # noqa: F811
+    reply = await ask(
+        nc, subjects.WORKSPACE_WRITE, project=P, op="write", path="~/notes.txt", content="x"
+    )
+    assert reply.error is not None and "~" in reply.error.message
+    assert not (ws / "~").exists()
+
+
+async def test_names_starting_with_a_dash_are_plain_names(nc: NATS, ws: Path) -> None:  # noqa: F811
+    await write(nc, "-rf.txt", "x\n")
+    await write(nc, "--help", "y\n")
+    done = await ask(
+        nc, subjects.WORKSPACE_GIT, project=P, op="commit", message="-m dash", paths=["-rf.txt"]
+    )
+    assert done.exit_code == 0, done.output
+    log = await ask(nc, subjects.WORKSPACE_GIT, project=P, op="log")
+    assert "-m dash" in log.output
+    status = await ask(nc, subjects.WORKSPACE_GIT, project=P, op="status")
+    assert "--help" in status.output and "-rf.txt" not in status.output
+
+
+async def test_odd_paths_are_refused_clearly(nc: NATS, ws: Path) -> None:  # noqa: F811
+    (ws / "loop1").symlink_to("loop2")
+    (ws / "loop2").symlink_to("loop1")
+    (ws / "d").mkdir()
+    cases = [
+        ("read", "loop1"),
+        ("read", "x" * 300),
+        ("read", "d"),
+        ("read", "."),
+        ("write", "d"),
+        ("write", ".git/hooks/pre-commit"),
+        ("write", "d/../.git/config"),
+        ("write", "x" * 300),
+    ]
+    for op, path in cases:
+        if op == "read":
+            reply = await ask(nc, subjects.WORKSPACE_READ, project=P, path=path)
+        else:
+            reply = await ask(
+                nc, subjects.WORKSPACE_WRITE, project=P, op="write", path=path, content="x"
+            )
+        assert reply.error is not None, (op, path)
+        assert reply.error.type != "internal", (op, path, reply.error)
+    await alive(nc)
+
+
+async def test_a_nul_in_a_command_or_a_message_is_refused(nc: NATS, ws: Path) -> None:  # noqa: F811
+    run = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="echo a\0b")
+    assert run.error is not None and run.error.type == "invalid_request", run.error
+    assert "NUL" in run.error.message
+    await write(nc, "a.txt", "x\n")
+    git = await ask(nc, subjects.WORKSPACE_GIT, project=P, op="commit", message="a\0b")
+    assert git.error is not None and git.error.type == "invalid_request", git.error
+    made = await ask(nc, subjects.WORKSPACE_CREATE, project="other", clone_from="/tmp/\0x")
+    assert made.error is not None and made.error.type == "invalid_request", made.error
+    await alive(nc)
+
+
+# --- git --------------------------------------------------------------------------------------
+async def test_commit_messages_and_nothing_to_commit(nc: NATS, ws: Path) -> None:  # noqa: F811
+    await write(nc, "a.txt", "x\n")
+    message = "Say \"hi\" and 'bye'\n\n- a list\n$(touch pwned) `touch pwned2`"
+    done = await ask(nc, subjects.WORKSPACE_GIT, project=P, op="commit", message=message)
+    assert done.exit_code == 0, done.output
+    assert not (ws / "pwned").exists() and not (ws / "pwned2").exists()
+    again = await ask(nc, subjects.WORKSPACE_GIT, project=P, op="commit", message="again")
+    assert "nothing to commit" in again.output
+
+
+async def test_python_leaves_no_bytecode_in_the_workspace(nc: NATS, ws: Path) -> None:  # noqa: F811
+    await write(nc, "mod.py", "X = 1\n")
+    done = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="python3 -c 'import mod'")
+    assert done.exit_code == 0, done.output
+    assert not list(ws.rglob("__pycache__")) and not list(ws.rglob("*.pyc"))
+
+
+# --- concurrency ------------------------------------------------------------------------------
+async def test_concurrent_edits_of_one_file_lose_nothing(nc: NATS, ws: Path) -> None:  # noqa: F811
+    n = 16
+    filler = "# " + "-" * 78 + "\n"
+    await write(nc, "big.py", "".join(f"m{i} = 0\n" + filler * 2000 for i in range(n)))
+    replies = await asyncio.gather(
+        *(edit(nc, "big.py", f"m{i} = 0", f"m{i} = 1") for i in range(n))
+    )
+    assert all(r.error is None for r in replies), [r.error for r in replies]  # type: ignore[attr-defined]
+    text = (ws / "big.py").read_text()
+    assert [i for i in range(n) if f"m{i} = 1" not in text] == []
