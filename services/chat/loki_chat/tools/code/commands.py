@@ -18,11 +18,15 @@ from loki_shared import subjects
 from loki_shared.messages.workspace import GitRequest, RunReply
 
 from ..box import ToolReturn, ToolSpec
-from .target import CodeTarget, failure_text, missing, text_arg
+from .target import CodeTarget, failure_text, missing, number_arg, text_arg
 
 #: Characters of a result kept for its status line and notes (the rest is output).
 _ROOM = 600
 _GIT_OPS = ("status", "diff", "commit", "log")
+#: The longest time limit a ``run`` asks for, seconds (the workspace service caps it lower
+#: with ``LOKI_WORKSPACE_RUN_MAX_S``, 600 by default): a larger one, or an infinite one, is
+#: this — so a reply lost when the service restarts mid-command is waited for a bounded time.
+RUN_MAX_S = 3600.0
 #: Seconds a ``git`` request may take (the service runs each of its git commands for at most
 #: 120 s in the sandbox; a commit is two).
 GIT_TIMEOUT_S = 260.0
@@ -56,6 +60,25 @@ def run_result(reply: RunReply, limit: int) -> str:
     return f"{status}\n{output}" if output else f"{status}\n(no output)"
 
 
+def run_timeout(args: dict[str, Any], default: float) -> tuple[float, str]:
+    """(the seconds a ``run`` gets, a note for the result: "" when ``timeout_s`` was used as
+    sent). ``timeout_s`` may be a number or a string holding one; absent, 0, negative or
+    unreadable gives ``default`` (said in the note); above :data:`RUN_MAX_S` (or infinite)
+    gives :data:`RUN_MAX_S`."""
+    raw = args.get("timeout_s")
+    value = number_arg(args, "timeout_s")
+    if raw is None:
+        return default, ""
+    if value is None and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = RUN_MAX_S if raw > 0 else None  # an infinite limit: the longest
+    if value is None or value <= 0:
+        return default, (
+            f"(timeout_s {raw!r} is not a positive number of seconds: the default "
+            f"{default:g} s was used)\n"
+        )
+    return min(value, RUN_MAX_S), ""
+
+
 def run_display(reply: RunReply, command: str, limit: int, op: str | None = None) -> dict[str, Any]:
     """The ``tool_result`` display event's ``run`` field (the UI shows it without parsing
     the text): the command (and git's ``op``), its end and its output as the model got it."""
@@ -81,18 +104,13 @@ def command_tools(target: CodeTarget) -> list[ToolSpec]:
         command = text_arg(args, "command")
         if not command or not command.strip():
             return missing("run", "command", "a shell command line")
-        raw = args.get("timeout_s")
-        timeout = (
-            float(raw)
-            if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw > 0
-            else target.run_timeout_s
-        )
+        timeout, note = run_timeout(args, target.run_timeout_s)
         try:
             reply = await ws.run(target.project(), command, timeout)
         except Exception as exc:  # noqa: BLE001 - said to the model
-            return failure_text("run", exc)
+            return note + failure_text("run", exc)
         return ToolReturn(
-            text=run_result(reply, target.result_max),
+            text=note + run_result(reply, target.result_max),
             display=run_display(reply, command, target.result_max),
         )
 
@@ -104,7 +122,14 @@ def command_tools(target: CodeTarget) -> list[ToolSpec]:
         if op == "commit" and not (message and message.strip()):
             return missing("git", "message", "the commit message")
         paths = args.get("paths")
-        paths = [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
+        if isinstance(paths, str):  # one path sent as itself
+            paths = [paths] if paths.strip() else []
+        elif isinstance(paths, list) and all(isinstance(p, str) for p in paths):
+            pass
+        elif paths is None:
+            paths = []
+        else:  # never "every change" for paths it cannot read
+            return missing("git", "paths", 'a list of workspace paths, e.g. ["src/a.py"]')
         try:
             reply = await ws.call(
                 subjects.WORKSPACE_GIT,

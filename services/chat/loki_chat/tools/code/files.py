@@ -30,7 +30,7 @@ from loki_shared.messages.workspace import (
 )
 
 from ..box import ToolSpec
-from .target import CodeTarget, failure_text, int_arg, missing, text_arg
+from .target import CodeTarget, bool_arg, failure_text, int_arg, missing, text_arg
 
 #: Lines ``read`` returns when the model names no ``limit``.
 READ_LINES = 1000
@@ -45,7 +45,12 @@ def numbered(reply: ReadReply) -> str:
     header = f"{reply.path}: lines {reply.first_line}-{reply.last_line} of {reply.total_lines}"
     if reply.last_line < reply.total_lines:
         header += f" (read on with offset={reply.last_line + 1})"
-    if reply.truncated:
+    if reply.truncated and reply.first_line == reply.last_line:
+        header += (
+            f" (line {reply.first_line} is longer than the byte cap and was cut: see the rest "
+            f"with run, e.g. `sed -n {reply.first_line}p FILE | fold -w 200 | sed -n 1,100p`)"
+        )
+    elif reply.truncated:
         header += " (cut at the byte cap: read on with offset)"
     lines = reply.text.split("\n")
     if lines and lines[-1] == "" and reply.text.endswith("\n"):
@@ -90,7 +95,7 @@ def file_tools(target: CodeTarget) -> list[ToolSpec]:
                     project=target.project(),
                     path=path,
                     offset=max(1, int_arg(args, "offset") or 1),
-                    limit=max(1, int_arg(args, "limit") or READ_LINES),
+                    limit=max(1, int_arg(args, "limit") or READ_LINES),  # 0, -3: the default
                 ),
                 ReadReply,
             )
@@ -133,7 +138,7 @@ def file_tools(target: CodeTarget) -> list[ToolSpec]:
                     path=path,
                     old=old,
                     new=new,
-                    replace_all=bool(args.get("replace_all", False)),
+                    replace_all=bool_arg(args, "replace_all"),
                 ),
                 WriteReply,
             )

@@ -9,6 +9,7 @@ its state.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -65,12 +66,49 @@ def text_arg(args: dict[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def int_arg(args: dict[str, Any], name: str) -> int | None:
-    """The argument ``name`` as an integer (None when absent or not a number)."""
+def number_arg(args: dict[str, Any], name: str) -> float | None:
+    """The argument ``name`` as a finite number: a JSON number, or a string holding one (a
+    model often writes ``"200"``); None when absent, not a number, infinite or NaN."""
     value = args.get(name)
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return int(value)
+    if not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def int_arg(args: dict[str, Any], name: str) -> int | None:
+    """The argument ``name`` as an integer (see :func:`number_arg`; None when it is none)."""
+    value = number_arg(args, name)
+    return None if value is None else int(value)
+
+
+#: Strings a model writes for a boolean.
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off", "", "none", "null"})
+
+
+def bool_arg(args: dict[str, Any], name: str, default: bool = False) -> bool:
+    """The argument ``name`` as a boolean: a JSON boolean, a number (0 is false) or a string
+    (``"false"``, ``"0"``, ``"no"`` are false — never true for being a non-empty string);
+    ``default`` when absent or unreadable."""
+    value = args.get(name)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    return default
 
 
 def missing(tool: str, name: str, what: str) -> str:
