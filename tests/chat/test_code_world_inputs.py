@@ -134,3 +134,11 @@ def test_a_line_cut_at_the_byte_cap_says_how_to_see_the_rest() -> None:
     )  # fmt: skip
     head = numbered(reply).splitlines()[0]
     assert "run" in head and "longer than" in head
+
+
+def test_text_in_another_encoding_gets_a_way_to_read_it() -> None:
+    from loki_chat.tools.code.files import binary_hint
+
+    reply = ReadReply(path="latin.c", binary=True, mime="text/plain; charset=iso-8859-1", size=9)
+    text = binary_hint(reply)
+    assert "iconv -f iso-8859-1 -t UTF-8 latin.c" in text and "edit" in text

@@ -12,14 +12,22 @@ import unicodedata
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import nats
 import pytest
 from nats.aio.client import Client as NATS
 
 from loki_shared import subjects
 from loki_workspace.service import WorkspaceService
-from tests.workspace.conftest import ask, healthy, nc, workspace_settings  # noqa: F401
+from tests.workspace.conftest import ask, healthy, workspace_settings
 
 P = "world"
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[NATS]:
+    conn = await nats.connect(nats_url)
+    yield conn
+    await conn.drain()
 
 
 @pytest.fixture
@@ -35,33 +43,33 @@ async def service(nats_url: str, redis_db: str, tmp_path: Path) -> AsyncIterator
 
 
 @pytest.fixture
-async def ws(service: WorkspaceService, nc: NATS) -> Path:  # noqa: F811
+async def ws(service: WorkspaceService, nc: NATS) -> Path:
     reply = await ask(nc, subjects.WORKSPACE_CREATE, project=P)
     assert reply.error is None, reply.error
     return service.workspaces.path(P)
 
 
-async def write(nc: NATS, path: str, content: str) -> None:  # noqa: F811
+async def write(nc: NATS, path: str, content: str) -> None:
     reply = await ask(
         nc, subjects.WORKSPACE_WRITE, project=P, op="write", path=path, content=content
     )
     assert reply.error is None, reply.error
 
 
-async def edit(nc: NATS, path: str, old: str, new: str, **kw: object) -> object:  # noqa: F811
+async def edit(nc: NATS, path: str, old: str, new: str, **kw: object) -> object:
     return await ask(
         nc, subjects.WORKSPACE_WRITE, project=P, op="edit", path=path, old=old, new=new, **kw
     )
 
 
-async def alive(nc: NATS) -> None:  # noqa: F811
+async def alive(nc: NATS) -> None:
     assert await healthy(nc)
     echo = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="echo alive")
     assert (echo.exit_code, echo.output) == (0, "alive\n")
 
 
 # --- grep: a pattern that backtracks without end, an invalid one ------------------------------
-async def test_a_catastrophic_grep_pattern_is_bounded(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_a_catastrophic_grep_pattern_is_bounded(nc: NATS, ws: Path) -> None:
     await write(nc, "a.txt", "a" * 64 + "!\n")
     reply = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="grep", pattern="(a+)+$")
     assert reply.error is not None and reply.error.type == "invalid_request"
@@ -71,7 +79,7 @@ async def test_a_catastrophic_grep_pattern_is_bounded(nc: NATS, ws: Path) -> Non
     assert [(m.path, m.line) for m in ok.matches] == [("a.txt", 1)]
 
 
-async def test_an_invalid_grep_pattern_says_what_to_resend(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_an_invalid_grep_pattern_says_what_to_resend(nc: NATS, ws: Path) -> None:
     await write(nc, "a.txt", "x\n")
     reply = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="grep", pattern="(unclosed")
     assert reply.error is not None and reply.error.type == "invalid_request"
@@ -79,21 +87,21 @@ async def test_an_invalid_grep_pattern_says_what_to_resend(nc: NATS, ws: Path) -
 
 
 # --- file contents ----------------------------------------------------------------------------
-async def test_edit_keeps_crlf_line_ends(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_edit_keeps_crlf_line_ends(nc: NATS, ws: Path) -> None:
     await write(nc, "w.bat", "echo one\r\necho two\r\necho three\r\n")
     reply = await edit(nc, "w.bat", "echo one\necho two\n", "echo 1\necho 2\n")
     assert reply.error is None, reply.error
     assert (ws / "w.bat").read_bytes() == b"echo 1\r\necho 2\r\necho three\r\n"
 
 
-async def test_edit_with_the_same_text_is_refused(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_edit_with_the_same_text_is_refused(nc: NATS, ws: Path) -> None:
     await write(nc, "a.py", "x = 1\n")
     reply = await edit(nc, "a.py", "x = 1", "x = 1")
     assert reply.error is not None and reply.error.type == "invalid_request"
     assert "same" in reply.error.message
 
 
-async def test_lines_are_cut_at_newlines_only(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_lines_are_cut_at_newlines_only(nc: NATS, ws: Path) -> None:
     # a form feed, a lone CR, a U+2028 inside a line: one line each, as an editor or grep -n
     await write(nc, "f.c", "int a;\x0c int b;\nvar s = 'x\u2028y';\rz\nlast")
     reply = await ask(nc, subjects.WORKSPACE_READ, project=P, path="f.c")
@@ -104,7 +112,7 @@ async def test_lines_are_cut_at_newlines_only(nc: NATS, ws: Path) -> None:  # no
     assert [(m.path, m.line) for m in found.matches] == [("f.c", 3)]
 
 
-async def test_a_file_without_trailing_newline_and_an_empty_one(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_a_file_without_trailing_newline_and_an_empty_one(nc: NATS, ws: Path) -> None:
     await write(nc, "n.txt", "one\ntwo")
     reply = await edit(nc, "n.txt", "two", "deux")
     assert reply.error is None, reply.error
@@ -119,7 +127,7 @@ async def test_a_file_without_trailing_newline_and_an_empty_one(nc: NATS, ws: Pa
 async def test_a_huge_single_line_stays_within_the_read_cap(
     nc: NATS,
     ws: Path,
-    service: WorkspaceService,  # noqa: F811
+    service: WorkspaceService,
 ) -> None:
     cap = service.settings.workspace_read_max
     await write(nc, "min.js", "var a=1;" * (cap // 4))
@@ -129,7 +137,7 @@ async def test_a_huge_single_line_stays_within_the_read_cap(
 
 
 # --- paths --------------------------------------------------------------------------------------
-async def test_a_name_in_another_unicode_form_is_the_same_file(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_a_name_in_another_unicode_form_is_the_same_file(nc: NATS, ws: Path) -> None:
     nfd = unicodedata.normalize("NFD", "café.txt")
     nfc = unicodedata.normalize("NFC", "café.txt")
     await write(nc, nfd, "v1\n")
@@ -141,7 +149,7 @@ async def test_a_name_in_another_unicode_form_is_the_same_file(nc: NATS, ws: Pat
     assert (ws / nfd).read_text() == "v2\n"
 
 
-async def test_a_home_path_is_refused_with_what_to_send(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_a_home_path_is_refused_with_what_to_send(nc: NATS, ws: Path) -> None:
     reply = await ask(
         nc, subjects.WORKSPACE_WRITE, project=P, op="write", path="~/notes.txt", content="x"
     )
@@ -149,7 +157,7 @@ async def test_a_home_path_is_refused_with_what_to_send(nc: NATS, ws: Path) -> N
     assert not (ws / "~").exists()
 
 
-async def test_names_starting_with_a_dash_are_plain_names(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_names_starting_with_a_dash_are_plain_names(nc: NATS, ws: Path) -> None:
     await write(nc, "-rf.txt", "x\n")
     await write(nc, "--help", "y\n")
     done = await ask(
@@ -162,7 +170,7 @@ async def test_names_starting_with_a_dash_are_plain_names(nc: NATS, ws: Path) ->
     assert "--help" in status.output and "-rf.txt" not in status.output
 
 
-async def test_odd_paths_are_refused_clearly(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_odd_paths_are_refused_clearly(nc: NATS, ws: Path) -> None:
     (ws / "loop1").symlink_to("loop2")
     (ws / "loop2").symlink_to("loop1")
     (ws / "d").mkdir()
@@ -188,7 +196,7 @@ async def test_odd_paths_are_refused_clearly(nc: NATS, ws: Path) -> None:  # noq
     await alive(nc)
 
 
-async def test_a_nul_in_a_command_or_a_message_is_refused(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_a_nul_in_a_command_or_a_message_is_refused(nc: NATS, ws: Path) -> None:
     run = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="echo a\0b")
     assert run.error is not None and run.error.type == "invalid_request", run.error
     assert "NUL" in run.error.message
@@ -201,7 +209,7 @@ async def test_a_nul_in_a_command_or_a_message_is_refused(nc: NATS, ws: Path) ->
 
 
 # --- git --------------------------------------------------------------------------------------
-async def test_commit_messages_and_nothing_to_commit(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_commit_messages_and_nothing_to_commit(nc: NATS, ws: Path) -> None:
     await write(nc, "a.txt", "x\n")
     message = "Say \"hi\" and 'bye'\n\n- a list\n$(touch pwned) `touch pwned2`"
     done = await ask(nc, subjects.WORKSPACE_GIT, project=P, op="commit", message=message)
@@ -211,7 +219,7 @@ async def test_commit_messages_and_nothing_to_commit(nc: NATS, ws: Path) -> None
     assert "nothing to commit" in again.output
 
 
-async def test_python_leaves_no_bytecode_in_the_workspace(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_python_leaves_no_bytecode_in_the_workspace(nc: NATS, ws: Path) -> None:
     await write(nc, "mod.py", "X = 1\n")
     done = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="python3 -c 'import mod'")
     assert done.exit_code == 0, done.output
@@ -219,7 +227,7 @@ async def test_python_leaves_no_bytecode_in_the_workspace(nc: NATS, ws: Path) ->
 
 
 # --- concurrency ------------------------------------------------------------------------------
-async def test_concurrent_edits_of_one_file_lose_nothing(nc: NATS, ws: Path) -> None:  # noqa: F811
+async def test_concurrent_edits_of_one_file_lose_nothing(nc: NATS, ws: Path) -> None:
     n = 16
     filler = "# " + "-" * 78 + "\n"
     await write(nc, "big.py", "".join(f"m{i} = 0\n" + filler * 2000 for i in range(n)))
@@ -229,3 +237,19 @@ async def test_concurrent_edits_of_one_file_lose_nothing(nc: NATS, ws: Path) -> 
     assert all(r.error is None for r in replies), [r.error for r in replies]  # type: ignore[attr-defined]
     text = (ws / "big.py").read_text()
     assert [i for i in range(n) if f"m{i} = 1" not in text] == []
+
+
+async def test_text_in_another_encoding_is_named_as_text(nc: NATS, ws: Path) -> None:
+    (ws / "latin.c").write_bytes("/* café, naïve */\nint x;\n".encode("latin-1"))
+    (ws / "wide.txt").write_bytes("hello\r\n".encode("utf-16"))
+    latin = await ask(nc, subjects.WORKSPACE_READ, project=P, path="latin.c")
+    assert latin.binary and latin.mime == "text/plain; charset=iso-8859-1"
+    wide = await ask(nc, subjects.WORKSPACE_READ, project=P, path="wide.txt")
+    assert wide.binary and wide.mime == "text/plain; charset=utf-16"
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 20
+    (ws / "x.png").write_bytes(png)
+    image = await ask(nc, subjects.WORKSPACE_READ, project=P, path="x.png")
+    assert image.mime == "image/png"
+    refused = await edit(nc, "latin.c", "int x;", "int y;")
+    assert refused.error is not None and "iso-8859-1" in refused.error.message
+    assert (ws / "latin.c").read_bytes().endswith(b"int x;\n")  # nothing written

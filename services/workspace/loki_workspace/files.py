@@ -88,13 +88,23 @@ class Caps:
 
 
 def sniff_mime(head: bytes, name: str) -> str:
-    """What a binary file looks like: its signature's MIME type, else the name's guess,
-    else ``application/octet-stream``. (A WebP is ``RIFF....WEBP``.)"""
+    """What a file that is not UTF-8 text looks like: its signature's MIME type; text in
+    another encoding as ``text/plain; charset=...`` (``utf-16`` after its byte-order mark,
+    ``iso-8859-1`` for 8-bit text without a NUL: Latin-1, Windows-1252...); else the name's
+    guess, else ``application/octet-stream``. (A WebP is ``RIFF....WEBP``.)"""
     for magic, mime in MAGIC:
         if head.startswith(magic):
             return mime
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "image/webp"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "text/plain; charset=utf-16"
+    if (
+        head
+        and b"\0" not in head[:SNIFF]
+        and not any(0 < b < 9 or 13 < b < 27 for b in head[:SNIFF])
+    ):
+        return "text/plain; charset=iso-8859-1"
     guess, _ = mimetypes.guess_type(name)
     return guess or "application/octet-stream"
 
@@ -290,7 +300,11 @@ class Files:
         assert req.old is not None and req.new is not None
         data, size = self._read_bytes(rel, self.caps.write_max + 1)
         if size > self.caps.write_max or not is_text(data):
-            raise InvalidRequest(f"{paths.display(rel)!r} is not a text file edit can change")
+            raise InvalidRequest(
+                f"{paths.display(rel)!r} is not UTF-8 text ({sniff_mime(data, rel[-1])}): edit "
+                "changes UTF-8 text only; change it with run (e.g. sed), or convert it first "
+                "(iconv) if the user agrees"
+            )
         text = data.decode("utf-8")
         old, new = line_ends(text, req.old, req.new)
         count = text.count(old)

@@ -72,7 +72,15 @@ def binary_hint(reply: ReadReply) -> str:
     """The refusal of a file that is not text, with what to use instead."""
     kind = reply.mime or "binary data"
     hint = "Use run (e.g. `file`, `xxd | head`) to inspect it."
-    if kind.startswith("image/"):
+    if kind.startswith("text/"):
+        charset = kind.partition("charset=")[2] or "its encoding"
+        hint = (
+            f"It is text in another encoding than UTF-8 ({charset}): read it with run, e.g. "
+            f"`iconv -f {charset} -t UTF-8 {reply.path} | cat -n | sed -n 1,200p`; edit "
+            "changes UTF-8 text only (change it with run, e.g. sed, or convert it with iconv "
+            "if the user agrees)."
+        )
+    elif kind.startswith("image/"):
         hint = (
             "An image of the workspace cannot be shown to you by see_image (it shows only the "
             "images attached to the conversation); preview renders an HTML page that shows it."
