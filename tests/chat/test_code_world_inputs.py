@@ -142,3 +142,12 @@ def test_text_in_another_encoding_gets_a_way_to_read_it() -> None:
     reply = ReadReply(path="latin.c", binary=True, mime="text/plain; charset=iso-8859-1", size=9)
     text = binary_hint(reply)
     assert "iconv -f iso-8859-1 -t UTF-8 latin.c" in text and "edit" in text
+
+
+def test_a_page_not_rendered_says_so() -> None:
+    from loki_chat.tools.code.preview import page_text
+    from loki_shared.messages.workspace import PreviewReply
+
+    reply = PreviewReply(title="Busy", text="words", note="the browser gave no page within 30 s")
+    assert "Not rendered: the browser gave no page within 30 s" in page_text(reply, "a.html")
+    assert "Not rendered" not in page_text(PreviewReply(title="T", text="w"), "a.html")

@@ -8,6 +8,7 @@ The service runs in-process on the real NATS and Redis, with a real sandbox.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import unicodedata
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,7 +34,13 @@ async def nc(nats_url: str) -> AsyncIterator[NATS]:
 @pytest.fixture
 async def service(nats_url: str, redis_db: str, tmp_path: Path) -> AsyncIterator[WorkspaceService]:
     """The service with a short grep bound, and project :data:`P`'s workspace made."""
-    settings = workspace_settings(nats_url, redis_db, tmp_path / "home", workspace_grep_max_s=3.0)
+    settings = workspace_settings(
+        nats_url,
+        redis_db,
+        tmp_path / "home",
+        workspace_grep_max_s=3.0,
+        workspace_preview_timeout_s=8.0,
+    )
     svc = WorkspaceService(settings)
     await svc.start()
     try:
@@ -253,3 +260,26 @@ async def test_text_in_another_encoding_is_named_as_text(nc: NATS, ws: Path) -> 
     refused = await edit(nc, "latin.c", "int x;", "int y;")
     assert refused.error is not None and "iso-8859-1" in refused.error.message
     assert (ws / "latin.c").read_bytes().endswith(b"int x;\n")  # nothing written
+
+
+# --- preview --------------------------------------------------------------------------------
+PAGE = """<!doctype html><html><head><title>Busy</title>
+<script src="http://192.0.2.1/lib.js"></script>
+<link rel="stylesheet" href="https://192.0.2.1/x.css"></head>
+<body><p>Visible words</p><img src="http://192.0.2.1/pixel.png">
+<script>%s</script></body></html>
+"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium here")
+async def test_a_page_that_never_ends_or_reaches_out_is_bounded(nc: NATS, ws: Path) -> None:
+    await write(nc, "remote.html", PAGE % "")
+    await write(nc, "busy.html", PAGE % "while (true) {}")
+    remote = await ask(nc, subjects.WORKSPACE_PREVIEW, project=P, path="remote.html", timeout=90)
+    assert remote.error is None, remote.error
+    assert "Visible words" in remote.text and remote.png
+    busy = await ask(nc, subjects.WORKSPACE_PREVIEW, project=P, path="busy.html", timeout=90)
+    assert busy.error is None, busy.error
+    assert busy.title == "Busy" and "Visible words" in busy.text
+    assert "browser" in busy.note  # said: the file's own text, the page never finished
+    await alive(nc)

@@ -169,11 +169,17 @@ class WorkspaceService:
                 title, text = preview.page_text(dom)
                 return PreviewReply(png=png, title=title, text=text)
             log.warning("preview of %s: the browser gave nothing (%s)", req.path, done.killed)
+            note = (
+                f"the browser gave no page within {limits.timeout_s:g} s (a script that never "
+                "ends?) or failed: this is the file's own text, before any script ran"
+            )
+        else:
+            note = "no browser renders pages here: this is the file's own text"
         got = await asyncio.to_thread(
             self.workspaces.files(req.project).read, ReadRequest(project=req.project, path=req.path)
         )
         title, text = preview.page_text(got.text)
-        return PreviewReply(title=title, text=text)
+        return PreviewReply(title=title, text=text, note=note)
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:

@@ -219,8 +219,11 @@ class PreviewRequest(_Strict):
 class PreviewReply(Reply):
     """``png`` (the screenshot, base64; "" when no browser could render it), ``title``
     (the page's title) and ``text`` (its visible text, cut at 4,000 characters: what a
-    model without vision is told)."""
+    model without vision is told), ``note`` (why the page is the file's own text, not what
+    a browser rendered: none here, or it gave nothing within its time — a script that
+    never ends; "" when rendered)."""
 
     png: str = ""
     title: str = ""
     text: str = ""
+    note: str = ""

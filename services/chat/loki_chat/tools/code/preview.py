@@ -27,7 +27,8 @@ PREVIEW_TIMEOUT_S = 60.0
 def page_text(reply: PreviewReply, path: str) -> str:
     """The page as text: its title and visible text."""
     title = reply.title or "(no title)"
-    return f"Page {path}: {title}\n{reply.text or '(no visible text)'}"
+    note = f"(Not rendered: {reply.note}.)\n" if reply.note else ""
+    return f"Page {path}: {title}\n{note}{reply.text or '(no visible text)'}"
 
 
 def preview_tool(target: CodeTarget) -> ToolSpec:
