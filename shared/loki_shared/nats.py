@@ -223,6 +223,10 @@ def events_stream() -> JStream:
     )
 
 
+#: Seconds between two tries of :func:`publish_durable` within its ``retry_s``.
+RETRY_PAUSE_S = 0.25
+
+
 async def publish_durable(
     js: JetStreamContext,
     subject: str,
@@ -233,11 +237,17 @@ async def publish_durable(
     log: logging.Logger,
     timeout: float = 2.0,
     headers: dict[str, str] | None = None,
+    retry_s: float = 0.0,
 ) -> bool:
     """Publish ``payload`` on ``subject`` into the JetStream stream ``stream.name`` and wait
     for its acknowledgement (``timeout`` seconds). When the stream does not exist it is
     created with ``stream`` and the publish retried once (with the same ``headers``: a
     ``Nats-Msg-Id`` among them makes JetStream store a retry only once).
+
+    ``retry_s``: for that many seconds more, a publish that got no acknowledgement (timeout,
+    no responder, the stream without a leader or not reachable yet: a NATS cluster electing
+    a new stream leader after losing a node, a client reconnecting) is tried again every
+    :data:`RETRY_PAUSE_S`, with the same headers; 0 (the default): no such retry.
 
     Best effort: ``what`` names the message in the WARNING logged on ``log`` when it is not
     stored (``"<what> not published: ..."``).
@@ -253,7 +263,11 @@ async def publish_durable(
     # reconnecting connection, the server's API errors); OSError: the socket; ValueError: an
     # acknowledgement that is not JSON
     failures = (nats.errors.Error, OSError, ValueError)
-    for attempt in (1, 2):
+    missing = (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError)
+    transient = (nats.errors.TimeoutError, nats.errors.NoRespondersError, *missing)
+    deadline = asyncio.get_running_loop().time() + retry_s
+    created = False
+    while True:
         try:
             await js.publish(
                 subject,
@@ -263,16 +277,26 @@ async def publish_durable(
                 headers=dict(headers) if headers is not None else None,
             )
             return True
-        except (nats.js.errors.NoStreamResponseError, nats.js.errors.NotFoundError):
-            if attempt == 2:
-                break
-            try:
-                await js.add_stream(config=stream)
-            except failures as exc:
-                log.warning("%s not published: cannot create stream: %s", what, exc)
+        except missing as exc:
+            if not created:
+                created = True
+                try:
+                    await js.add_stream(config=stream)
+                    continue
+                except failures as create_exc:
+                    if asyncio.get_running_loop().time() >= deadline:
+                        log.warning("%s not published: cannot create stream: %s", what, create_exc)
+                        return False
+            elif asyncio.get_running_loop().time() >= deadline:
+                log.warning("%s not published: no %s stream", what, stream.name)
                 return False
+            last: Exception = exc
+        except transient as exc:
+            last = exc
         except failures as exc:
             log.warning("%s not published: %s", what, exc)
             return False
-    log.warning("%s not published: no %s stream", what, stream.name)
-    return False
+        if asyncio.get_running_loop().time() >= deadline:
+            log.warning("%s not published: %s", what, last)
+            return False
+        await asyncio.sleep(RETRY_PAUSE_S)

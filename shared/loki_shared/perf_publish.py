@@ -203,14 +203,24 @@ async def ensure_perf_stream(js: JetStreamContext) -> None:
     await js.add_stream(config=perf_stream_config())
 
 
-async def publish_record(target: Any, record: PerfRecord, *, timeout: float = 2.0) -> bool:
+#: Seconds :func:`publish_record` keeps trying a record JetStream did not acknowledge (a
+#: NATS cluster electing a new stream leader takes a few seconds after losing a node).
+PERF_RETRY_S = 20.0
+
+
+async def publish_record(
+    target: Any, record: PerfRecord, *, timeout: float = 2.0, retry_s: float = PERF_RETRY_S
+) -> bool:
     """Publish ``record`` on ``loki.perf.record`` into the ``LOKI_PERF`` stream and wait for
     JetStream's acknowledgement.
 
     ``target``: a FastStream ``NatsBroker`` (started), a nats-py ``Client`` or a nats-py
     ``JetStreamContext``. When the stream does not exist yet it is created with
     :func:`perf_stream_config` and the publish is retried once, with the same
-    ``Nats-Msg-Id`` so a retry is never stored twice.
+    ``Nats-Msg-Id`` so a retry is never stored twice. A publish not acknowledged (timeout, no
+    stream leader) is tried again, with the same id, for ``retry_s`` seconds
+    (:data:`PERF_RETRY_S`; see :func:`loki_shared.nats.publish_durable`): the callers spawn
+    it, so a turn never waits for it.
 
     Returns:
         True when JetStream stored the record; False when it could not be published (no
@@ -238,4 +248,5 @@ async def publish_record(target: Any, record: PerfRecord, *, timeout: float = 2.
         log=log,
         timeout=timeout,
         headers={MSG_ID_HEADER: uuid.uuid4().hex},
+        retry_s=retry_s,
     )
