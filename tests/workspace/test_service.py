@@ -250,3 +250,37 @@ async def test_clone_from_a_local_repository(
     failed = await ask(nc, subjects.WORKSPACE_CREATE, project="bad", clone_from=str(plain))
     assert failed.error.type == "invalid_request" and "git clone" in failed.error.message
     assert not (workspace.workspaces.root / "bad").exists()
+
+
+async def test_a_workspace_restored_as_root_is_given_back_to_the_sandbox(
+    nats_url: str, redis_db: str, tmp_path: Path
+) -> None:
+    """A backup restores files as root: at the next start the workspace belongs to the
+    sandbox's user again and commands can change it."""
+    import os
+
+    import nats
+
+    from tests.workspace.conftest import workspace_settings
+
+    settings = workspace_settings(nats_url, redis_db, tmp_path / "home")
+    service = WorkspaceService(settings)
+    await service.start()
+    owner = service.sandbox.owner()
+    await service.stop()
+    assert owner is not None, "runs as root here: the sandbox's user is another"
+    folder = settings.root() / "restored"
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "a.txt").write_text("from the backup\n")
+    service = WorkspaceService(settings)
+    await service.start()
+    try:
+        for path in (folder, folder / "src", folder / "src" / "a.txt"):
+            assert (os.stat(path).st_uid, os.stat(path).st_gid) == owner, path
+        nc = await nats.connect(nats_url)
+        run = await ask(nc, subjects.WORKSPACE_RUN, project="restored",
+                        command="echo more >> src/a.txt && cat src/a.txt")  # fmt: skip
+        assert (run.exit_code, run.output) == (0, "from the backup\nmore\n")
+        await nc.drain()
+    finally:
+        await service.stop()

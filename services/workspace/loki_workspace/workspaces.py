@@ -83,7 +83,29 @@ class Workspaces:
         scratch = self.root / ".probe"
         scratch.mkdir(exist_ok=True)
         self._own(scratch)
+        self.reclaim()
         return scratch
+
+    def reclaim(self) -> list[str]:
+        """Give back to the sandbox's user every workspace whose folder it does not own (one
+        restored from a backup, or copied in by root): their files, links not followed, are
+        chowned to it. Only when the service runs as root; a workspace whose folder is the
+        user's is not walked (a start stays quick). Returns the projects reclaimed."""
+        owner = self.sandbox.owner()
+        if owner is None:
+            return []
+        done = []
+        for folder in sorted(self.root.iterdir()):
+            if folder.name.startswith(".") or folder.is_symlink() or not folder.is_dir():
+                continue
+            if folder.stat().st_uid == owner[0]:
+                continue
+            for base, dirs, files in os.walk(folder):
+                for name in (*dirs, *files):
+                    os.lchown(os.path.join(base, name), *owner)
+            os.lchown(folder, *owner)
+            done.append(folder.name)
+        return done
 
     def _own(self, path: Path) -> None:
         owner = self.sandbox.owner()
