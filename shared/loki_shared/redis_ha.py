@@ -21,6 +21,12 @@ in docs/deployment.md's multi-node example. Loki's services only read the result
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
 #: The ACL user a replica replicates as.
 REPLICATION_USER = "replication"
 #: The ACL user the sentinels log in to the servers as.
@@ -102,3 +108,85 @@ def sentinel_config(
         f"sentinel parallel-syncs {service} 1",
     ]
     return "\n".join(lines) + "\n"
+
+
+#: The file of :func:`init_folder` keeping the two passwords, beside ``credentials.json``.
+HA_FILE = "redis-ha.json"
+#: The subfolder of :func:`init_folder` the servers and sentinels mount.
+HA_FOLDER = "redis-ha"
+
+
+def init_folder(
+    folder: Path, master: tuple[str, int] = ("redis", 6379), service: str = "loki"
+) -> Path:
+    """The compose init step of the multi-node example (``docker-compose.cluster.yml``), run
+    after ``python -m loki_shared.credentials init DIR``: the passwords of
+    :data:`REPLICATION_USER` and :data:`SENTINEL_USER` (kept, or created once, in
+    ``folder/redis-ha.json``, 0600) and ``folder/redis-ha/`` (0755, files 0644):
+
+    - ``redis.conf``: every ACL user (the services', the health check's and the two above)
+      and ``masteruser``/``masterauth`` — for the master and the replicas alike;
+    - ``password``: the health check user's password (as ``redis/password``);
+    - ``sentinel.conf``: the template each sentinel copies once into its own writable volume
+      (it watches ``master`` as ``service``, quorum 2).
+
+    Returns the subfolder.
+
+    Raises:
+        loki_shared.credentials.CredentialsError: ``folder/credentials.json`` is missing or
+            cannot be read (run ``python -m loki_shared.credentials init DIR`` first).
+    """
+    from . import credentials, permissions
+
+    creds = credentials.load(folder / credentials.FILE)
+    keep = folder / HA_FILE
+    if keep.exists():
+        passwords = json.loads(keep.read_text())
+    else:
+        passwords = {
+            "replication": secrets.token_urlsafe(24),
+            "sentinel": secrets.token_urlsafe(24),
+        }
+        credentials._write_private(keep, json.dumps(passwords, indent=1), 0o600)
+    out = folder / HA_FOLDER
+    conf = permissions.redis_config(
+        creds.redis, acl_users(passwords["replication"], passwords["sentinel"])
+    )
+    files = {
+        "redis.conf": conf + replication_lines(passwords["replication"]),
+        "password": creds.redis[permissions.REDIS_HEALTH_USER],
+        "sentinel.conf": sentinel_config(
+            26379, master, passwords["sentinel"], service=service, host="0.0.0.0", data_dir="/data"
+        ),
+    }
+    out.mkdir(exist_ok=True)
+    os.chmod(out, 0o755)
+    for name, text in files.items():
+        credentials._write_private(out / name, text, 0o644)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m loki_shared.redis_ha init DIR [--master HOST:PORT]``: see
+    :func:`init_folder`. Exit 0, or 1 with one line on stderr."""
+    import argparse
+
+    from .credentials import CredentialsError
+
+    parser = argparse.ArgumentParser(prog="python -m loki_shared.redis_ha")
+    parser.add_argument("action", choices=["init"])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--master", default="redis:6379", help="the first master, HOST:PORT")
+    args = parser.parse_args(argv)
+    host, _, port = args.master.rpartition(":")
+    try:
+        out = init_folder(args.folder, (host, int(port)))
+    except (CredentialsError, ValueError, OSError) as exc:
+        print(f"loki redis-ha: {exc}", file=sys.stderr)
+        return 1
+    print(f"Redis replication and Sentinel files ready in {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
