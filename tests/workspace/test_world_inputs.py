@@ -283,3 +283,23 @@ async def test_a_page_that_never_ends_or_reaches_out_is_bounded(nc: NATS, ws: Pa
     assert busy.title == "Busy" and "Visible words" in busy.text
     assert "browser" in busy.note  # said: the file's own text, the page never finished
     await alive(nc)
+
+
+async def test_a_grep_over_too_many_files_answers_what_it_found(
+    nc: NATS, ws: Path, service: WorkspaceService
+) -> None:
+    # files enough that reading them all takes longer than the bound, here (3 s)
+    script = (
+        "import os\n"
+        "for a in range(40):\n"
+        "    os.makedirs(f'd{a}/e/f', exist_ok=True)\n"
+        "    for b in range(1000):\n"
+        "        open(f'd{a}/e/f/x{b}.txt', 'w').write('needle\\n' if b == 0 else 'hay\\n')\n"
+    )
+    await write(nc, "make.py", script)
+    made = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="python3 make.py")
+    assert made.exit_code == 0, made.output
+    reply = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="grep", pattern="needle")
+    assert reply.error is None, reply.error
+    assert reply.matches and (reply.truncated or len(reply.matches) == 40)
+    assert all(m.text == "needle" for m in reply.matches)

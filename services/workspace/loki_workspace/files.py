@@ -16,7 +16,8 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +153,9 @@ class Files:
         self.root = root
         self.caps = caps
         self.owner = owner
+        #: ``time.monotonic()`` past which a grep stops and answers what it found, said
+        #: ``truncated`` (None: no bound; set by :mod:`.search`'s child process).
+        self.deadline: float | None = None
 
     # --- opening below the root -----------------------------------------------------------
     @contextlib.contextmanager
@@ -427,23 +431,25 @@ class Files:
         if base and stat.S_ISREG(mode):
             file = FileEntry(path=paths.display(base), kind="file")
             return self.grep_files([(base, file)], rx, req.max_results)
-        targets = [
+        targets = (  # walked as searched: a deadline stops both
             (rel, e)
             for rel, e in self.walk(base, 64)
             if e.kind == "file"
             and e.size <= SCAN_MAX
             and (include is None or include.match(paths.under(base, rel)))
-        ]
+        )
         return self.grep_files(targets, rx, req.max_results)
 
     def grep_files(
         self,
-        targets: list[tuple[tuple[str, ...], FileEntry]],
+        targets: Iterable[tuple[tuple[str, ...], FileEntry]],
         rx: re.Pattern[str],
         limit: int,
     ) -> FilesReply:
         matches: list[GrepMatch] = []
         for rel, entry in targets:
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                return FilesReply(matches=matches, truncated=True)  # too wide: what was found
             try:
                 data, _ = self._read_bytes(rel, SCAN_MAX)
             except (NotFound, InvalidRequest, Forbidden):

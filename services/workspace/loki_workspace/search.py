@@ -4,8 +4,10 @@ killed past ``LOKI_WORKSPACE_GREP_MAX_S``.
 Why a process: Python's regular expressions backtrack, and a pattern such as ``(a+)+$``
 against a long line takes longer than the universe lasts while holding the interpreter's
 lock — in a thread it would stop every request of the service, and nothing can interrupt
-it. A child process can be killed. It runs the service's own code (:class:`~.files.Files`),
-never a program of the workspace, so it needs no sandbox; it only reads.
+it. A child process can be killed. A search merely wide (a hundred thousand files) stops
+itself first and answers the matches it found, ``truncated``. The child runs the service's
+own code (:class:`~.files.Files`), never a program of the workspace, so it needs no
+sandbox; it only reads.
 
 The child reads one JSON job on its standard input (``root``, ``read_max``, ``write_max``,
 ``request``: a :class:`~loki_shared.messages.workspace.FilesRequest`) and writes one
@@ -19,12 +21,17 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from loki_shared.errors import InvalidRequest, LokiError, error_info, from_info
 from loki_shared.messages.workspace import FilesReply, FilesRequest
 
 from .files import Caps, Files
+
+#: The share of the bound a search over many files spends reading them before it answers
+#: what it found (``truncated``); the rest is the child's start and its answer's way back.
+SEARCH_SHARE = 0.6
 
 
 async def grep(files: Files, req: FilesRequest, limit_s: float) -> FilesReply:
@@ -42,6 +49,7 @@ async def grep(files: Files, req: FilesRequest, limit_s: float) -> FilesReply:
         "read_max": files.caps.read_max,
         "write_max": files.caps.write_max,
         "request": req.model_dump(mode="json"),
+        "search_s": limit_s * SEARCH_SHARE,
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -77,6 +85,7 @@ def main() -> None:
     """The child: one job from standard input, its reply to standard output."""
     job = json.loads(sys.stdin.buffer.read())
     files = Files(Path(job["root"]), Caps(job["read_max"], job["write_max"]), None)
+    files.deadline = time.monotonic() + job["search_s"]
     try:
         reply = files.files(FilesRequest.model_validate(job["request"]))
     except LokiError as exc:
