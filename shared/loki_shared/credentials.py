@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -183,11 +185,24 @@ def service_env(creds: Credentials, user: str) -> dict[str, str]:
     }
 
 
+#: Where a comma-separated list of URLs (a NATS cluster's nodes) starts its next URL.
+_NEXT_URL = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
+def _each_url(url: str, change: Callable[[str], str]) -> str:
+    """``change`` applied to each URL of a comma-separated list (``nats://a,nats://b``); a
+    single URL (a ``redis+sentinel://h1,h2/...`` one included) is one item."""
+    return ",".join(change(one) for one in _NEXT_URL.split(url))
+
+
 def with_userinfo(url: str, user: str | None, password: str | None) -> str:
     """``url`` with ``user:password@`` in its authority (``redis://:pw@host:port/0`` when
-    ``user`` is None): the form nats-py and redis-py read credentials from. Never log it."""
+    ``user`` is None): the form nats-py and redis-py read credentials from; each URL of a
+    comma-separated list gets it. Never log it."""
     if password is None and user is None:
         return url
+    if len(_NEXT_URL.split(url)) > 1:
+        return _each_url(url, lambda one: with_userinfo(one, user, password))
     parts = urlsplit(url)
     host = parts.netloc.rsplit("@", 1)[-1]
     auth = quote(user or "", safe="")
@@ -197,13 +212,18 @@ def with_userinfo(url: str, user: str | None, password: str | None) -> str:
 
 
 def without_userinfo(url: str) -> str:
-    """``url`` with no ``user:password@`` in it."""
+    """``url`` with no ``user:password@`` in it (in each URL of a comma-separated list)."""
+    if len(_NEXT_URL.split(url)) > 1:
+        return _each_url(url, without_userinfo)
     parts = urlsplit(url)
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
 
 
 def redact(url: str) -> str:
-    """``url`` with any password in it replaced by ``***`` (for messages and logs)."""
+    """``url`` with any password in it replaced by ``***`` (for messages and logs; in each URL
+    of a comma-separated list)."""
+    if len(_NEXT_URL.split(url)) > 1:
+        return _each_url(url, redact)
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -16,6 +16,7 @@ import nats
 import pytest
 
 from loki_shared import servers, subjects
+from loki_shared.credentials import redact, with_userinfo, without_userinfo
 from loki_shared.nats import nats_servers, perf_stream, stream_replicas
 from loki_shared.perf_publish import build_record, ensure_perf_stream, publish_record
 from tests.conftest import start_nats
@@ -51,6 +52,15 @@ def test_urls_and_replicas_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert nats_servers(" nats://a:1 , nats://b:2,") == ["nats://a:1", "nats://b:2"]
     with pytest.raises(ValueError, match="LOKI_NATS_URL"):
         nats_servers(" , ")
+    # the backup's login goes into every node's URL, and is hidden in every one
+    both = with_userinfo("nats://a:1,nats://b:2", "backup", "pw")
+    assert nats_servers(both) == ["nats://backup:pw@a:1", "nats://backup:pw@b:2"]
+    assert redact(both) == "nats://backup:***@a:1,nats://backup:***@b:2"
+    assert without_userinfo(both) == "nats://a:1,nats://b:2"
+    # a sentinel URL's commas are inside one URL
+    assert with_userinfo("redis+sentinel://h1,h2/loki/0", "chat", "pw") == (
+        "redis+sentinel://chat:pw@h1,h2/loki/0"
+    )
     monkeypatch.delenv("LOKI_JETSTREAM_REPLICAS", raising=False)
     assert stream_replicas() == 1 and perf_stream().config.num_replicas == 1
     monkeypatch.setenv("LOKI_JETSTREAM_REPLICAS", "3")
