@@ -96,6 +96,25 @@ async def test_a_symlink_pointing_outside_is_forbidden(
     await _still_serving(nc, workspace_process, project)
 
 
+async def test_a_fifo_never_blocks_the_file_tools(
+    workspace_process: WorkspaceProcess, nc: NATS
+) -> None:
+    project = await _workspace(nc)
+    made = await ask(nc, subjects.WORKSPACE_RUN, project=project, command="mkfifo pipe")
+    assert made.exit_code == 0, made.output
+    t0 = time.monotonic()
+    read = await ask(nc, subjects.WORKSPACE_READ, project=project, path="pipe", timeout=10)
+    assert read.error.type == "invalid_request"
+    wrote = await ask(nc, subjects.WORKSPACE_WRITE, project=project, op="write", path="pipe",
+                      content="x", timeout=10)  # fmt: skip
+    assert wrote.error.type == "invalid_request"
+    grep = await ask(nc, subjects.WORKSPACE_FILES, project=project, op="grep", pattern="x",
+                     timeout=10)  # fmt: skip
+    assert grep.error is None and grep.matches == []
+    assert time.monotonic() - t0 < 10
+    await _still_serving(nc, workspace_process, project)
+
+
 async def test_the_sandbox_environment_is_clean(
     workspace_process: WorkspaceProcess, nc: NATS
 ) -> None:

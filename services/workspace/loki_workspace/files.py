@@ -207,7 +207,9 @@ class Files:
             raise InvalidRequest("'.' is the workspace's root folder: name a file to read")
         with self._dir(rel[:-1]) as parent:
             try:
-                fd = os.open(rel[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                # O_NONBLOCK: a FIFO a command made would block the open until a writer came
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+                fd = os.open(rel[-1], flags, dir_fd=parent)
             except FileNotFoundError:
                 raise NotFound(f"no file {paths.display(rel)!r}") from None
             except OSError as exc:
@@ -331,7 +333,7 @@ class Files:
                 f"{len(data)} bytes is more than the {self.caps.write_max} a file may have here"
             )
         with self._dir(rel[:-1], make=True) as parent:
-            flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+            flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO: ENXIO
             try:
                 fd = os.open(rel[-1], flags | os.O_TRUNC, dir_fd=parent)
                 created = False
@@ -343,6 +345,9 @@ class Files:
                 raise InvalidRequest(f"{paths.display(rel)!r} is a folder") from None
             except OSError as exc:
                 raise self._refused(rel, exc) from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise InvalidRequest(f"{paths.display(rel)!r} is not a regular file: not written")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
         return WriteReply(
