@@ -9,10 +9,12 @@ What a sandboxed command sees (:func:`build_argv`, pure, tested as such):
   ``/usr`` on Debian) and the few files of ``/etc`` programs need (:data:`ETC`: the loader
   cache, the users and groups, name resolution of ``localhost``, fonts, the alternatives'
   links...) — not the rest of ``/etc``;
-- a fresh ``/tmp`` (tmpfs), a ``/proc`` of its own pid namespace, a minimal ``/dev``; no
+- a fresh ``/tmp`` and ``/dev/shm`` (tmpfs), a ``/proc`` of its own pid namespace, a minimal
+  ``/dev``; no
   ``/sys``, no ``/run``, no ``/home``, nothing of ``LOKI_HOME``;
 - every namespace unshared (``--unshare-all``): its network namespace has only ``lo``, so no
-  packet can leave; a user namespace in which it may not make another (``--disable-userns``);
+  packet can leave; a user namespace in which it may not make another (``--disable-userns``;
+  a service running as root starts it otherwise, see below);
 - a clean environment (``--clearenv``, then :data:`ENV`): never the service's, so never
   the NATS or Redis credentials;
 - ``--die-with-parent`` (the service gone, the sandbox goes) and ``--new-session`` (no
