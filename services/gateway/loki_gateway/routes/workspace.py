@@ -72,13 +72,13 @@ PathQuery = Annotated[str, Query(max_length=MAX_PATH, description="Workspace-rel
 
 
 def check_path(path: str) -> str:
-    """``path`` as the workspace service gets it (``.`` for the root; surrounding spaces
-    and a trailing ``/`` dropped).
+    """``path`` as the workspace service gets it (``.`` for the root; a trailing ``/``
+    dropped; spaces kept: a name may begin or end with one, as the tree lists it).
 
     Raises:
         BadRequest: an absolute path, a ``..`` part, a ``.git`` part, or a NUL.
     """
-    cleaned = path.strip().rstrip("/") or "."
+    cleaned = path.rstrip("/") or ("." if not path.strip() else "/")
     parts = cleaned.split("/")
     if cleaned.startswith("/") or "\x00" in cleaned:
         raise BadRequest(
@@ -209,6 +209,9 @@ async def chat_file_content(
     base: dict[str, Any] = {"project": project, "path": read.path or where, "size": read.size}
     if read.binary:
         kind = read.mime or "application/octet-stream"
+        note = f"A binary file ({kind}, {read.size} bytes): not shown as text."
+        if kind.startswith("text/"):
+            note = f"Text in another encoding than UTF-8 ({kind}, {read.size} bytes): not shown."
         return base | {
             "binary": True,
             "mime": kind,
@@ -219,7 +222,7 @@ async def chat_file_content(
             "last_line": 0,
             "total_lines": 0,
             "truncated": False,
-            "note": f"A binary file ({kind}, {read.size} bytes): not shown as text.",
+            "note": note,
         }
     text, cut = _cut(read.text)
     coloured = await anyio.to_thread.run_sync(colour, where, text)
