@@ -151,3 +151,28 @@ def test_a_page_not_rendered_says_so() -> None:
     reply = PreviewReply(title="Busy", text="words", note="the browser gave no page within 30 s")
     assert "Not rendered: the browser gave no page within 30 s" in page_text(reply, "a.html")
     assert "Not rendered" not in page_text(PreviewReply(title="T", text="w"), "a.html")
+
+
+async def test_a_request_over_the_bus_limit_says_send_less_not_try_again() -> None:
+    from nats.errors import MaxPayloadError
+
+    async def too_big(*args: Any) -> Any:
+        raise MaxPayloadError
+
+    target = CodeTarget(
+        workspace=WorkspaceClient(too_big, 30.0),
+        project=lambda: "p",
+        state=CodeState,
+        changed=_noop,
+    )
+    write = {t.name: t.run for t in code_tools(target)}["write"]
+    text = await write({"path": "big.txt", "content": "x" * 100})
+    assert "send less" in text and "in parts" in text and "Try again in a moment" not in text
+
+
+async def test_a_command_too_long_is_refused_before_it_is_sent(
+    tools: tuple[dict[str, Any], Recorder],
+) -> None:
+    run, rec = tools
+    text = await run["run"]({"command": "echo " + "x" * 1_000_000})
+    assert rec.sent == [] and "not valid" in str(text) and "command" in str(text)

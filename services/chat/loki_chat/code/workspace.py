@@ -81,6 +81,13 @@ class WorkspaceClient:
         try:
             reply = await self.request(subject, message, reply_type, timeout or self.timeout_s)
         except Exception as exc:
+            if type(exc).__name__ == "MaxPayloadError":  # nats-py's: never sent, not "down"
+                raise WorkspaceFailure(
+                    "invalid_request",
+                    "The request is larger than the bus carries (NATS max_payload): send less "
+                    "at once — a large file in parts (write the first part, then add the rest "
+                    "with edit), or produce it with run.",
+                ) from exc
             log.warning("workspace %s: no answer (%r)", subject, exc)
             raise WorkspaceFailure(
                 "unreachable", f"The workspace service did not answer ({type(exc).__name__})."
