@@ -21,7 +21,7 @@ import pytest
 DOC = Path(__file__).resolve().parents[2] / "docs" / "behaviour.md"
 HEADER = re.compile(r"^\|\s*rule\s*\|\s*test\s*\|", re.IGNORECASE)
 ROOTS = ("loki_shared", "loki_chat", "loki_gateway", "loki_recall", "loki_memory")
-ROOTS += ("loki_supervisor",)
+ROOTS += ("loki_supervisor", "loki_workspace")
 ROOTS += ("loki_perf", "loki_cli", "bench", "tests")
 
 
