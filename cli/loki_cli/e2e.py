@@ -11,6 +11,7 @@ an unsealed frame, a frame out of place, a tampered byte) stops the client with
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import threading
 import time
@@ -22,6 +23,9 @@ import httpx
 import typer
 
 from loki_shared import e2e_envelope as env
+
+#: A seq id: ASCII digits, at most 16 (str.isdigit would take "²", and int() "١٢").
+_SEQ = re.compile(r"[0-9]{1,16}")
 
 
 class E2EError(Exception):
@@ -180,9 +184,12 @@ class E2EClient:
                     fields = {}
                     continue
                 name = fields.get("event", "message")
-                seq = int(fields["id"]) if "id" in fields and fields["id"].isdigit() else last
-                if name == "message" and "id" not in fields:
-                    raise E2EError("an event without its seq id: not the e2e stream")
+                raw_id = fields.get("id", "")
+                if name == "message" and not _SEQ.fullmatch(raw_id):
+                    raise E2EError(
+                        f"an event without a seq id ({raw_id[:20]!r}): not the e2e stream"
+                    )
+                seq = int(raw_id) if name == "message" else last
                 aad = env.aad(self.device, "chat", "event", conversation, stream, name, seq, last)
                 try:
                     data = env.open_payload(self.key, env.parse(json.loads(fields["data"])), aad)

@@ -140,10 +140,21 @@ def open_payload(key: bytes, envelope: Envelope, associated: bytes) -> Any:
         plain = AESGCM(key).decrypt(envelope.nonce, envelope.ct, associated)
     except InvalidTag as exc:
         raise EnvelopeError("envelope does not open under the device key here") from exc
+    return loads(plain, "sealed payload")
+
+
+def loads(raw: bytes | str, what: str) -> Any:
+    """JSON of ``raw`` (UTF-8), with a JSON too deeply nested to parse counted as malformed.
+
+    Raises:
+        EnvelopeError (malformed): not UTF-8 JSON, or nested deeper than the parser allows.
+    """
     try:
-        return json.loads(plain.decode("utf-8"))
+        return json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise EnvelopeError("sealed payload is not UTF-8 JSON", malformed=True) from exc
+        raise EnvelopeError(f"{what} is not UTF-8 JSON", malformed=True) from exc
+    except RecursionError as exc:
+        raise EnvelopeError(f"{what} is JSON nested too deeply", malformed=True) from exc
 
 
 def pairing_code(device: str, key: bytes, base: str = "") -> str:
@@ -156,10 +167,13 @@ def pairing_code(device: str, key: bytes, base: str = "") -> str:
 def read_code(code: str) -> tuple[str, bytes, str]:
     """``(device, key, base)`` of a :func:`pairing_code` text.
 
+    Whitespace anywhere in it (a code wrapped over lines, or pasted with spaces) is ignored:
+    the code's alphabet (base64url) has none.
+
     Raises:
         ValueError: not such a code (says what was expected).
     """
-    text = code.strip()
+    text = "".join(code.split())
     if not text.startswith(CODE_PREFIX):
         raise ValueError(f"a pairing code starts with {CODE_PREFIX!r}")
     try:

@@ -10,7 +10,9 @@ line, headers and body; the answer's body, chunk by chunk) and applies, when set
   body)``: rewrite a request (flip a byte, point it at ``/api/chat``, add a header);
 - :attr:`Relay.on_body`: ``(path, bytes) -> bytes``: rewrite a whole (non-SSE) answer;
 - :attr:`Relay.on_frame`: ``(path, frame) -> list[bytes]``: each SSE frame of an answer
-  (without its blank line) becomes the frames returned: drop ``[]``, repeat, swap, alter.
+  (without its blank line) becomes the frames returned: drop ``[]``, repeat, swap, alter;
+  raising :class:`CutMidFrame` sends its ``partial`` bytes and ends the answer there (a
+  stream truncated in the middle of a frame).
 
 :meth:`Relay.replay` sends a recorded request again, as it was.
 """
@@ -28,6 +30,14 @@ from aiohttp import web
 from loki_shared import servers
 
 HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+
+
+class CutMidFrame(Exception):
+    """Raised by :attr:`Relay.on_frame`: write ``partial`` (no blank line) and end the answer."""
+
+    def __init__(self, partial: bytes) -> None:
+        super().__init__("the relay cuts the stream mid-frame")
+        self.partial = partial
 
 
 class Relay:
@@ -139,9 +149,13 @@ class Relay:
                 buffer += chunk
                 while b"\n\n" in buffer:
                     frame, buffer = buffer.split(b"\n\n", 1)
-                    frames = (
-                        [frame] if self.on_frame is None else self.on_frame(request.path, frame)
-                    )
+                    try:
+                        frames = (
+                            [frame] if self.on_frame is None else self.on_frame(request.path, frame)
+                        )
+                    except CutMidFrame as cut:
+                        await out.write(cut.partial)
+                        return out
                     for item in frames:
                         await out.write(item + b"\n\n")
             return out

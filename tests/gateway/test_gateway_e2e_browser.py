@@ -18,9 +18,19 @@ DRAWER_OPEN = "document.body.classList.contains('drawer-open')"
 MESSAGE = "Phone says: the parcel is under the blue bench"
 
 
+KEY = "e2e-browser-key"
+
+
 @pytest.fixture(scope="module")
 def gw(gateway_factory, peers):
-    return gateway_factory()
+    return gateway_factory(KEY)  # pairing needs LOKI_API_KEY
+
+
+def desk_page(browser, width: int, height: int):
+    """The desktop's chat page, its API key already entered (chat-api.js keeps it)."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.add_init_script(f"localStorage.setItem('lokiKey', {KEY!r})")
+    return page
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +86,7 @@ def _pair_in_dialog(page, name: str, phone: bool) -> str:
 
 @pytest.mark.parametrize("size", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
 def test_devices_dialog_pairs_once(browser, gw, size):
-    page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    page = desk_page(browser, size[0], size[1])
     try:
         page.goto(gw.url + "/")
         page.wait_for_selector("#devices-btn", state="attached")
@@ -86,12 +96,14 @@ def test_devices_dialog_pairs_once(browser, gw, size):
 
 
 def test_pwa_pairs_and_chats_through_the_relay(browser, gw, relay, peers):
-    desk = browser.new_page(viewport={"width": 1280, "height": 800})
+    desk = desk_page(browser, 1280, 800)
     desk.goto(gw.url + "/")
     desk.wait_for_selector("#devices-btn")
     code = _pair_in_dialog(desk, "the phone", phone=False)
     desk.close()
-    context = browser.new_context(viewport={"width": 390, "height": 844})
+    # axe-core (assert_accessible) is injected as an inline script, which the PWA's CSP
+    # refuses: this context bypasses it; test_pwa_hardened_against_the_relay runs under it.
+    context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
     page = context.new_page()
     try:
         page.goto(relay.url + "/e2e/")
@@ -164,3 +176,64 @@ def test_pwa_pairs_and_chats_through_the_relay(browser, gw, relay, peers):
     recorded = relay.recorded()
     assert MESSAGE.encode() not in recorded and b"blue bench" not in recorded
     assert "wörld".encode() not in recorded
+
+
+TWO_TAB_RUN = """async (code) => {
+  const c = E2ESeal.readCode(code);
+  const client = new E2EClient.Client(c.device, await E2ESeal.importKey(c.key), "");
+  window.runs = Promise.allSettled(Array.from({ length: 12 }, () => client.request("state", {})));
+}"""
+TWO_TAB_FAILED = "window.runs.then((rs) => rs.filter((r) => r.status === 'rejected').map((r) => String(r.reason)))"
+
+
+def test_pwa_hardened_against_the_relay(browser, gw, relay):
+    with gw.client() as c:
+        made = c.post("/api/e2e/devices", json={"name": "hardened"}).json()
+    code = made["code"]
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    try:
+        page.goto(relay.url + "/e2e/")
+        page.wait_for_selector("#pair-view:not([hidden])")
+        # a code wrapped over lines and spaced, as messengers paste it
+        wrapped = "\n".join(code[i : i + 24] for i in range(0, len(code), 24))
+        page.fill("#pair-code", "  " + wrapped[:30] + " " + wrapped[30:] + "\n")
+        page.click("#pair-form button[type=submit]")
+        page.wait_for_selector("#chat-view:not([hidden])", timeout=WAIT_MS)
+        assert page.is_hidden("#error")
+        # the key is a non-extractable CryptoKey in IndexedDB, never in localStorage
+        assert made["key"] not in page.evaluate("JSON.stringify(localStorage)")
+        assert page.evaluate(
+            "E2EKeys.load().then((k) => k.extractable === false && k.algorithm.name === 'AES-GCM')"
+        )
+        page.wait_for_function("!!navigator.serviceWorker.controller", timeout=WAIT_MS)
+        # two tabs of one device, each sending at once: no counter collides (409)
+        other = context.new_page()
+        other.goto(relay.url + "/e2e/")
+        other.wait_for_selector("#chat-view:not([hidden])", timeout=WAIT_MS)
+        page.evaluate(TWO_TAB_RUN, code)
+        other.evaluate(TWO_TAB_RUN, code)
+        assert page.evaluate(TWO_TAB_FAILED) == [] and other.evaluate(TWO_TAB_FAILED) == []
+        other.close()
+        # the relay answers the update check with another sw.js: the page stops and says so
+        # (its answer is never a 304: it drops the browser's conditional headers)
+        relay.on_request = lambda m, p, h, b: (
+            m,
+            p,
+            {k: v for k, v in h.items() if not k.lower().startswith("if-")},
+            b,
+        )
+        relay.on_body = lambda path, data: (
+            data + b"\n// the relay's own code\n" if path.endswith("/sw.js") else data
+        )
+        page.evaluate("navigator.serviceWorker.getRegistration().then((r) => r.update())")
+        page.wait_for_selector("#error:not([hidden])", timeout=WAIT_MS)
+        assert "changed through the network" in page.inner_text("#error")
+        before = len(relay.requests)
+        page.fill("#composer-input", "must not leave")
+        page.click("#send-btn")
+        page.wait_for_timeout(300)
+        assert not any(r[1].startswith("/api/e2e/send") for r in relay.requests[before:])
+    finally:
+        relay.reset()
+        context.close()

@@ -183,7 +183,7 @@ def create_app(settings: Settings, bus: Bus | None = None) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     # The e2e PWA (issue 45) under its own path: its service worker's scope is /e2e/.
-    app.mount("/e2e", StaticFiles(directory=STATIC / "e2e", html=True), name="e2e")
+    app.mount("/e2e", e2e_routes.PwaFiles(directory=STATIC / "e2e", html=True), name="e2e")
 
     # Outermost first: CORS, size limit, auth, then the JSON text rule (middleware added last
     # runs first).

@@ -15,6 +15,7 @@ open or seal for it any more. Keys leave this module only through :meth:`DeviceS
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +30,8 @@ from loki_shared.sealing import Sealer, SealError
 from ..errors import NotFound
 
 SET_KEY = "loki:e2e:devices"
+#: What :meth:`DeviceStore.create` makes; any other id is refused before Redis is asked.
+DEVICE_ID = re.compile(r"dev_[0-9a-f]{16}")
 MAX_NAME = 80
 
 # Accept ARGV[1] only when above the stored counter (atomically: two requests racing with
@@ -158,9 +161,11 @@ class DeviceStore:
         """The key of an active device.
 
         Raises:
-            DeviceRefused: unknown or revoked device (or its sealed key does not open: a
-                changed service key).
+            DeviceRefused: unknown or revoked device, an id not of :data:`DEVICE_ID`'s form
+                (or its sealed key does not open: a changed service key).
         """
+        if not DEVICE_ID.fullmatch(device):
+            raise DeviceRefused("unknown device id (ids look like dev_ and 16 hex digits)")
         hkey = _hash_key(device)
         sealed = await self.redis.hget(hkey, "key")
         if not sealed:

@@ -1,5 +1,10 @@
 """Pairing: ``/api/e2e/devices`` (behind the API key like every ``/api`` route): create a
-device (its key, text code and QR code answered once), list, rename, revoke."""
+device (its key, text code and QR code answered once), list, rename, revoke.
+
+Without ``LOKI_API_KEY`` no device is created (403 ``api_key_required``): the gateway then
+trusts whatever reaches it, a tunnel or relay client on the same machine included, and such a
+relay could pair itself (the source address cannot tell it from the person: a tunnel on the
+box connects from loopback too)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from loki_shared import e2e_envelope as env
+from loki_shared.errors import Forbidden
 
 from .devices import MAX_NAME
 from .sealed import devices
@@ -37,7 +43,18 @@ def _qr_svg(code: str) -> str:
 async def devices_create(body: DeviceBody, request: Request) -> Any:
     """Pair a device: 201 ``{"device": {...}, "key", "code", "qr_svg"}``. The key (base64url,
     32 bytes), the text code holding the device id and key, and the code as a QR (SVG) are
-    given this once; no route returns them again."""
+    given this once; no route returns them again.
+
+    Raises:
+        Forbidden: 403 ``api_key_required``: no ``LOKI_API_KEY`` is set (module docstring).
+    """
+    if request.app.state.settings.key() is None:
+        raise Forbidden(
+            "pairing needs LOKI_API_KEY: without it anything that reaches Loki, a relay or "
+            "tunnel on this machine too, could pair itself. Set LOKI_API_KEY, restart Loki "
+            "and pair again",
+            code="api_key_required",
+        )
     device, key = await devices(request).create(body.name)
     code = env.pairing_code(device.id, key, request.scope.get("root_path", ""))
     return JSONResponse(

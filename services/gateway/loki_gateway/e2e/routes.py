@@ -14,7 +14,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field, ValidationError
+from starlette.types import Scope
 
 from loki_shared import e2e_envelope as env
 from loki_shared.errors import LokiError
@@ -55,9 +57,9 @@ async def _answer(request: Request, opened: Opened, call: Any) -> JSONResponse:
 
 async def _wire(request: Request) -> Any:
     try:
-        return json.loads(await request.body())
-    except ValueError as exc:
-        raise BadRequest("body must be a sealed envelope (JSON)", code="invalid_envelope") from exc
+        return env.loads(await request.body(), "the body")
+    except env.EnvelopeError as exc:
+        raise BadRequest(f"{exc}: send a sealed envelope", code="invalid_envelope") from exc
 
 
 @router.post("/api/e2e/send")
@@ -167,3 +169,28 @@ async def e2e_chat(
 async def pwa_redirect() -> Response:
     """The PWA lives under ``/e2e/`` (its service worker's scope)."""
     return Response(status_code=307, headers={"Location": "/e2e/"})
+
+
+#: The PWA's Content-Security-Policy: its own files only, no inline script or style, no
+#: plugin, not framed, requests to its own origin only (the sealed routes).
+PWA_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; manifest-src 'self'; worker-src 'self'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'"
+)
+PWA_HEADERS = {
+    "Content-Security-Policy": PWA_CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+class PwaFiles(StaticFiles):
+    """``static/e2e/`` (mounted at ``/e2e``) with :data:`PWA_HEADERS` on every answer."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        """StaticFiles' answer for ``path`` with the PWA's headers added."""
+        response = await super().get_response(path, scope)
+        response.headers.update(PWA_HEADERS)
+        return response

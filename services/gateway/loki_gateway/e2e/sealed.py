@@ -6,8 +6,11 @@ the envelope must open under it with the associated data of this route and direc
 the last one accepted from the device. Any failure is a plain OpenAI-shaped error (nothing is
 sealed for a requester who has not proven the key) and nothing is processed:
 
-- 400 ``invalid_envelope``: not an envelope, or a payload without counter/body;
-- 401 ``invalid_device``: unknown or revoked device;
+- 400 ``invalid_envelope``: not an envelope (bad base64, wrong nonce length, ``v`` not 1,
+  JSON nested too deeply), or a payload without an integer counter in 1..2^53-1 and an
+  object body;
+- 401 ``invalid_device``: unknown or revoked device, or an id not of the form
+  ``dev_<16 hex>``;
 - 401 ``envelope_rejected``: does not open (wrong key, a tampered byte, another route);
 - 409 ``replayed_request``: the counter is not above the last accepted one.
 
@@ -103,18 +106,29 @@ async def open_request(request: Request, route: str, wire: Any) -> Opened:
     try:
         payload = env.open_payload(key, envelope, env.aad(envelope.device, route, "request"))
     except env.EnvelopeError as exc:
+        if exc.malformed:
+            raise BadRequest(f"{exc}: send the request sealed", code="invalid_envelope") from exc
         raise EnvelopeRejected(
             "the request does not open under this device's key (tampered, or another key)"
         ) from exc
     counter = payload.get("counter") if isinstance(payload, dict) else None
     body = payload.get("body") if isinstance(payload, dict) else None
-    if not isinstance(counter, int) or not 0 < counter <= MAX_COUNTER or not isinstance(body, dict):
+    # bool is an int in Python (and JSON true would pass as 1): refused like a float or text.
+    if (
+        not isinstance(counter, int)
+        or isinstance(counter, bool)
+        or not 0 < counter <= MAX_COUNTER
+        or not isinstance(body, dict)
+    ):
         raise BadRequest(
-            "sealed payload must be {counter: positive integer, body: object}",
+            f"sealed payload must be {{counter: integer 1..{MAX_COUNTER}, body: object}}",
             code="invalid_envelope",
         )
     if not await store.accept_counter(envelope.device, counter):
-        raise ReplayedRequest("request counter not above the last one accepted: a replay")
+        raise ReplayedRequest(
+            "request counter not above the last one accepted: a replay, or another client "
+            "of this device sent a later request (give each client its own device)"
+        )
     await store.seen(envelope.device)
     return Opened(envelope.device, key, counter, body, route)
 

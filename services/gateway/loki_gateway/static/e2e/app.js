@@ -6,6 +6,7 @@
 (function () {
   const $ = (id) => document.getElementById(id);
   const S = window.E2ESeal;
+  const K = window.E2EKeys;
   const { Client, E2ERefused } = window.E2EClient;
   const API_BASE = new URL("..", location.href).pathname.replace(/\/$/, ""); // the page is <base>/e2e/
   const state = { client: null, conversation: null, last: 0, abort: null, current: null, stopped: false };
@@ -17,17 +18,44 @@
     $("error").hidden = !msg;
   }
 
+  const UPDATED = "This app's code changed through the network: a new version of Loki, or the " +
+    "relay replacing it. Nothing more is sent from this page. If you updated Loki, close every " +
+    "tab of this app and open it again; if not, revoke this device on your computer and " +
+    "install /e2e/ again from your home network.";
+
+  // A new service worker found while a copy is installed (an update check answered with a
+  // different sw.js): stop, and say so, before the new code can run (docs/security.md).
+  function stopForUpdate() {
+    state.stopped = true;
+    if (state.abort) state.abort.abort();
+    showError(UPDATED);
+    status("stopped: the app's code changed");
+  }
+
   if ("serviceWorker" in navigator) {
-    navigator.serviceWorker.register("sw.js").catch((e) => status("offline copy not installed: " + e.message));
+    let controlled = !!navigator.serviceWorker.controller; // the first install is no update
+    navigator.serviceWorker.register("sw.js").then((reg) => {
+      if (reg.active && (reg.waiting || reg.installing)) stopForUpdate();
+      reg.addEventListener("updatefound", () => { if (reg.active) stopForUpdate(); });
+    }).catch((e) => status("offline copy not installed: " + e.message));
+    navigator.serviceWorker.addEventListener("controllerchange", () => {
+      if (controlled) stopForUpdate();
+      controlled = true;
+    });
   }
 
   async function start() {
     const saved = JSON.parse(localStorage.getItem("lokiE2E") || "null");
-    $("pair-view").hidden = !!saved;
-    $("chat-view").hidden = !saved;
-    $("forget-btn").hidden = !saved;
-    if (!saved) { $("pair-code").focus(); return; }
-    const key = await S.importKey(S.b64d(saved.key));
+    let key = saved ? await K.load() : null;
+    if (saved && saved.key) { // an older copy kept the raw key in localStorage: move it
+      key = await K.save(S.b64d(saved.key));
+      localStorage.setItem("lokiE2E", JSON.stringify({ device: saved.device, base: saved.base }));
+    }
+    const paired = !!(saved && key);
+    $("pair-view").hidden = paired;
+    $("chat-view").hidden = !paired;
+    $("forget-btn").hidden = !paired;
+    if (!paired) { $("pair-code").focus(); return; }
     state.client = new Client(saved.device, key, API_BASE);
     await loadConversations(localStorage.getItem("lokiE2E.conversation"));
   }
@@ -37,13 +65,15 @@
     showError("");
     try {
       const code = S.readCode($("pair-code").value);
-      localStorage.setItem("lokiE2E", JSON.stringify({ device: code.device, key: S.b64e(code.key), base: code.base }));
+      await K.save(code.key); // non-extractable, in IndexedDB; never in localStorage
+      localStorage.setItem("lokiE2E", JSON.stringify({ device: code.device, base: code.base }));
       $("pair-code").value = "";
       await start();
     } catch (e) { showError(e); }
   };
 
-  $("forget-btn").onclick = () => {
+  $("forget-btn").onclick = async () => {
+    await K.forget().catch(() => {});
     localStorage.removeItem("lokiE2E");
     localStorage.removeItem("lokiE2E.conversation");
     if (state.abort) state.abort.abort();
@@ -105,7 +135,11 @@
   function fail(e) {
     showError(e);
     if (e instanceof S.E2EError) { state.stopped = true; status("stopped: the connection is not trustworthy"); }
-    else if (e instanceof E2ERefused && e.status === 401) { state.stopped = true; status("this device is not paired any more: unpair and pair it again"); }
+    else if (e instanceof E2ERefused && e.status === 401) {
+      state.stopped = true;
+      status("refused as not paired (an unsealed answer: the relay could have made it up): " +
+        "check the Devices list on your computer, and pair again if this device is revoked");
+    }
   }
 
   // Streams the open conversation from state.last, again after each cut, until another one is
@@ -148,6 +182,7 @@
   };
 
   $("stop-btn").onclick = async () => {
+    if (state.stopped) return;
     try { await state.client.request("control", { action: "stop", conversation: state.conversation }); }
     catch (e) { fail(e); }
   };

@@ -1,6 +1,7 @@
 // The sealed chat client of the PWA (the Python twin: cli/loki_cli/e2e.py). Requests go one at
-// a time (their counters must reach the gateway in order); the counter is time-based and kept
-// in localStorage, so it only grows. Answers and events must open for exactly this request /
+// a time (their counters must reach the gateway in order), across every tab of the app too (a
+// Web Lock around counting and sending); the counter is time-based and kept in localStorage,
+// so it only grows. Answers and events must open for exactly this request /
 // this place in this stream, or E2EError stops everything. window.E2EClient.
 "use strict";
 
@@ -26,9 +27,12 @@
       return next;
     }
 
-    // Runs fn(counter) after the previous request got its answer's headers.
+    // Runs fn(counter) after the previous request got its answer's headers, in this tab and,
+    // holding the lock "lokiE2E.requests" while it counts and sends, in every other tab.
     serial(fn) {
-      const run = this.queue.then(() => fn(this.counter()));
+      const turn = () => fn(this.counter());
+      const locked = () => (navigator.locks ? navigator.locks.request("lokiE2E.requests", turn) : turn());
+      const run = this.queue.then(locked);
       this.queue = run.catch(() => {});
       return run;
     }

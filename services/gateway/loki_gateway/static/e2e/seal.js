@@ -52,7 +52,7 @@
 
   // {device, key (raw bytes), base} of a pairing code, or an Error saying to copy it again.
   function readCode(code) {
-    const text = String(code || "").trim();
+    const text = String(code || "").replace(/\s+/g, ""); // wrapped or spaced when pasted
     const prefix = "loki-e2e1:";
     if (!text.startsWith(prefix)) throw new Error(`a pairing code starts with "${prefix}"`);
     try {
