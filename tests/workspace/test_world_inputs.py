@@ -303,3 +303,35 @@ async def test_a_grep_over_too_many_files_answers_what_it_found(
     assert reply.error is None, reply.error
     assert reply.matches and (reply.truncated or len(reply.matches) == 40)
     assert all(m.text == "needle" for m in reply.matches)
+
+
+async def test_bad_or_catastrophic_globs_are_refused_clearly(nc: NATS, ws: Path) -> None:
+    deep = "/".join(["a"] * 40)
+    await write(nc, f"{deep}/{'a' * 200}", "x\n")
+    for pattern in ("[z-a]*.py", "x[", "[!]"):
+        reply = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="glob", pattern=pattern)
+        assert reply.error is None or reply.error.type == "invalid_request", (pattern, reply.error)
+    reply = await ask(
+        nc, subjects.WORKSPACE_FILES, project=P, op="grep", pattern="x", include="[z-a]"
+    )
+    assert reply.error is not None and reply.error.type == "invalid_request", reply.error
+    for pattern in ("**/" * 12 + "b", "*a" * 12 + "*b", "a/" + "*a" * 12 + "*b"):
+        reply = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="glob", pattern=pattern)
+        assert reply.error is None or reply.error.type == "invalid_request", (pattern, reply.error)
+        assert reply.entries == []
+    await alive(nc)
+
+
+async def test_a_backslash_path_or_a_symlinked_parent(nc: NATS, ws: Path, tmp_path: Path) -> None:
+    reply = await ask(
+        nc, subjects.WORKSPACE_WRITE, project=P, op="write", path="src\\main.py", content="x"
+    )
+    assert reply.error is not None and "'/'" in reply.error.message
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ws / "out").symlink_to(outside)
+    reply = await ask(
+        nc, subjects.WORKSPACE_WRITE, project=P, op="write", path="out/new/x.txt", content="x"
+    )
+    assert reply.error is not None and reply.error.type == "forbidden"
+    assert list(outside.iterdir()) == []

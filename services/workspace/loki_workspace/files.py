@@ -287,6 +287,11 @@ class Files:
             raise InvalidRequest("'.' is the workspace's root folder: name a file to write")
         if paths.touches_git(rel):
             raise Forbidden(f"{req.path!r} is inside .git: the repository is changed with git")
+        if "\\" in req.path and not os.path.lexists(self.root.joinpath(*rel)):
+            raise InvalidRequest(
+                f"path {req.path!r} holds a backslash: folders are separated by '/' here "
+                f"(e.g. {req.path.replace(chr(92), '/')!r}); resend it so"
+            )
         if req.op == "write":
             if req.content is None:
                 raise InvalidRequest("write needs 'content' (the file's whole new text)")

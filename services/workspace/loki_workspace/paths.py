@@ -128,12 +128,16 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     (``*.py`` is ``**/*.py``).
 
     Raises:
-        InvalidRequest: ``pattern`` is empty or absolute.
+        InvalidRequest: ``pattern`` is empty or absolute, or its ``[...]`` is not a valid
+            class (``[z-a]``).
     """
     if not pattern or pattern.startswith("/"):
         raise InvalidRequest(f"glob {pattern!r}: give a relative pattern, e.g. 'src/**/*.py'")
+    given = pattern
     if "/" not in pattern:
         pattern = "**/" + pattern
+    while "**/**/" in pattern:  # the same folders, and no backtracking over them
+        pattern = pattern.replace("**/**/", "**/")
     out: list[str] = []
     i = 0
     while i < len(pattern):
@@ -159,7 +163,10 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
         else:
             out.append(re.escape(pattern[i]))
             i += 1
-    return re.compile("".join(out) + r"\Z")
+    try:
+        return re.compile("".join(out) + r"\Z")
+    except re.error as exc:
+        raise InvalidRequest(f"glob {given!r}: {exc} — resend it fixed") from None
 
 
 def under(base: tuple[str, ...], rel: tuple[str, ...]) -> str:

@@ -1,8 +1,9 @@
-"""``grep`` bounded in time: the search runs in a child process of the service that is
-killed past ``LOKI_WORKSPACE_GREP_MAX_S``.
+"""``grep`` and ``glob`` bounded in time: the search runs in a child process of the service
+that is killed past ``LOKI_WORKSPACE_GREP_MAX_S``.
 
 Why a process: Python's regular expressions backtrack, and a pattern such as ``(a+)+$``
-against a long line takes longer than the universe lasts while holding the interpreter's
+against a long line (or a glob of many ``*``, a regular expression too, against a long
+name) takes longer than the universe lasts while holding the interpreter's
 lock — in a thread it would stop every request of the service, and nothing can interrupt
 it. A child process can be killed. A search merely wide (a hundred thousand files) stops
 itself first and answers the matches it found, ``truncated``. The child runs the service's
@@ -35,7 +36,8 @@ SEARCH_SHARE = 0.6
 
 
 async def grep(files: Files, req: FilesRequest, limit_s: float) -> FilesReply:
-    """``req`` (a ``grep``) over ``files``' workspace, searched by a child process stopped
+    """``req`` (a ``grep`` or a ``glob``) over ``files``' workspace, searched by a child
+    process stopped
     after ``limit_s`` seconds.
 
     Raises:
@@ -62,11 +64,15 @@ async def grep(files: Files, req: FilesRequest, limit_s: float) -> FilesReply:
     try:
         out, err = await asyncio.wait_for(proc.communicate(json.dumps(job).encode()), limit_s)
     except TimeoutError:
+        why = (
+            "a repetition inside a repetition, such as (a+)+ or (.*)*"
+            if req.op == "grep"
+            else "many * in a row"
+        )
         raise InvalidRequest(
-            f"grep {req.pattern!r} was stopped after {limit_s:g} s: the pattern backtracks "
-            "without end (a repetition inside a repetition, such as (a+)+ or (.*)*) or the "
-            "search is too wide — resend a simpler pattern, or narrow it with 'path' or "
-            "'include'"
+            f"{req.op} {req.pattern!r} was stopped after {limit_s:g} s: the pattern "
+            f"backtracks without end ({why}) or the search is too wide — resend a simpler "
+            "pattern, or narrow it with 'path' (or 'include')"
         ) from None
     finally:
         if proc.returncode is None:

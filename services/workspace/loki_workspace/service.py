@@ -119,7 +119,7 @@ class WorkspaceService:
 
     async def on_files(self, req: FilesRequest) -> FilesReply:
         files = self.workspaces.files(req.project)
-        if req.op == "grep":  # a regular expression may backtrack without end: a process
+        if req.op != "list":  # a pattern may backtrack without end: in a child process
             return await search.grep(files, req, self.settings.workspace_grep_max_s)
         return await asyncio.to_thread(files.files, req)
 

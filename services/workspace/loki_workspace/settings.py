@@ -46,9 +46,9 @@ class Settings(LokiSettings):
     - ``LOKI_WORKSPACE_BROWSER`` — the headless browser of ``preview`` (default
       ``chromium``, Debian's); missing, a preview is the page's text only.
     - ``LOKI_WORKSPACE_PREVIEW_TIMEOUT_S`` — seconds a preview's browser gets (default 30).
-    - ``LOKI_WORKSPACE_GREP_MAX_S`` — seconds a ``grep`` may search (default 15; below the
-      chat's wait of a file operation): past it the search is stopped and refused, so a
-      pattern that backtracks without end never holds the service.
+    - ``LOKI_WORKSPACE_GREP_MAX_S`` — seconds a ``grep`` or a ``glob`` may search (default
+      15; below the chat's wait of a file operation): past it the search is stopped and
+      refused, so a pattern that backtracks without end never holds the service.
     """
 
     workspace_root: Path | None = Field(default=None, description="Folder of the workspaces.")
