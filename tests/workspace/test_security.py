@@ -39,7 +39,8 @@ async def _still_serving(nc: NATS, proc: WorkspaceProcess, project: str) -> None
 
 def _sandbox_processes() -> list[str]:
     """Live processes (not zombies) whose command line runs in a sandbox: bwrap's, and
-    anything of the sandbox's user."""
+    anything of the sandbox's user that has the sandbox's environment (``LOGNAME=loki``:
+    another program of that user on this machine, a container's ``nobody``, is not one)."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -53,6 +54,14 @@ def _sandbox_processes() -> list[str]:
             continue
         state = status.split("State:", 1)[1].split()[0]
         uid = status.split("Uid:", 1)[1].split()[0]
+        if uid == "65534" and "bwrap" not in cmd.split(" ")[0]:
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    sandboxed = b"LOGNAME=loki\0" in fh.read() + b"\0"
+            except OSError:
+                sandboxed = True  # unreadable: counted, to be safe
+            if not sandboxed:
+                continue
         if state != "Z" and ("bwrap" in cmd.split(" ")[0] or uid == "65534"):
             out.append(f"{entry} {cmd[:120]}")
     return out
