@@ -207,6 +207,17 @@ def test_pwa_hardened_against_the_relay(browser, gw, relay):
             "E2EKeys.load().then((k) => k.extractable === false && k.algorithm.name === 'AES-GCM')"
         )
         page.wait_for_function("!!navigator.serviceWorker.controller", timeout=WAIT_MS)
+        # a downgrade: the relay answers the sealed state with plain JSON (a 200)
+        relay.on_body = lambda path, data: (
+            b'{"conversations": []}' if path == "/api/e2e/state" else data
+        )
+        page.reload()
+        page.wait_for_selector("#error:not([hidden])", timeout=WAIT_MS)
+        assert "not sealed" in page.inner_text("#error")
+        relay.reset()
+        page.reload()
+        page.wait_for_selector("#chat-view:not([hidden])", timeout=WAIT_MS)
+        page.wait_for_function("!!navigator.serviceWorker.controller", timeout=WAIT_MS)
         # two tabs of one device, each sending at once: no counter collides (409)
         other = context.new_page()
         other.goto(relay.url + "/e2e/")
