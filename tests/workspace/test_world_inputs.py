@@ -335,3 +335,19 @@ async def test_a_backslash_path_or_a_symlinked_parent(nc: NATS, ws: Path, tmp_pa
     )
     assert reply.error is not None and reply.error.type == "forbidden"
     assert list(outside.iterdir()) == []
+
+
+async def test_a_glob_over_too_many_files_answers_what_it_found(nc: NATS, ws: Path) -> None:
+    script = (
+        "import os\n"
+        "for a in range(60):\n"
+        "    os.makedirs(f'd{a}/e/f/g/h', exist_ok=True)\n"
+        "    for b in range(1000):\n"
+        "        open(f'd{a}/e/f/g/h/x{b}.js', 'w').close()\n"
+    )
+    await write(nc, "make.py", script)
+    made = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="python3 make.py")
+    assert made.exit_code == 0, made.output
+    reply = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="glob", pattern="**/x1.js")
+    assert reply.error is None, reply.error
+    assert reply.entries and (reply.truncated or len(reply.entries) == 60)

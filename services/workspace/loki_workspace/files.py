@@ -156,6 +156,8 @@ class Files:
         #: ``time.monotonic()`` past which a grep stops and answers what it found, said
         #: ``truncated`` (None: no bound; set by :mod:`.search`'s child process).
         self.deadline: float | None = None
+        #: Whether a search stopped at :attr:`deadline` (its reply is ``truncated``).
+        self.stopped = False
 
     # --- opening below the root -----------------------------------------------------------
     @contextlib.contextmanager
@@ -410,13 +412,24 @@ class Files:
             raise InvalidRequest(f"{req.op} needs 'pattern'")
         if req.op == "glob":
             rx = paths.glob_regex(req.pattern)
+            walked = self._until_deadline(self.walk(base, 64))
             found = (
-                e
-                for rel, e in self.walk(base, 64)
-                if e.kind == "file" and rx.match(paths.under(base, rel))
+                e for rel, e in walked if e.kind == "file" and rx.match(paths.under(base, rel))
             )
-            return self._collect(found, req.max_results)
+            reply = self._collect(found, req.max_results)
+            reply.truncated = reply.truncated or self.stopped
+            return reply
         return self._grep(base, req)
+
+    def _until_deadline(
+        self, items: Iterator[tuple[tuple[str, ...], FileEntry]]
+    ) -> Iterator[tuple[tuple[str, ...], FileEntry]]:
+        """``items`` until :attr:`deadline` (then :attr:`stopped` is set)."""
+        for item in items:
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.stopped = True
+                return
+            yield item
 
     @staticmethod
     def _collect(items: Iterator[FileEntry], limit: int) -> FilesReply:
