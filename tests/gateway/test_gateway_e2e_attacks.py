@@ -352,3 +352,30 @@ def test_forged_seq_ids_stop_the_client(gw, relay, forged):
             until_end(client.events(cid))
     finally:
         client.close()
+
+
+def test_revocation_between_key_and_counter_refuses_the_request(redis_url, tmp_path):
+    """A request whose key was read just before the device was revoked is refused when its
+    counter is checked (atomically with the key's presence), and leaves no counter behind."""
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from loki_gateway.e2e.devices import DeviceRefused, DeviceStore
+    from loki_shared.sealing import service_sealer
+
+    async def race() -> None:
+        redis = Redis.from_url(redis_url)
+        store = DeviceStore(redis, service_sealer(tmp_path, "attack-test-secret"))
+        try:
+            device, key = await store.create("racing")
+            assert await store.key(device.id) == key  # the request opened...
+            assert await store.accept_counter(device.id, 10)
+            await store.revoke(device.id)  # ...and the device is revoked before the next
+            with pytest.raises(DeviceRefused):
+                await store.accept_counter(device.id, 11)
+            assert not await redis.exists(f"loki:e2e:counter:{device.id}")
+        finally:
+            await redis.aclose()
+
+    asyncio.run(race())

@@ -35,8 +35,11 @@ DEVICE_ID = re.compile(r"dev_[0-9a-f]{16}")
 MAX_NAME = 80
 
 # Accept ARGV[1] only when above the stored counter (atomically: two requests racing with
-# the same counter cannot both pass).
+# the same counter cannot both pass) and the device still has its key (KEYS[2]: a request
+# opened just before a revocation is refused, and leaves no counter behind): 1 accepted,
+# 0 a replay, -1 revoked.
 _COUNTER_LUA = """
+if redis.call('HEXISTS', KEYS[2], 'key') == 0 then return -1 end
 local last = tonumber(redis.call('GET', KEYS[1]) or '0')
 local now = tonumber(ARGV[1])
 if now > last then redis.call('SET', KEYS[1], ARGV[1]) return 1 end
@@ -181,9 +184,17 @@ class DeviceStore:
 
     async def accept_counter(self, device: str, counter: int) -> bool:
         """Record ``counter`` as the device's latest request and return True when it is above
-        the last accepted one; False (nothing changed) otherwise: a replay."""
-        ok = await self.redis.eval(_COUNTER_LUA, 1, _counter_key(device), str(counter))
-        return bool(ok)
+        the last accepted one; False (nothing changed) otherwise: a replay.
+
+        Raises:
+            DeviceRefused: the device was revoked since its key was read (nothing changed).
+        """
+        ok = await self.redis.eval(
+            _COUNTER_LUA, 2, _counter_key(device), _hash_key(device), str(counter)
+        )
+        if ok == -1:
+            raise DeviceRefused("the device was revoked: pair it again")
+        return ok == 1
 
     async def seen(self, device: str) -> None:
         """Set ``last_seen`` to now (an accepted request)."""
