@@ -379,3 +379,35 @@ def test_revocation_between_key_and_counter_refuses_the_request(redis_url, tmp_p
             await redis.aclose()
 
     asyncio.run(race())
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/api/e2e/devices/",
+        "//api/e2e/devices",
+        "/api/e2e/chat/../devices",
+        "/api/e2e/%64evices",
+        "/api/e2e/chat%2f..%2fdevices",
+        "/API/e2e/devices",
+        "/api/e2e/devices?x=/api/e2e/chat",
+    ],
+)
+def test_no_path_trick_pairs_without_the_api_key(gw, target):
+    """Only the four sealed routes skip the API key: no spelling of the pairing route does."""
+    port = int(gw.url.rsplit(":", 1)[1])
+    body = b'{"name": "trick"}'
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1])
+    assert status in (401, 404, 405), answer[:300]
+    with gw.client() as c:
+        names = [d["name"] for d in c.get("/api/e2e/devices").json()["devices"]]
+    assert "trick" not in names
