@@ -351,3 +351,16 @@ async def test_a_glob_over_too_many_files_answers_what_it_found(nc: NATS, ws: Pa
     reply = await ask(nc, subjects.WORKSPACE_FILES, project=P, op="glob", pattern="**/x1.js")
     assert reply.error is None, reply.error
     assert reply.entries and (reply.truncated or len(reply.entries) == 60)
+
+
+async def test_the_workspace_as_commands_see_it_is_refused_with_the_relative_path(
+    nc: NATS, ws: Path
+) -> None:
+    pwd = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="pwd")
+    where = pwd.output.strip()  # what a model sees, then sends back
+    reply = await ask(
+        nc, subjects.WORKSPACE_WRITE, project=P, op="write", path=f"{where}/src/a.py", content="x"
+    )
+    assert reply.error is not None and reply.error.type == "forbidden"
+    assert "'src/a.py'" in reply.error.message
+    assert not (ws / "src").exists()

@@ -24,6 +24,9 @@ from loki_shared.errors import Forbidden, InvalidRequest
 
 #: The repository's own folder: never listed, never written by the file tools.
 GIT_DIR = ".git"
+#: Where commands see the workspace (the sandbox's ``/workspace``, what ``pwd`` prints): a
+#: path under it is refused like any absolute one, its refusal giving the relative path.
+SANDBOX_ROOT = "/workspace"
 
 
 def parts(path: str) -> tuple[str, ...]:
@@ -36,6 +39,12 @@ def parts(path: str) -> tuple[str, ...]:
     """
     if "\0" in path:
         raise InvalidRequest(f"path {path!r} holds a NUL character: resend it without")
+    if path == SANDBOX_ROOT or path.startswith(SANDBOX_ROOT + "/"):
+        inner = path[len(SANDBOX_ROOT) :].strip("/") or "."
+        raise Forbidden(
+            f"path {path!r} is absolute ({SANDBOX_ROOT} is the workspace as commands see it): "
+            f"give it relative to the workspace's root: {inner!r}"
+        )
     if path.startswith("/"):
         raise Forbidden(
             f"path {path!r} is absolute: give it relative to the workspace's root, e.g. 'src/x.py'"
