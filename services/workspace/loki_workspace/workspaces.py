@@ -8,6 +8,7 @@ the path it was cloned from, and ``created``, a Unix time) — nothing else is s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -228,7 +229,7 @@ class Workspaces:
             head=head,
             dirty=dirty,
             origin=origin.decode() if origin else "",
-            agents_md=self._agents(project),
+            agents_md=await asyncio.to_thread(self._agents, project),
             sandbox=sandbox,
         )
 
