@@ -27,9 +27,9 @@ from fastapi.responses import JSONResponse
 
 from loki_shared import e2e_envelope as env
 from loki_shared.errors import LokiError
-from loki_shared.sealing import service_sealer
 
-from ..errors import BadRequest, ServiceUnavailable
+from ..deps import sealed_store
+from ..errors import BadRequest
 from .devices import DeviceStore
 
 #: The largest counter accepted (JavaScript's safe integers: the PWA counts too).
@@ -59,17 +59,7 @@ def devices(request: Request) -> DeviceStore:
     Raises:
         ServiceUnavailable: Redis is not reached yet.
     """
-    state = request.app.state
-    existing = getattr(state, "e2e_devices", None)
-    if existing is not None:
-        return existing
-    memory = getattr(state, "memory", None)
-    if memory is None:
-        raise ServiceUnavailable("the store (Redis) is not reached yet: try again shortly")
-    settings = state.settings
-    secret = settings.secret_key.get_secret_value() if settings.secret_key else None
-    state.e2e_devices = DeviceStore(memory.redis, service_sealer(settings.home, secret))
-    return state.e2e_devices
+    return sealed_store(request, "e2e_devices", lambda redis, sealer, _: DeviceStore(redis, sealer))
 
 
 @dataclass

@@ -16,11 +16,11 @@ from loki_shared import subjects
 from loki_shared.messages.chat import ImageAttachment
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest
 from loki_shared.permissions import MAX_PAYLOAD
-from loki_shared.sealing import service_sealer
 
 from ..attachments import ID_PATTERN, AttachmentStore, TooLarge, clean_name, fenced
 from ..bus import Bus
-from ..errors import BadRequest, ServiceUnavailable
+from ..deps import sealed_store
+from ..errors import BadRequest
 
 router = APIRouter(tags=["attachments"])
 
@@ -41,18 +41,11 @@ def store(request: Request) -> AttachmentStore:
     Raises:
         ServiceUnavailable: Redis is not reached yet (the memory state is not started).
     """
-    state = request.app.state
-    existing = getattr(state, "attachments", None)
-    if existing is not None:
-        return existing
-    memory = getattr(state, "memory", None)
-    if memory is None:
-        raise ServiceUnavailable("the store (Redis) is not reached yet: try again shortly")
-    settings = state.settings
-    secret = settings.secret_key.get_secret_value() if settings.secret_key else None
-    made = AttachmentStore(memory.redis, service_sealer(settings.home, secret), memory.key)
-    state.attachments = made
-    return made
+    return sealed_store(
+        request,
+        "attachments",
+        lambda redis, sealer, memory: AttachmentStore(redis, sealer, memory.key),
+    )
 
 
 @router.post("/api/chat/upload", status_code=201)

@@ -13,20 +13,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from loki_cli.stack import Stack, StackConfig
-from loki_shared import servers
+from loki_cli.stack import Stack
 from loki_shared.messages.recall import DEFAULT_PROJECT
 from tests.e2e.conftest import StackClient
 from tests.fakes.fake_engine import FakeEngine, text_reply, tool_reply
 from tests.gateway.conftest import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS
-
-SECRET = "code-mode-e2e-secret-key-0123456789abcdef"
 
 #: The package as first written: add() is wrong for a negative first operand (abs), which
 #: its own test does not catch; the person's second criterion does.
@@ -40,32 +33,6 @@ TESTS = (
 )
 UNITTEST = "python3 -m unittest discover -s tests -t ."
 NEGATIVE = "python3 -c 'import calc; assert calc.add(-2, 1) == -1, calc.add(-2, 1)'"
-
-
-@pytest.fixture
-def fake_engine() -> Iterator[FakeEngine]:
-    with FakeEngine() as engine:
-        yield engine
-
-
-@pytest.fixture
-def code_stack(tmp_path: Path, fake_engine: FakeEngine) -> Iterator[Stack]:
-    """The whole stack following the scripted engine, once every service answers."""
-    stack = Stack(
-        StackConfig(
-            home=tmp_path / "home",
-            web_port=servers.free_port(),
-            echo=False,
-            env={"LOKI_ENGINE_URL": fake_engine.url, "LOKI_SECRET_KEY": SECRET},
-        ),
-        log=lambda line: None,
-    )
-    stack.start()
-    try:
-        stack.wait_engine_ready(timeout=90)
-        yield stack
-    finally:
-        stack.stop()
 
 
 def _args(**fields: Any) -> str:
@@ -134,9 +101,9 @@ def _loki(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_code_mode_turn_is_corrected_by_its_criteria_and_commits(
-    code_stack: Stack, fake_engine: FakeEngine
+    fake_stack: Stack, fake_engine: FakeEngine
 ) -> None:
-    client = StackClient(f"http://127.0.0.1:{code_stack.config.web_port}")
+    client = StackClient(f"http://127.0.0.1:{fake_stack.config.web_port}")
     http = client.http
     # a new conversation (no message yet), switched to code mode: its project's workspace
     created = http.post("/api/conversations", json={"title": "calc"})
@@ -185,7 +152,7 @@ def test_a_code_mode_turn_is_corrected_by_its_criteria_and_commits(
     assert len(fake_engine.requests) == 7  # no generic verifier request in a criteria turn
 
     # the commit is in the workspace's repository, the fix in its file
-    root = code_stack.config.home / "workspaces" / project
+    root = fake_stack.config.home / "workspaces" / project
     # (its files belong to the sandbox's uid: git asks to be told the folder is safe)
     git = ["git", "-c", f"safe.directory={root}", "-C", str(root)]
     log = subprocess.run(
