@@ -87,6 +87,28 @@ def start_nats(data_dir: Path, **kwargs: Any) -> RunningServer:
     return server
 
 
+def start_nats_cluster(data_dir: Path, size: int = 3) -> dict[str, RunningServer]:
+    """``size`` NATS servers (:func:`start_nats`, JetStream on) clustered on loopback as
+    ``loki``, named ``n0``, ``n1``...; each one's data under ``data_dir/<name>``. The caller
+    stops them (``stop(grace=2)``)."""
+    client_ports = [servers.free_port() for _ in range(size)]
+    route_ports = [servers.free_port() for _ in range(size)]
+    nodes: dict[str, RunningServer] = {}
+    for i in range(size):
+        routes = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(route_ports) if j != i)
+        nodes[f"n{i}"] = start_nats(
+            data_dir / f"n{i}",
+            port=client_ports[i],
+            extra=[
+                "--name", f"n{i}",
+                "--cluster_name", "loki",
+                "--cluster", f"nats://127.0.0.1:{route_ports[i]}",
+                "--routes", routes,
+            ],
+        )  # fmt: skip
+    return nodes
+
+
 def start_redis(data_dir: Path, **kwargs: Any) -> RunningServer:
     """:func:`loki_shared.servers.start_redis` with the ACL users (the session's passwords)
     and ``test``; the returned URL logs in as ``test``."""

@@ -17,7 +17,7 @@ import pytest
 
 from loki_cli.stack import SERVICES, Stack, StackConfig
 from loki_shared import permissions, servers, subjects
-from tests.conftest import AUTH, plain_url, start_nats
+from tests.conftest import AUTH, plain_url, start_nats_cluster
 from tests.e2e.conftest import StackClient
 from tests.fakes.fake_engine import FakeEngine, text_reply
 
@@ -27,21 +27,7 @@ ANSWER = "An answer streamed slowly enough for a NATS node to die under it."
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[str, servers.RunningServer]]:
-    client_ports = [servers.free_port() for _ in range(3)]
-    route_ports = [servers.free_port() for _ in range(3)]
-    nodes: dict[str, servers.RunningServer] = {}
-    for i in range(3):
-        routes = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(route_ports) if j != i)
-        nodes[f"n{i}"] = start_nats(
-            tmp_path / f"n{i}",
-            port=client_ports[i],
-            extra=[
-                "--name", f"n{i}",
-                "--cluster_name", "loki",
-                "--cluster", f"nats://127.0.0.1:{route_ports[i]}",
-                "--routes", routes,
-            ],
-        )  # fmt: skip
+    nodes = start_nats_cluster(tmp_path)
     yield nodes
     for node in nodes.values():
         node.stop(grace=2)

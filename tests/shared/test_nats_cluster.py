@@ -19,7 +19,7 @@ from loki_shared import servers, subjects
 from loki_shared.credentials import redact, with_userinfo, without_userinfo
 from loki_shared.nats import nats_servers, perf_stream, stream_replicas
 from loki_shared.perf_publish import build_record, ensure_perf_stream, publish_record
-from tests.conftest import start_nats
+from tests.conftest import start_nats_cluster
 
 N_RECORDS = 60
 SUBJECT = "loki.test.cluster.echo"
@@ -27,21 +27,7 @@ SUBJECT = "loki.test.cluster.echo"
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[str, servers.RunningServer]]:
-    client_ports = [servers.free_port() for _ in range(3)]
-    route_ports = [servers.free_port() for _ in range(3)]
-    nodes: dict[str, servers.RunningServer] = {}
-    for i in range(3):
-        routes = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(route_ports) if j != i)
-        nodes[f"n{i}"] = start_nats(
-            tmp_path / f"n{i}",
-            port=client_ports[i],
-            extra=[
-                "--name", f"n{i}",
-                "--cluster_name", "loki",
-                "--cluster", f"nats://127.0.0.1:{route_ports[i]}",
-                "--routes", routes,
-            ],
-        )  # fmt: skip
+    nodes = start_nats_cluster(tmp_path)
     yield nodes
     for node in nodes.values():
         node.stop(grace=2)
