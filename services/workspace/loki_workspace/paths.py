@@ -93,7 +93,9 @@ def resolve(root: Path, path: str) -> tuple[tuple[str, ...], Path]:
     real = os.path.realpath(os.path.join(root, *rel)) if rel else str(root)
     if not is_inside(str(root), real):
         raise Forbidden(
-            f"path {path!r} leads outside the workspace (a symlink to {real!r}): "
+            # the target is not named: it is a path of the service's host (LOKI_HOME's
+            # folder...), which the model has no business learning
+            f"path {path!r} leads outside the workspace (through a symlink): "
             "only the workspace's own files can be used"
         )
     inner = os.path.relpath(real, root)
