@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 
 from loki_shared.settings import LokiSettings
@@ -49,6 +51,24 @@ class Settings(LokiSettings):
       third): how long the slot of a killed holder stays taken.
     - ``LOKI_LEASE_CLAIM_S`` (s, default 2): a fresh grant's lifetime until its first
       renewal (a grant to a dead waiter is given back after this).
+
+    Several engines (issue 44, docs/scaling.md):
+
+    - ``LOKI_ENGINE_URLS``: comma-separated llama-servers to follow as one pool, each
+      ``[name[@group]=]url`` (``gpu0=http://10.0.0.2:8080``; name default ``host:port``, group
+      default ``default``); nothing is launched then. Empty: one engine, as before.
+    - ``LOKI_ENGINE_ROUTING``: the pool's policy: ``affine`` (default: the slot holding the
+      longest prefix of the conversation's prompt), ``round_robin`` or ``least_busy`` (for
+      comparison).
+    - ``LOKI_AFFINITY_QUEUE_MAX``: requests that may wait ahead for a conversation's affine
+      slot before it is moved to the least loaded one (default 1).
+    - ``LOKI_ENGINE_SLOT_DIR``: the directory every pooled engine was given as
+      ``--slot-save-path``, as this supervisor sees it (empty: no slot transfer on a move).
+    - ``LOKI_SUPERVISOR_REPLICATED``: ``true`` when several supervisor instances follow the
+      same pool: one leader (elected in Redis) grants, the others forward to it, and the
+      leases live in Redis so a new leader keeps them (default false).
+    - ``LOKI_SUPERVISOR_LEADER_TTL_S`` (s, default 3): the leader's key lifetime without
+      renewal (how long leasing pauses when the leader is killed).
     """
 
     model: str = Field(default="", description="GGUF path; empty: bundled model.")
@@ -81,3 +101,9 @@ class Settings(LokiSettings):
     engine_backoff_max: float = 30.0
     lease_ttl: float = Field(default=6.0, gt=0)
     lease_claim_s: float = Field(default=2.0, gt=0)
+    engine_urls: str = ""
+    engine_routing: Literal["affine", "round_robin", "least_busy"] = "affine"
+    affinity_queue_max: int = Field(default=1, ge=0)
+    engine_slot_dir: str = ""
+    supervisor_replicated: bool = False
+    supervisor_leader_ttl_s: float = Field(default=3.0, gt=0.5)

@@ -65,6 +65,48 @@ class EngineInfoRequest(Msg):
     """``loki.engine.info``."""
 
 
+class SlotSummary(Msg):
+    """One slot of a pooled engine as the router sees it: ``busy`` (a lease holds it),
+    ``waiting`` (requests queued for it), ``conversation`` (whose prompt it last ran; None:
+    none or a side job), ``prefix`` (messages of that prompt), ``saved`` (that prompt is in a
+    slot file), ``last_used`` (Unix time of the last grant; 0: never)."""
+
+    id_slot: int
+    busy: bool = False
+    waiting: int = 0
+    conversation: str | None = None
+    prefix: int = 0
+    saved: bool = False
+    last_used: float = 0.0
+
+
+class EngineSummary(Msg):
+    """One engine of the pool (issue 44): ``id`` (its name in ``LOKI_ENGINE_URLS``, else
+    ``host:port``), ``group`` (engine group a preset may name with ``ENGINE_GROUP``;
+    ``default``), ``source`` (``followed``: a llama-server Loki did not launch; ``local``:
+    launched by this supervisor; ``external``: an external preset's API), ``state``, ``model``,
+    ``n_ctx`` (per slot, tokens), ``total_slots``, ``in_flight`` (leases held), ``waiting``,
+    ``slots``, and the counters since the supervisor started: ``grants``, ``moves_in`` (grants
+    of a conversation whose longest prefix was elsewhere), ``restores``, ``saves``."""
+
+    id: str
+    group: str = "default"
+    source: Literal["followed", "local", "external"] = "followed"
+    base_url: str = ""
+    state: EngineStateName = "stopped"
+    detail: str = ""
+    model: str = ""
+    n_ctx: int = 0
+    total_slots: int = 0
+    in_flight: int = 0
+    waiting: int = 0
+    slots: list[SlotSummary] = Field(default_factory=list)
+    grants: int = 0
+    moves_in: int = 0
+    restores: int = 0
+    saves: int = 0
+
+
 class EngineInfo(Reply):
     """What the supervisor knows of the engine.
 
@@ -90,6 +132,12 @@ class EngineInfo(Reply):
     ``draft_refusal``: why a preset's draft model was not passed.
     ``template``: the chat template probe's verdicts (:class:`TemplateProbe`) once the local
     engine is ready; None for an external API or before the first probe.
+    ``engines``: with several engines (``LOKI_ENGINE_URLS``), one :class:`EngineSummary` each
+    (empty otherwise); the top-level fields then describe the pool (``state`` ready while one
+    engine is, ``base_url`` the first ready one's). ``routing``: the pool's policy (``affine``,
+    ``round_robin``, ``least_busy``; "" without a pool). ``instance``: this supervisor
+    process's id; ``leader``: the instance granting leases when supervisors are replicated
+    (``LOKI_SUPERVISOR_REPLICATED``; None otherwise).
     ``boot``: a token drawn when the supervisor process started (a new one after every
     restart of the supervisor: a lease waiter sees that the process holding its queued
     request is gone, see :mod:`loki_shared.lease`); "" from a supervisor that does not say.
@@ -127,6 +175,10 @@ class EngineInfo(Reply):
     draft_refusal: str | None = None
     template: TemplateProbe | None = None
     boot: str = ""
+    engines: list[EngineSummary] = Field(default_factory=list)
+    routing: str = ""
+    instance: str = ""
+    leader: str | None = None
 
 
 class EngineState(Msg):
@@ -156,7 +208,10 @@ class LeaseRequest(Msg):
     continues the conversation's cached prompt (COMPACT_CONTINUATION), routed like ``main``;
     a plain ``compact`` (summary of a transcript) goes beside it. ``holder``: an id of the
     asking process (a chat instance's); a grant it never claims (see
-    ``loki_supervisor.lease_book``) drops its other waiters and leases with it."""
+    ``loki_supervisor.lease_book``) drops its other waiters and leases with it.
+    ``prompt_fingerprints``: :func:`loki_shared.fingerprint.fingerprints` of the messages the
+    request will send (the cache-affinity key with several engines: the grant goes to the slot
+    whose last prompt shares the longest prefix; empty: unknown, routed as a new prompt)."""
 
     kind: RequestKind
     conversation: str | None = None
@@ -164,6 +219,35 @@ class LeaseRequest(Msg):
     ttl_s: float | None = None
     continuation: bool = False
     holder: str | None = None
+    prompt_fingerprints: list[str] = Field(default_factory=list)
+
+
+class Placement(Msg):
+    """Where a pooled grant put the request and why (issue 44: several engines, cache-affine
+    routing; only with ``LOKI_ENGINE_URLS``: None otherwise).
+
+    ``engine``: the engine's id (``EngineSummary.id``); ``id_slot``: its slot; ``reason``:
+    ``affine`` (the slot whose last prompt of this conversation is the longest prefix),
+    ``new`` (no engine held a prefix: the least loaded), ``overloaded`` (the affine slot was
+    busy past the bound: the least loaded instead), ``apart`` (a side job put on an engine the
+    conversation's main slot is not on), ``failover`` (the engine that held the prefix is
+    gone), ``round_robin`` / ``least_busy`` (those policies, for comparison);
+    ``prefix``: leading messages the chosen slot already holds (cumulative fingerprints in
+    common); ``moved_from``: the engine that held the conversation's longest prefix when the
+    grant went elsewhere (None: not moved); ``transfer``: what was done to the slot before the
+    grant: ``restored`` (a slot file of this conversation restored with llama.cpp's
+    ``POST /slots/{id}?action=restore``), ``recomputed`` (a move without a usable file), or
+    None; ``restored_tokens``: ``n_restored`` of that restore; ``saved``: the previous holder's
+    slot saved before this grant evicted it (``action=save``)."""
+
+    engine: str
+    id_slot: int | None = None
+    reason: str = ""
+    prefix: int = 0
+    moved_from: str | None = None
+    transfer: Literal["restored", "recomputed"] | None = None
+    restored_tokens: int | None = None
+    saved: bool = False
 
 
 class Lease(Reply):
@@ -196,6 +280,7 @@ class Lease(Reply):
     max_tokens: int | None = None
     vision: bool = False
     verify: bool | None = None
+    placement: Placement | None = None
 
 
 class RenewRequest(Msg):

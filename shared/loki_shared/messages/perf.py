@@ -32,6 +32,12 @@ class PerfRecord(Msg):
     ``tools_fingerprint`` is :func:`loki_shared.fingerprint.tools_fingerprint` of the
     ``tools`` the request offered (``""``: none; None: the publisher does not say): a loss
     after the conversation's tools changed is attributed to cause ``tools`` (issue 42).
+    ``engine``: the pooled engine that ran it (``Placement.engine``; ``""``: one engine, no
+    pool); ``moved_from``: the engine that held the conversation's longest prefix when the
+    grant went elsewhere (the perf service attributes a loss on it to cause
+    ``engine_moved``); ``transfer``: ``restored`` (the slot file restored before the request:
+    ``cache_n`` then says whether it held) or ``recomputed`` (moved without a file); None: not
+    moved (issue 44).
     No message text ever goes here.
     """
 
@@ -51,6 +57,9 @@ class PerfRecord(Msg):
     roles: list[str] = Field(default_factory=list)
     prefix_unstable: bool = False
     tools_fingerprint: str | None = None
+    engine: str = ""
+    moved_from: str | None = None
+    transfer: str | None = None
 
 
 class SummaryRequest(Msg):
