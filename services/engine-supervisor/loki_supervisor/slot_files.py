@@ -29,6 +29,9 @@ MAX_AGE_S = 86400.0
 #: LOKI_SLOT_PERSIST_MAX_MB's default (MiB): all kept slot files together stay below it.
 DEFAULT_MAX_MB = 2048
 NO_FINGERPRINT = "0" * 16
+#: A save is written under this prefix and renamed once complete (a name with it is a
+#: foreign file for :func:`stale_files`, an unfinished save for :func:`pool_stale_files`).
+PART_PREFIX = "part-"
 
 _NAME = re.compile(
     r"^loki-slot-(?P<model>[0-9a-f]{12})-(?P<n_ctx>[0-9]+)-(?P<conversation>[0-9a-f]{12})"
@@ -50,6 +53,13 @@ def model_key(path: Path) -> str:
     resolved = path.resolve()
     st = resolved.stat()
     return _hex(f"{resolved}\0{st.st_size}\0{st.st_mtime_ns}", 12)
+
+
+def model_name_key(model: str) -> str:
+    """12 hex characters naming a followed engine's model by its name (``/props``
+    ``model_path``): a pooled engine's file is not the supervisor's to stat, so engines that
+    report the same path are taken to serve the same model."""
+    return _hex(model, 12)
 
 
 def conversation_key(conversation: str) -> str:
@@ -137,7 +147,16 @@ def stale_files(
             )
         else:
             kept.append((f, key))
-    kept.sort(key=lambda fk: (fk[0].mtime, fk[0].name), reverse=True)  # newest first
+    doomed.update(_prune(kept, max_bytes, "over LOKI_SLOT_PERSIST_MAX_MB"))
+    return doomed
+
+
+def _prune(kept: list[tuple[SlotFile, SlotKey]], max_bytes: int, over: str) -> dict[str, str]:
+    """Rules 4 and 5 of :func:`stale_files` over the files still kept: one file per
+    conversation (the newest; the others ``superseded``), then the oldest go (``over``) until
+    the total is at most ``max_bytes``."""
+    doomed: dict[str, str] = {}
+    kept = sorted(kept, key=lambda fk: (fk[0].mtime, fk[0].name), reverse=True)  # newest first
     seen: set[str] = set()
     survivors: list[SlotFile] = []
     for f, key in kept:
@@ -150,8 +169,45 @@ def stale_files(
     for f in reversed(survivors):  # oldest first
         if total <= max_bytes:
             break
-        doomed[f.name] = "over LOKI_SLOT_PERSIST_MAX_MB"
+        doomed[f.name] = over
         total -= f.size
+    return doomed
+
+
+def pool_stale_files(
+    files: Iterable[SlotFile],
+    now: float,
+    max_bytes: int,
+    max_age_s: float = MAX_AGE_S,
+    part_prefix: str = PART_PREFIX,
+    keep: Iterable[str] = (),
+) -> dict[str, str]:
+    """Which files of a pool's shared slot directory to delete, with why (name → reason).
+
+    Unlike :func:`stale_files`, files of other models and ``n_ctx`` stay (pooled engines may
+    differ) and foreign names stay (the directory is shared), except a ``part_prefix`` file
+    older than ``max_age_s`` (a save cut short). Among Loki slot files: older than
+    ``max_age_s`` → ``older than a day``; an older file of the same conversation →
+    ``superseded``; then oldest first until the total is at most ``max_bytes`` →
+    ``over max_bytes``. Names in ``keep`` (being restored right now) are never deleted.
+    """
+    kept_names = set(keep)
+    doomed: dict[str, str] = {}
+    live: list[tuple[SlotFile, SlotKey]] = []
+    for f in files:
+        if f.name in kept_names:
+            continue
+        key = parse(f.name)
+        if key is None:
+            if f.name.startswith(part_prefix) and now - f.mtime > max_age_s:
+                doomed[f.name] = "unfinished save"
+        elif now - f.mtime > max_age_s:
+            doomed[f.name] = (
+                "older than a day" if max_age_s == MAX_AGE_S else f"older than {max_age_s:g} s"
+            )
+        else:
+            live.append((f, key))
+    doomed.update(_prune(live, max_bytes, "over max_bytes"))
     return doomed
 
 
