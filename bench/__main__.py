@@ -45,6 +45,7 @@ EXPECTED = [
     "long_conversation",
     "headline_long",
     "engine_measure",
+    "engines",
 ]
 
 #: Time limits (s) when a module does not set ``TIMEOUT_S = {"quick": .., "full": ..}``.
