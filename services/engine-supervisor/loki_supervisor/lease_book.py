@@ -25,6 +25,17 @@ killed with turns queued for the slot) never receives it. A fresh grant therefor
 one claim window, not one TTL per request it had queued. A holder that renewed any lease
 within the last TTL is alive (its claim was only late): nothing of it is dropped but the
 unclaimed grant.
+
+Pool mode (issue 44, ``LOKI_ENGINE_URLS``; the manager is given a :class:`PoolRouting`):
+queues are per engine slot (``"<engine>/slot<k>"``, capacity 1) and every grant names its
+``id_slot``. At each :meth:`LeaseManager.pump` each waiter, in arrival order, is placed by
+:func:`loki_supervisor.affinity.choose` from what the slot book says each slot last ran and
+what is held and waited for now: a waiter told to wait for a slot counts as waiting for it, so
+a later one never overtakes it there (FIFO per slot). The grant is written into the slot book
+and the :class:`~loki_shared.messages.engine.Lease` carries the engine's ``base_url`` and its
+:class:`~loki_shared.messages.engine.Placement`. A slot held only by a ``prewarm`` lease is
+free for any other request (the prewarm is pre-empted, as above). While the pool gives no
+engine list (an external preset replaced it), the manager works as without a pool.
 """
 
 from __future__ import annotations
@@ -36,10 +47,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from loki_shared.messages.engine import Lease, LeaseRequest, TemplateProbe
+from loki_shared.fingerprint import common_prefix
+from loki_shared.messages.engine import Lease, LeaseRequest, Placement, TemplateProbe
 
+from .affinity import MAIN_KINDS, Ask, Choice, EngineLoad, Policy, SlotState, choose
 from .errors import Busy, NotFound, Unavailable
 from .routing import EngineView, route, shares_main_slot
+from .slot_book import SlotBook, SlotEntry
 
 log = logging.getLogger("loki_supervisor.lease")  # the name of its logs, kept across the rename
 
@@ -60,9 +74,43 @@ class Target:
     verify: bool | None = None  # the preset's VERIFY feature (None: not said)
 
 
+@dataclass(frozen=True)
+class EngineTarget:
+    """One ready engine of the pool as the lease manager sees it: its id, its position in
+    ``LOKI_ENGINE_URLS`` (ties), its slot count and where its requests go (``target``: its
+    ``base_url``, key, model, window, template verdicts)."""
+
+    engine: str
+    order: int
+    slots: int
+    target: Target
+
+
+@dataclass
+class PoolRouting:
+    """Pool mode of the :class:`LeaseManager`.
+
+    Attributes:
+        engines: the pool's ready engines now, in order; None while the pool is not in use
+            (an external preset replaced it: the manager then works as without a pool).
+        book: what each pooled slot last ran (written at each grant).
+        policy: ``affine`` (default), ``round_robin`` or ``least_busy``.
+        queue_max: requests that may wait for a conversation's affine slot before the next
+            one is moved (``LOKI_AFFINITY_QUEUE_MAX``).
+        on_grant: called with each pooled grant's :class:`Held` (counters).
+    """
+
+    engines: Callable[[], list[EngineTarget] | None]
+    book: SlotBook
+    policy: Policy = "affine"
+    queue_max: int = 1
+    on_grant: Callable[[Held], None] | None = None
+
+
 @dataclass
 class Held:
-    """A granted lease."""
+    """A granted lease. In pool mode also: the engine and slot (``slot``), the request's
+    prompt fingerprints and what the slot held before this grant (``occupant``)."""
 
     lease: Lease
     queue: str
@@ -71,6 +119,9 @@ class Held:
     granted_at: float = field(default_factory=time.monotonic)
     claimed: bool = False  # renewed at least once (the holder received the grant)
     holder: str | None = None  # LeaseRequest.holder: the asking process
+    slot: tuple[str, int] | None = None  # pool mode: (engine, id_slot)
+    fingerprints: tuple[str, ...] = ()  # pool mode: LeaseRequest.prompt_fingerprints
+    occupant: SlotEntry | None = None  # pool mode: the slot's entry this grant replaced
 
 
 @dataclass
@@ -89,6 +140,7 @@ class LeaseManager:
         ttl: default lease lifetime without renewal (s).
         max_ttl: the longest TTL a caller may ask (s).
         claim_s: lifetime of a fresh grant until its first renewal (s; capped by the TTL).
+        pool: pool mode (several engines, see the module docstring); None: one engine.
     """
 
     def __init__(
@@ -97,8 +149,12 @@ class LeaseManager:
         ttl: float = 30.0,
         max_ttl: float = 600.0,
         claim_s: float = 2.0,
+        pool: PoolRouting | None = None,
     ) -> None:
         self._target = target
+        self.pool = pool
+        self._rr = 0  # round_robin: the next engine's turn
+        self._slot_waits: dict[tuple[str, int], int] = {}  # pool: waiters per slot, last pump
         self.ttl = ttl
         self.max_ttl = max_ttl
         self.claim_s = claim_s
@@ -169,7 +225,7 @@ class LeaseManager:
         if waiter.future.done():
             return waiter.future.result()
         self._drop(waiter)
-        if self._target() is None:
+        if not self._ready():
             raise Unavailable(f"engine not ready within {timeout:g} s")
         raise Busy(f"no free slot for a {request.kind} request within {timeout:g} s")
 
@@ -260,9 +316,37 @@ class LeaseManager:
             self.pump()
         return gone
 
+    def _pool_engines(self) -> list[EngineTarget] | None:
+        return self.pool.engines() if self.pool is not None else None
+
+    def _ready(self) -> bool:
+        engines = self._pool_engines()
+        return bool(engines) if engines is not None else self._target() is not None
+
+    def slot_load(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Pool mode: ``(engine, id_slot) -> (leases held, requests waiting for it)`` as of
+        the last :meth:`pump` (empty without a pool)."""
+        load = {slot: (0, n) for slot, n in self._slot_waits.items()}
+        for h in self.held.values():
+            if h.slot is not None:
+                held, waiting = load.get(h.slot, (0, 0))
+                load[h.slot] = (held + 1, waiting)
+        return load
+
+    def extend_claim(self, lease_id: str, seconds: float) -> None:
+        """Keep a fresh grant alive ``seconds`` more (the supervisor works on its slot before
+        answering it: a save or restore); no-op for an unknown lease."""
+        held = self.held.get(lease_id)
+        if held is not None:
+            held.deadline = max(held.deadline, time.monotonic() + seconds)
+
     def pump(self) -> None:
         """Grant leases to waiters, in arrival order per queue, while queues have room."""
         if self._paused:
+            return
+        engines = self._pool_engines()
+        if engines is not None:
+            self._pump_pool(engines)
             return
         target = self._target()
         if target is None:
@@ -311,6 +395,158 @@ class LeaseManager:
             busy[queue] = busy.get(queue, 0) + 1
             self._waiting.remove(waiter)
             waiter.future.set_result(lease)
+
+    def _pump_pool(self, engines: list[EngineTarget]) -> None:
+        """Pool mode of :meth:`pump`: each waiter, in arrival order, placed by
+        :func:`~loki_supervisor.affinity.choose`."""
+        assert self.pool is not None
+        waits: dict[tuple[str, int], int] = {}
+        self._slot_waits = waits
+        if not engines:
+            return
+        by_id = {e.engine: e for e in engines}
+        for waiter in list(self._waiting):
+            if waiter.future.done():
+                self._waiting.remove(waiter)
+                continue
+            req = waiter.request
+            ask = Ask(
+                kind=req.kind,
+                conversation=req.conversation,
+                fingerprints=tuple(req.prompt_fingerprints),
+                continuation=req.continuation,
+            )
+            slots, loads = self._pool_view(engines, waits, preempts=req.kind != "prewarm")
+            book = self.pool.book
+            choice = choose(
+                ask,
+                slots,
+                loads,
+                policy=self.pool.policy,
+                queue_max=self.pool.queue_max,
+                rr_next=self._rr,
+                last_engine=book.last_engine(req.conversation) if req.conversation else None,
+            )
+            if choice.engine is None or choice.id_slot is None:
+                if choice.wait_for is not None:
+                    waits[choice.wait_for] = waits.get(choice.wait_for, 0) + 1
+                continue
+            self._grant_pooled(waiter, ask, choice, by_id[choice.engine])
+
+    def _pool_view(
+        self, engines: list[EngineTarget], waits: dict[tuple[str, int], int], preempts: bool
+    ) -> tuple[list[SlotState], list[EngineLoad]]:
+        """The slots and engine loads :func:`choose` reads now. With ``preempts`` (any kind
+        but ``prewarm``) a slot held only by prewarm leases counts as free."""
+        assert self.pool is not None
+        holders: dict[tuple[str, int], list[str]] = {}
+        for h in self.held.values():
+            if h.slot is not None:
+                holders.setdefault(h.slot, []).append(h.lease.kind)
+        slots: list[SlotState] = []
+        loads: list[EngineLoad] = []
+        for e in engines:
+            held_n = wait_n = 0
+            for k in range(e.slots):
+                kinds = holders.get((e.engine, k), [])
+                waiting = waits.get((e.engine, k), 0)
+                held_n += len(kinds)
+                wait_n += waiting
+                busy = bool(kinds) and not (
+                    preempts and waiting == 0 and all(kind == "prewarm" for kind in kinds)
+                )
+                entry = self.pool.book.entry(e.engine, k)
+                slots.append(
+                    SlotState(
+                        engine=e.engine,
+                        id_slot=k,
+                        busy=busy,
+                        waiting=waiting,
+                        conversation=entry.conversation if entry else None,
+                        fingerprints=tuple(entry.fingerprints) if entry else (),
+                        last_used=entry.last_used if entry else 0.0,
+                        side=entry.side if entry else False,
+                    )
+                )
+            loads.append(
+                EngineLoad(
+                    engine=e.engine, order=e.order, held=held_n, waiting=wait_n, slots=e.slots
+                )
+            )
+        return slots, loads
+
+    def _grant_pooled(
+        self, waiter: _Waiter, ask: Ask, choice: Choice, engine: EngineTarget
+    ) -> None:
+        """Grant ``waiter`` the slot ``choice`` names on ``engine`` (pre-empting a prewarm
+        lease held there) and write it into the slot book."""
+        assert self.pool is not None and choice.engine is not None and choice.id_slot is not None
+        req = waiter.request
+        k = choice.id_slot
+        queue = f"{engine.engine}/slot{k}"
+        self._preempt(queue)
+        now = time.monotonic()
+        before = self.pool.book.entry(engine.engine, k)
+        main_like = ask.kind in MAIN_KINDS or (ask.kind == "compact" and ask.continuation)
+        holds_prompt = before is not None and before.conversation is not None and not before.side
+        prefix = choice.prefix
+        if not prefix and before is not None and before.conversation is not None:
+            prefix = common_prefix(list(ask.fingerprints), list(before.fingerprints))
+        target = engine.target
+        ttl = min(self.max_ttl, req.ttl_s or self.ttl)
+        lease = Lease(
+            lease_id=uuid.uuid4().hex,
+            kind=req.kind,
+            base_url=target.base_url,
+            id_slot=k,
+            n_ctx=target.n_ctx or target.view.ctx,
+            model=target.model,
+            external=False,
+            api_key=target.api_key,
+            ttl_s=ttl,
+            shares_main_slot=main_like or holds_prompt,
+            preset_id=target.preset_id,
+            template=target.template,
+            max_tokens=target.max_tokens,
+            vision=target.vision,
+            verify=target.verify,
+            placement=Placement(
+                engine=engine.engine,
+                id_slot=k,
+                reason=choice.reason,
+                prefix=prefix,
+                moved_from=choice.moved_from,
+            ),
+        )
+        occupant = self.pool.book.granted(
+            engine.engine,
+            k,
+            kind=req.kind,
+            conversation=req.conversation,
+            fingerprints=ask.fingerprints,
+            now=now,
+            continuation=req.continuation,
+        )
+        held = Held(
+            lease=lease,
+            queue=queue,
+            deadline=now + min(ttl, self.claim_s),
+            conversation=req.conversation,
+            holder=req.holder,
+            slot=(engine.engine, k),
+            fingerprints=ask.fingerprints,
+            occupant=occupant,
+        )
+        self.held[lease.lease_id] = held
+        if choice.reason == "round_robin":
+            self._rr += 1
+        self._waiting.remove(waiter)
+        waiter.future.set_result(lease)
+        if self.pool.on_grant is not None:
+            try:
+                self.pool.on_grant(held)
+            except Exception:  # counters only: a grant is never undone for them
+                log.exception("pool grant hook failed")
 
     def _preempt(self, queue: str) -> int:
         """Revoke the ``prewarm`` leases held on ``queue`` (a real request wants it); return

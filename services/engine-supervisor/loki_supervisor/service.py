@@ -45,6 +45,7 @@ from .errors import InvalidRequest, SupervisorError
 from .lease_book import LeaseManager, Target
 from .optimise import Optimiser
 from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, tristate, truthy
+from .pool_mode import PoolMode
 from .preflight import check_model_file
 from .presets import PresetStore, env_preset, model_source, public, step_cap, test_connection
 from .routing import SIDE_KINDS, EngineView, cache_ram_advice, erase_decision
@@ -95,9 +96,20 @@ class Supervisor:
         self.runner = EngineRunner(
             self._on_state, settings.engine_start_timeout, settings.engine_backoff_max
         )
-        self.leases = LeaseManager(
-            self.target, ttl=settings.lease_ttl, claim_s=settings.lease_claim_s
+        #: pool mode (``LOKI_ENGINE_URLS``: several followed engines); None with one engine
+        self.pool: PoolMode | None = (
+            PoolMode(settings, self._publish_pool_state, lambda: self.preset, self.runner.probes)
+            if settings.engine_urls.strip()
+            else None
         )
+        self.leases = LeaseManager(
+            self.target,
+            ttl=settings.lease_ttl,
+            claim_s=settings.lease_claim_s,
+            pool=self.pool.routing() if self.pool is not None else None,
+        )
+        if self.pool is not None:
+            self.pool.attach(self.leases)
         self.persist = SlotPersister(self.leases)
         self.store = PresetStore(redis, sealer, env_preset(settings))
         self.preset: Preset = env_preset(settings)
@@ -137,6 +149,8 @@ class Supervisor:
         await self._save_before_stop()
         await self.leases.close()
         await self.runner.close()
+        if self.pool is not None:
+            await self.pool.close()
         await self.persist.close()
 
     async def _save_before_stop(self) -> None:
@@ -149,6 +163,9 @@ class Supervisor:
             why = "save timed out"
         if why is not None:
             log.info("slot 0 not saved before the stop: %s", why)
+
+    async def _publish_pool_state(self, event: EngineState) -> None:
+        await self.publish_state(event)
 
     async def _on_state(self, event: EngineState) -> None:
         restore = (
@@ -313,7 +330,14 @@ class Supervisor:
                     self._reuse_logged = True
                     log.info("COMPACT_TAIL_REUSE has no effect on an external preset")
                 key = await self.store.api_key(preset.id) if preset.api_key_set else None
+                if self.pool is not None:
+                    await self.pool.pool.stop()  # the external API replaces the pool
                 await self.runner.run_external(preset.base_url, key, preset.api_model)
+                return
+            if self.pool is not None:  # LOKI_ENGINE_URLS: the pool is followed, none launched
+                await self.runner.stop()
+                await self.pool.pool.follow()
+                self.leases.pump()
                 return
             api_key = (
                 self.settings.engine_api_key.get_secret_value()
@@ -410,7 +434,7 @@ class Supervisor:
     def info(self) -> EngineInfo:
         props = self.runner.props
         plan = self.plan
-        return EngineInfo(
+        info = EngineInfo(
             state=self.runner.state,
             base_url=self.runner.base_url,
             model=props.model or self.preset.api_model,
@@ -444,10 +468,18 @@ class Supervisor:
             template=self.runner.template,
             boot=self.boot,
         )
+        if self.pool is not None:
+            self.pool.fill_info(info)
+        return info
 
     # ------------------------------------------------------------------ leases
     async def lease(self, req: LeaseRequest) -> Lease:
-        return await self.leases.acquire(req)
+        """Wait for a lease (see :meth:`LeaseManager.acquire`); in pool mode the granted
+        slot is prepared (evict-save, restore) before the answer."""
+        lease = await self.leases.acquire(req)
+        if self.pool is not None and lease.placement is not None:
+            lease = await self.pool.before_reply(self.leases, lease)
+        return lease
 
     def renew(self, req: RenewRequest) -> Lease:
         return self.leases.renew(req.lease_id)
@@ -462,6 +494,11 @@ class Supervisor:
             NotFound: the lease is not held.
         """
         held = self.leases.release(req.lease_id, pump=False)
+        if self.pool is not None and held.slot is not None:
+            try:  # a pooled slot: its idle-save; side jobs ran apart, nothing erased
+                return self.pool.released(self.leases, held, req)
+            finally:
+                self.leases.pump()
         reply = ReleaseReply(ok=True)
         try:
             lease = held.lease
@@ -618,6 +655,8 @@ class Supervisor:
         memory or the refusal's reason), CACHE_RAM arithmetic."""
         if preset.external:
             return {"external": True, "notes": ["external preset: the local engine stops"]}
+        if self.pool is not None:
+            return {"notes": ["engines followed (LOKI_ENGINE_URLS): nothing launched"]}
         if self.settings.engine_url:
             return {"notes": [f"engine followed at {self.settings.engine_url}: nothing launched"]}
         try:

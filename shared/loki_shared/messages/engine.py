@@ -186,7 +186,9 @@ class EngineState(Msg):
 
     ``stderr_tail`` holds the last lines llama-server wrote when it failed; ``retry_in_s``
     when it will be launched again (None: not retried, see :class:`EngineInfo`). ``notes``
-    repeat the launch notes (SIDE_SLOT refusal, VRAM note, NGL warning).
+    repeat the launch notes (SIDE_SLOT refusal, VRAM note, NGL warning). ``engine``: with
+    several engines (``LOKI_ENGINE_URLS``), the id of the engine whose state changed
+    (``EngineSummary.id``; the pool as a whole may still be ready); "" with one engine.
     """
 
     state: EngineStateName
@@ -197,6 +199,7 @@ class EngineState(Msg):
     base_url: str = ""
     external: bool = False
     retry_in_s: float | None = None
+    engine: str = ""
 
 
 class LeaseRequest(Msg):

@@ -1,0 +1,321 @@
+"""The engine pool (issue 44): several llama-servers followed as one (``LOKI_ENGINE_URLS``).
+
+``LOKI_ENGINE_URLS`` is a comma-separated list of ``[name[@group]=]url`` entries
+(:func:`parse_engine_urls`). Each engine is followed like ``LOKI_ENGINE_URL`` (one
+:class:`~loki_supervisor.engine_process.EngineRunner` in follow mode each: ``/health`` polled,
+``/props`` and ``/slots`` read when it becomes healthy); nothing is launched. Every state change
+of one engine is passed on as an :class:`~loki_shared.messages.engine.EngineState` naming the
+engine (``EngineState.engine``).
+
+The pool says which engines are ready (:meth:`EnginePool.ready`, optionally those of one
+engine group: a preset's ``ENGINE_GROUP`` feature), what each has (:class:`PooledEngine`:
+``total_slots``, per-slot ``n_ctx``, model) and counts what the router did on each
+(:class:`EngineCounters`); :meth:`EnginePool.summaries` is the ``EngineInfo.engines`` list.
+Which slot a request gets is decided elsewhere (:mod:`loki_supervisor.affinity`, applied by
+:mod:`loki_supervisor.lease_book`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from loki_shared.messages.engine import EngineState, EngineStateName, EngineSummary, SlotSummary
+
+from .engine_process import EngineRunner
+from .probe import ProbeCache
+from .slot_book import SlotBook
+
+#: The group of an engine whose entry names none.
+DEFAULT_GROUP = "default"
+#: What an engine name or group may hold (it appears in queue names, subjects' payloads and
+#: Prometheus labels): letters, digits, ``.``, ``_``, ``:``, ``-``; 1 to 64 characters.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+#: ``on_state(engine_id, event)``: one engine's state changed.
+PoolStateCallback = Callable[[str, EngineState], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One entry of ``LOKI_ENGINE_URLS``: ``id`` (its name, else ``host:port``), ``group``
+    (``default`` unless named) and ``url`` (the llama-server root, no trailing ``/``)."""
+
+    id: str
+    group: str
+    url: str
+
+
+def parse_engine_urls(text: str) -> list[EngineSpec]:
+    """Parse ``LOKI_ENGINE_URLS``: comma-separated ``[name[@group]=]url`` entries, in order.
+
+    ``gpu0@fast=http://10.0.0.2:8080`` names the engine ``gpu0`` in group ``fast``;
+    ``http://10.0.0.3:8080`` is the engine ``10.0.0.3:8080`` of group ``default``. Blank
+    entries (a trailing comma) are skipped; an empty string is no pool (``[]``).
+
+    Raises:
+        ValueError: an entry without an ``http://`` or ``https://`` URL with a host, a name or
+            group with other characters than letters, digits, ``._:-`` (at most 64), or two
+            entries with the same id (each message names the entry).
+    """
+    specs: list[EngineSpec] = []
+    seen: set[str] = set()
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        name = group = None
+        url = entry
+        head, sep, tail = entry.partition("=")
+        if sep and "://" not in head:
+            url = tail.strip()
+            label = head.strip()
+            name, at, grp = label.partition("@")
+            name = name.strip()
+            group = grp.strip() if at else None
+            if not _NAME.fullmatch(name):
+                raise ValueError(
+                    f"LOKI_ENGINE_URLS entry {entry!r}: the name {name!r} must be 1-64 letters, "
+                    "digits or ._:- (form: [name[@group]=]url)"
+                )
+            if group is not None and not _NAME.fullmatch(group):
+                raise ValueError(
+                    f"LOKI_ENGINE_URLS entry {entry!r}: the group {group!r} must be 1-64 "
+                    "letters, digits or ._:-"
+                )
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"LOKI_ENGINE_URLS entry {entry!r}: {url!r} is not an http(s) URL with a host "
+                "(form: [name[@group]=]url, e.g. gpu0=http://10.0.0.2:8080)"
+            )
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"LOKI_ENGINE_URLS entry {entry!r}: bad port ({exc})") from exc
+        if name is None:
+            host = parts.hostname
+            host = f"[{host}]" if ":" in host else host
+            name = f"{host}:{port or (443 if parts.scheme == 'https' else 80)}"
+        if name in seen:
+            raise ValueError(f"LOKI_ENGINE_URLS: the engine {name!r} is named twice")
+        seen.add(name)
+        specs.append(EngineSpec(id=name, group=group or DEFAULT_GROUP, url=url.rstrip("/")))
+    return specs
+
+
+@dataclass
+class EngineCounters:
+    """What the router did on one engine since the supervisor started: ``grants`` (leases
+    granted there), ``moves_in`` (grants of a conversation whose longest prefix was on another
+    engine), ``restores`` (slot files restored before a grant), ``saves`` (slots saved)."""
+
+    grants: int = 0
+    moves_in: int = 0
+    restores: int = 0
+    saves: int = 0
+
+
+@dataclass
+class PooledEngine:
+    """One followed engine: its entry, its runner (state, ``/props``), its position in
+    ``LOKI_ENGINE_URLS`` (``order``, the router's tie-break) and its counters."""
+
+    spec: EngineSpec
+    runner: EngineRunner
+    order: int
+    counters: EngineCounters = field(default_factory=EngineCounters)
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def ready(self) -> bool:
+        """``/health`` answered 200 and ``/props`` was read."""
+        return self.runner.state == "ready"
+
+    @property
+    def total_slots(self) -> int:
+        """``/props`` ``total_slots`` (0 until ready)."""
+        return self.runner.props.total_slots
+
+    @property
+    def slot_n_ctx(self) -> list[int]:
+        """Per-slot ``n_ctx`` (tokens; from ``/slots``, else ``/props``)."""
+        return list(self.runner.props.slot_n_ctx)
+
+    @property
+    def n_ctx(self) -> int:
+        """The smallest slot's ``n_ctx`` (tokens; 0 until ready)."""
+        slots = [n for n in self.runner.props.slot_n_ctx if n > 0]
+        return min(slots) if slots else 0
+
+    @property
+    def model(self) -> str:
+        """The model id (``/v1/models``, else the model file's name)."""
+        return self.runner.props.model
+
+    @property
+    def model_path(self) -> str:
+        """``/props`` ``model_path`` ("" when not said)."""
+        return self.runner.props.model_path or ""
+
+
+class EnginePool:
+    """The followed engines of ``LOKI_ENGINE_URLS``.
+
+    Args:
+        specs: the parsed entries (:func:`parse_engine_urls`; at least one).
+        on_state: awaited with the engine's id and the event on every state change of one
+            engine (the event's ``engine`` is that id).
+        api_key: the key sent to every engine (``LOKI_ENGINE_API_KEY``; None: none).
+        probes: the chat template probe cache shared by the engines.
+
+    Raises:
+        ValueError: ``specs`` is empty.
+    """
+
+    def __init__(
+        self,
+        specs: list[EngineSpec],
+        on_state: PoolStateCallback,
+        api_key: str | None = None,
+        probes: ProbeCache | None = None,
+    ) -> None:
+        if not specs:
+            raise ValueError("an engine pool needs at least one engine")
+        self.api_key = api_key
+        self._on_state = on_state
+        probes = probes or ProbeCache()
+        self.engines: list[PooledEngine] = []
+        for order, spec in enumerate(specs):
+            runner = EngineRunner(self._relay(spec.id), probes=probes)
+            self.engines.append(PooledEngine(spec, runner, order))
+        self._by_id = {e.id: e for e in self.engines}
+        #: the runners follow their engines (:meth:`follow` ran, :meth:`stop` did not since)
+        self.following = False
+
+    def _relay(self, engine_id: str) -> Callable[[EngineState], Awaitable[None]]:
+        async def relay(event: EngineState) -> None:
+            event.engine = engine_id
+            await self._on_state(engine_id, event)
+
+        return relay
+
+    # ------------------------------------------------------------------ lifecycle
+    async def follow(self) -> None:
+        """Start following every engine (each runner polls ``/health``); a no-op while
+        already following."""
+        if self.following:
+            return
+        self.following = True
+        for engine in self.engines:
+            await engine.runner.run_follow(engine.spec.url, self.api_key)
+            engine.runner.notes = [f"following the engine {engine.id} at {engine.spec.url}"]
+
+    async def stop(self) -> None:
+        """Stop following (an external preset replaced the pool): every engine ``stopped``."""
+        self.following = False
+        for engine in self.engines:
+            await engine.runner.stop()
+
+    async def close(self) -> None:
+        """Stop following and close the runners' HTTP clients."""
+        self.following = False
+        for engine in self.engines:
+            await engine.runner.close()
+
+    # ------------------------------------------------------------------ queries
+    def get(self, engine_id: str) -> PooledEngine | None:
+        """The engine of that id, or None."""
+        return self._by_id.get(engine_id)
+
+    def ready(self, group: str | None = None) -> list[PooledEngine]:
+        """The ready engines with at least one slot, in ``LOKI_ENGINE_URLS`` order; only
+        those of ``group`` when one is given (a preset's ``ENGINE_GROUP``; None or "": all)."""
+        return [
+            e
+            for e in self.engines
+            if e.ready and e.total_slots > 0 and (not group or e.spec.group == group)
+        ]
+
+    @property
+    def state(self) -> EngineStateName:
+        """The pool's state: ``ready`` while one engine is, else ``starting`` while one
+        starts, else ``failed`` when one failed, else ``stopped``."""
+        states = {e.runner.state for e in self.engines}
+        for name in ("ready", "starting", "failed"):
+            if name in states:
+                return name
+        return "stopped"
+
+    @property
+    def detail(self) -> str:
+        """One line: how many engines are ready, and why each of the others is not."""
+        ready = [e for e in self.engines if e.ready]
+        down = [f"{e.id}: {e.runner.detail or e.runner.state}" for e in self.engines if not e.ready]
+        text = f"{len(ready)} of {len(self.engines)} engines ready"
+        return f"{text} ({'; '.join(down)})" if down else text
+
+    def summaries(
+        self,
+        book: SlotBook,
+        load: Mapping[tuple[str, int], tuple[int, int]],
+        now: float | None = None,
+    ) -> list[EngineSummary]:
+        """``EngineInfo.engines``: one :class:`EngineSummary` per engine, in order.
+
+        Args:
+            book: what each slot last ran (conversation, prompt, saved).
+            load: ``(engine, id_slot) -> (leases held, requests waiting)`` for that slot.
+            now: ``time.monotonic()`` (the book's clock; ``last_used`` is converted to
+                Unix time with it).
+        """
+        mono = time.monotonic() if now is None else now
+        wall = time.time()
+        out: list[EngineSummary] = []
+        for e in self.engines:
+            slots: list[SlotSummary] = []
+            for k in range(e.total_slots if e.ready else 0):
+                held, waiting = load.get((e.id, k), (0, 0))
+                entry = book.entry(e.id, k)
+                slots.append(
+                    SlotSummary(
+                        id_slot=k,
+                        busy=held > 0,
+                        waiting=waiting,
+                        conversation=entry.conversation if entry else None,
+                        prefix=len(entry.fingerprints) if entry and entry.conversation else 0,
+                        saved=bool(entry and entry.saved),
+                        last_used=wall - (mono - entry.last_used)
+                        if entry and entry.last_used > 0
+                        else 0.0,
+                    )
+                )
+            held_n = sum(h for (eid, _), (h, _) in load.items() if eid == e.id)
+            wait_n = sum(w for (eid, _), (_, w) in load.items() if eid == e.id)
+            out.append(
+                EngineSummary(
+                    id=e.id,
+                    group=e.spec.group,
+                    source="followed",
+                    base_url=e.runner.base_url or e.spec.url,
+                    state=e.runner.state,
+                    detail=e.runner.detail,
+                    model=e.model,
+                    n_ctx=e.n_ctx,
+                    total_slots=e.total_slots,
+                    in_flight=held_n,
+                    waiting=wait_n,
+                    slots=slots,
+                    grants=e.counters.grants,
+                    moves_in=e.counters.moves_in,
+                    restores=e.counters.restores,
+                    saves=e.counters.saves,
+                )
+            )
+        return out
