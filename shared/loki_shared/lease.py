@@ -9,8 +9,11 @@ Protocol (the supervisor's side is ``loki_supervisor.lease_book``; messages in
 2. while held: ``loki.engine.renew`` at once (the claim: the supervisor gives back a grant
    not renewed within its claim window, as one sent to a waiter that died), then every
    ``ttl_s / 3`` (:func:`renew_interval`; two renewals may be lost before the lease
-   expires). A renewal answered with an error (the lease expired: the holder was presumed
-   dead and the slot given away) stops the renewals and sets :attr:`EngineLease.lost`;
+   expires). A renewal answered ``not_found`` (the lease expired: the holder was presumed
+   dead and the slot given away) stops the renewals and sets :attr:`EngineLease.lost`; a
+   renewal that fails otherwise (no answer, no responders, another error such as
+   ``unavailable`` while replicated supervisors change leader) is tried again: only the
+   supervisor's answer about this lease counts;
 3. on leaving the ``async with``, whatever the way out — the body returned, raised, or was
    cancelled (a client gone, a stop) — ``loki.engine.release`` is sent once, with the
    ``prompt_tokens`` / ``cached_tokens`` given to :meth:`EngineLease.report`. A release that
@@ -171,8 +174,8 @@ class EngineLease:
 
     Attributes:
         renewals: renewals the supervisor accepted.
-        lost: a renewal was refused (the lease had expired); the request may go on, but the
-            slot is no longer reserved for it.
+        lost: a renewal was answered ``not_found`` (the lease had expired); the request may
+            go on, but the slot is no longer reserved for it.
         released: the release was acknowledged.
         release_reply: the supervisor's answer to the release (``slot_erased``,
             ``advice``), None when it did not answer.
@@ -341,6 +344,12 @@ class EngineLease:
                 pause = every if self.renewals else min(every, CLAIM_RETRY_S)
                 continue
             pause = every
+            if reply.error is not None and reply.error.type != "not_found":
+                # no leader now (replicated supervisors changing leader), a supervisor
+                # stopping: not an answer about this lease, so it is asked again
+                log.warning("lease %s renewal refused for now: %s", lease_id, reply.error.message)
+                pause = every if self.renewals else min(every, CLAIM_RETRY_S)
+                continue
             if reply.error is not None:
                 self.lost = True
                 log.warning("lease %s lost: %s", lease_id, reply.error.message)

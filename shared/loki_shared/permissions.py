@@ -326,7 +326,11 @@ USERS: tuple[Grant, ...] = (
     Grant(
         user="engine-supervisor",
         who="the engine supervisor (llama-server, leases, presets)",
-        publish=(subjects.ENGINE_STATE, *_health("engine-supervisor")),
+        publish=(
+            subjects.ENGINE_STATE,
+            f"{subjects.ENGINE_NODE_PREFIX}.>",  # a replica forwards leases to the leader
+            *_health("engine-supervisor"),
+        ),
         subscribe=(_ENGINE_ALL, *_health("engine-supervisor")),
         responds=True,
         redis_keys=(_R_ENGINE,),

@@ -213,6 +213,28 @@ ENGINE_PRESETS = _exchange("loki.engine.presets", engine.PresetsRequest, engine.
 ENGINE_BENCH = _exchange("loki.engine.bench", engine.BenchRequest, engine.BenchReply)
 # the launch search
 ENGINE_OPTIMISE = _exchange("loki.engine.optimise", engine.OptimiseRequest, engine.OptimiseReply)
+# replicated supervisors (LOKI_SUPERVISOR_REPLICATED): a non-leader forwards lease, renew and
+# release to the leader's own subject (no queue group; same request and reply types as the
+# queue group's subject of the op)
+ENGINE_NODE_PREFIX = "loki.engine.node"  # + ".<instance>.<op>"
+#: The ops forwarded to the leader, with the queue group subject each one mirrors.
+ENGINE_NODE_OPS = {"lease": ENGINE_LEASE, "renew": ENGINE_RENEW, "release": ENGINE_RELEASE}
+
+
+def engine_node(instance: str, op: str) -> str:
+    """Subject where supervisor ``instance`` serves ``op`` (``lease``, ``renew``, ``release``)
+    forwarded by another instance while it leads (``loki.engine.node.<instance>.<op>``).
+
+    Raises:
+        ValueError: ``op`` is not one of :data:`ENGINE_NODE_OPS`, or ``instance`` is empty or
+            holds ``.``, ``*``, ``>`` or white space.
+    """
+    if op not in ENGINE_NODE_OPS:
+        raise ValueError(f"{op!r} is not forwarded to the leader")
+    if not instance or any(c in instance for c in ".*> \t\r\n"):
+        raise ValueError(f"instance id {instance!r} is not a valid subject token")
+    return f"{ENGINE_NODE_PREFIX}.{instance}.{op}"
+
 
 # --- perf service (queue group QUEUE_PERF) -------------------------------------------------
 QUEUE_PERF = "perf"

@@ -1,0 +1,269 @@
+"""Replicated supervisors (``LOKI_SUPERVISOR_REPLICATED``): every instance serves the lease
+subjects in the queue group ``engine``; the leader (:mod:`.leadership`) grants, and another
+instance forwards ``lease``, ``renew`` and ``release`` to the leader's own subject
+(``loki.engine.node.<leader>.<op>``, :func:`loki_shared.subjects.engine_node`) and relays its
+answer.
+
+- No leader known, or the known one does not answer (killed: no responders): the request waits
+  for the next leader, within its own budget (``wait_s`` for a lease, :data:`CONTROL_WAIT_S`
+  for a renewal or a release), then is answered ``unavailable``. The client's renew loop
+  (:mod:`loki_shared.lease`) retries such an answer; only ``not_found`` loses a lease.
+- A forwarded request reaching an instance that no longer leads is answered ``conflict``
+  ("not the leader") on the node subject, and the forwarder asks again.
+- ``loki.engine.info`` is answered by any instance with its own engine view, ``instance`` (its
+  id), ``leader`` and ``boot`` = the leader's epoch (the highest seen), so a lease waiter
+  whose leader died sees a new ``boot`` once the next one leads, and asks again.
+
+The leader: on taking over it loads the mirrored leases (:mod:`.lease_mirror`) and grants; it
+syncs the mirror before answering every lease, renewal and release; stepping down it stops
+granting at once (its queued waiters are left to time out unanswered: their clients ask the
+new leader when they see its epoch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from loki_shared import subjects
+from loki_shared.errors import Conflict, Unavailable
+from loki_shared.messages.engine import (
+    EngineInfo,
+    Lease,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewRequest,
+)
+
+from .leadership import Leadership
+from .lease_book import LeaseManager
+from .lease_mirror import SYNC_EVERY_S, Fenced, LeaseMirror
+
+log = logging.getLogger("loki_supervisor.forward")
+
+#: How long a renewal or release waits for a leader before it is answered ``unavailable`` (s;
+#: under the client's 5 s timeout).
+CONTROL_WAIT_S = 4.0
+#: Added to a forwarded lease's ``wait_s`` for its NATS timeout (s).
+LEASE_MARGIN_S = 5.0
+#: The answer of an instance asked on its node subject while it does not lead.
+NOT_LEADER = "not the leader"
+
+R = TypeVar("R", bound=BaseModel)
+Request = Callable[[str, bytes, float], Awaitable[bytes]]
+
+
+class Replicas:
+    """This instance's side of the replicated supervisors.
+
+    Args:
+        leases: the supervisor's lease manager (paused while this instance does not lead).
+        leadership: the election (its ``on_gain``/``on_loss`` are set here).
+        mirror: the leases mirrored in Redis.
+        request: ``(subject, payload, timeout) -> reply bytes`` over NATS (set once the
+            broker is connected, :meth:`connect`).
+        lease, renew, release: the supervisor's own handlers (run while leading).
+        api_key: the current key of a lease's endpoint (leases loaded from the mirror).
+    """
+
+    def __init__(
+        self,
+        leases: LeaseManager,
+        leadership: Leadership,
+        mirror: LeaseMirror,
+        lease: Callable[[LeaseRequest], Awaitable[Lease]],
+        renew: Callable[[RenewRequest], Lease],
+        release: Callable[[ReleaseRequest], Awaitable[ReleaseReply]],
+        api_key: Callable[[Lease], str | None] | None = None,
+    ) -> None:
+        self.leases = leases
+        self.leadership = leadership
+        self.mirror = mirror
+        self.instance = leadership.instance
+        self._lease = lease
+        self._renew = renew
+        self._release = release
+        self._api_key = api_key
+        self._request: Request | None = None
+        self._paused = False
+        self._syncer: asyncio.Task[None] | None = None
+        self.forwarded = 0
+        leadership.on_gain = self._gain
+        leadership.on_loss = self._loss
+        self._pause()  # nothing is granted until this instance leads
+
+    # ------------------------------------------------------------------ lifecycle
+    def connect(self, request: Request) -> None:
+        """Use ``request`` to forward to the leader."""
+        self._request = request
+
+    def start(self) -> None:
+        """Start the election and the periodic mirror sync (from a running event loop)."""
+        self.leadership.start()
+        if self._syncer is None:
+            self._syncer = asyncio.create_task(self._sync_loop(), name="lease-mirror-sync")
+
+    async def close(self) -> None:
+        """Stop syncing and leave the election (a leader deletes its key)."""
+        if self._syncer is not None:
+            self._syncer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._syncer
+            self._syncer = None
+        await self.leadership.close()
+
+    def _pause(self) -> None:
+        if not self._paused:
+            self._paused = True
+            self.leases.pause()
+
+    def _resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            self.leases.resume()
+
+    async def _gain(self, epoch: int) -> None:
+        # waiters queued in an earlier term were asked again by their clients: never granted
+        stale = list(self.leases._waiting)
+        self.leases._waiting.clear()
+        if stale:
+            log.info("%d lease request(s) of an earlier term left unanswered", len(stale))
+        try:
+            await self.mirror.load(self._api_key)
+        finally:
+            self._resume()
+        await self._sync()
+
+    async def _loss(self) -> None:
+        self._pause()
+        self.leases._waiting.clear()  # left to time out: their clients ask the new leader
+
+    async def _sync(self) -> None:
+        try:
+            await self.mirror.sync()
+        except Fenced as exc:
+            log.warning("lease mirror write refused: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - Redis away: the next sync writes it
+            log.warning("lease mirror not written: %s", type(exc).__name__)
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_EVERY_S)
+            if self.leadership.granting:
+                await self._sync()
+
+    # ------------------------------------------------------------------ the handlers
+    async def lease(self, req: LeaseRequest) -> Lease:
+        """``loki.engine.lease`` (queue group): granted here while leading, else forwarded."""
+        return await self._route("lease", req, Lease, self._lease_here, float(req.wait_s))
+
+    async def renew(self, req: RenewRequest) -> Lease:
+        """``loki.engine.renew`` (queue group)."""
+        return await self._route("renew", req, Lease, self._renew_here, CONTROL_WAIT_S)
+
+    async def release(self, req: ReleaseRequest) -> ReleaseReply:
+        """``loki.engine.release`` (queue group)."""
+        return await self._route("release", req, ReleaseReply, self._release_here, CONTROL_WAIT_S)
+
+    async def node_lease(self, req: LeaseRequest) -> Lease:
+        """``loki.engine.node.<self>.lease``: a lease forwarded here (``conflict`` when this
+        instance does not lead)."""
+        self._leading()
+        return await self._lease_here(req)
+
+    async def node_renew(self, req: RenewRequest) -> Lease:
+        """``loki.engine.node.<self>.renew``."""
+        self._leading()
+        return await self._renew_here(req)
+
+    async def node_release(self, req: ReleaseRequest) -> ReleaseReply:
+        """``loki.engine.node.<self>.release``."""
+        self._leading()
+        return await self._release_here(req)
+
+    def info(self, info: EngineInfo) -> EngineInfo:
+        """``info`` with this instance's id, the leader's and ``boot`` = the highest leader
+        epoch seen (a new one after every change of leader)."""
+        leader = self.leadership.leader
+        info.instance = self.instance
+        info.leader = leader.instance if leader is not None else None
+        info.boot = f"epoch-{self.leadership.epoch_seen}"
+        return info
+
+    async def fresh_info(self, info: Callable[[], EngineInfo]) -> EngineInfo:
+        """:meth:`info` after reading the leader key (a non-leader's view is then as new as
+        Redis's)."""
+        if not self.leadership.is_leader:
+            await self.leadership.refresh()
+        return self.info(info())
+
+    # ------------------------------------------------------------------ here
+    def _leading(self) -> None:
+        if not self.leadership.granting:
+            raise Conflict(NOT_LEADER)
+
+    async def _lease_here(self, req: LeaseRequest) -> Lease:
+        lease = await self._lease(req)
+        await self._sync()
+        return lease
+
+    async def _renew_here(self, req: RenewRequest) -> Lease:
+        lease = self._renew(req)
+        await self._sync()
+        return lease
+
+    async def _release_here(self, req: ReleaseRequest) -> ReleaseReply:
+        try:
+            return await self._release(req)
+        finally:
+            await self._sync()
+
+    # ------------------------------------------------------------------ forwarding
+    async def _route(
+        self,
+        op: str,
+        req: BaseModel,
+        reply_type: type[R],
+        here: Callable[[Any], Awaitable[R]],
+        budget_s: float,
+    ) -> R:
+        deadline = time.monotonic() + max(0.0, budget_s)
+        body = req.model_dump_json().encode()
+        while True:
+            if self.leadership.granting:
+                return await here(req)
+            leader = self.leadership.other_leader()
+            left = deadline - time.monotonic()
+            if leader is not None and self._request is not None:
+                subject = subjects.engine_node(leader.instance, op)
+                timeout = max(0.5, left) + (LEASE_MARGIN_S if op == "lease" else 0.0)
+                try:
+                    raw = await self._request(subject, body, timeout)
+                except TimeoutError as exc:
+                    raise Unavailable(f"the leading supervisor did not answer the {op}") from exc
+                except Exception as exc:  # noqa: BLE001 - no responders: the leader is gone
+                    log.info("leader %s unreachable for %s (%s)", leader.instance, op, exc)
+                    await self.leadership.refresh()
+                else:
+                    reply = reply_type.model_validate_json(raw)
+                    error = getattr(reply, "error", None)
+                    if error is None or not (
+                        error.type == "conflict" and error.message == NOT_LEADER
+                    ):
+                        self.forwarded += 1
+                        return reply
+                    await self.leadership.refresh()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Unavailable(f"no supervisor leads: the {op} was not served")
+            await self.leadership.wait_change(min(0.25, left))
+
+
+__all__ = ["CONTROL_WAIT_S", "NOT_LEADER", "Replicas"]

@@ -1,0 +1,182 @@
+"""The supervisors' leader election (replicated supervisors, issue 44) against a real Redis,
+as the supervisor's own ACL user: one leader among three, the epoch as fencing token, a
+killed leader replaced, a leader cut off from Redis stepping down before its key can expire,
+a refused renewal stepping down at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from loki_supervisor.leadership import EPOCH_KEY, LEADER_KEY, SAFETY, Leadership, Term
+from tests.conftest import login_env, start_redis
+
+TTL = 1.0
+
+
+def client(url: str) -> aioredis.Redis:
+    user = login_env("engine-supervisor")
+    return aioredis.Redis.from_url(
+        url,
+        username=user["LOKI_REDIS_USER"],
+        password=user["LOKI_REDIS_PASSWORD"],
+        socket_timeout=1.0,
+        socket_connect_timeout=1.0,
+    )
+
+
+class Node:
+    """One instance: its election and what its callbacks saw."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.redis = client(url)
+        self.gains: list[int] = []
+        self.losses = 0
+        self.granting_in_gain: list[bool] = []
+        self.lead = Leadership(self.redis, name, TTL, on_gain=self._gain, on_loss=self._loss)
+
+    async def _gain(self, epoch: int) -> None:
+        self.granting_in_gain.append(self.lead.granting)
+        self.gains.append(epoch)
+
+    async def _loss(self) -> None:
+        self.losses += 1
+
+    def kill(self) -> None:
+        """As a SIGKILL: the loop stops, nothing is said to Redis."""
+        assert self.lead._task is not None
+        self.lead._task.cancel()
+
+
+@pytest.fixture
+async def nodes(redis_db: str) -> AsyncIterator[Callable[[str], Node]]:
+    made: list[Node] = []
+
+    def make(name: str) -> Node:
+        node = Node(redis_db, name)
+        made.append(node)
+        return node
+
+    yield make
+    for node in made:
+        if node.lead._task is not None and not node.lead._task.done():
+            await node.lead.close()
+        await node.redis.aclose()
+
+
+async def until(predicate: Callable[[], bool], timeout: float, every: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(every)
+
+
+async def watch(group: list[Node], seconds: float) -> set[str]:
+    """Sample who leads for ``seconds``; never two at once. Returns the leaders seen."""
+    seen: set[str] = set()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        leading = [n.lead.instance for n in group if n.lead.is_leader]
+        assert len(leading) <= 1, leading
+        seen.update(leading)
+        await asyncio.sleep(0.01)
+    return seen
+
+
+async def test_one_leader_among_three_and_all_know_it(nodes):
+    group = [nodes(name) for name in ("a", "b", "c")]
+    for node in group:
+        node.lead.start()
+    await until(lambda: any(n.lead.granting for n in group), 3 * TTL)
+    assert len(await watch(group, 3 * TTL)) == 1  # several renewals: the same one leads
+    [leader] = [n for n in group if n.lead.granting]
+    term = leader.lead.term
+    assert term is not None and leader.gains == [term.epoch]
+    assert leader.granting_in_gain == [False]  # it grants only once on_gain is done
+    raw = await leader.redis.get(LEADER_KEY)
+    assert Term.parse(raw) == term and int(await leader.redis.get(EPOCH_KEY)) == term.epoch
+    for node in group:
+        await node.lead.refresh()
+        assert node.lead.leader == term and node.lead.epoch_seen == term.epoch
+        assert (node.lead.other_leader() is None) == (node is leader)
+    assert all(n.gains == [] and n.losses == 0 for n in group if n is not leader)
+
+
+async def test_a_killed_leader_is_replaced_with_a_higher_epoch(nodes):
+    group = [nodes(name) for name in ("a", "b", "c")]
+    for node in group:
+        node.lead.start()
+    await until(lambda: any(n.lead.granting for n in group), 3 * TTL)
+    [old] = [n for n in group if n.lead.granting]
+    old_term = old.lead.term
+    assert old_term is not None
+    old.kill()
+    rest = [n for n in group if n is not old]
+    # nobody else leads while the old leader's key lives; the old one stops leading first
+    seen: set[str] = set()
+    deadline = time.monotonic() + 4 * TTL
+    while not any(n.lead.granting for n in rest):
+        assert time.monotonic() < deadline, "no takeover"
+        leading = [n for n in group if n.lead.is_leader]
+        assert len(leading) <= 1
+        seen.update(n.lead.instance for n in leading)
+        await asyncio.sleep(0.01)
+    [new] = [n for n in rest if n.lead.granting]
+    assert not old.lead.is_leader
+    assert new.lead.term is not None and new.lead.term.epoch > old_term.epoch
+    assert new.gains == [new.lead.term.epoch]
+    assert seen <= {old_term.instance, new.lead.instance}
+
+
+async def test_a_closed_leader_hands_over_without_waiting_for_its_key(nodes):
+    a, b = nodes("a"), nodes("b")
+    a.lead.start()
+    await until(lambda: a.lead.granting, 3 * TTL)
+    b.lead.start()
+    await watch([a, b], TTL)
+    assert not b.lead.is_leader
+    await a.lead.close()
+    assert await a.redis.get(LEADER_KEY) is None  # deleted, not left to expire
+    assert a.losses == 1 and not a.lead.is_leader
+    await until(lambda: b.lead.granting, 3 * TTL)
+
+
+async def test_a_refused_renewal_steps_down_at_once(nodes):
+    a = nodes("a")
+    a.lead.start()
+    await until(lambda: a.lead.granting, 3 * TTL)
+    term = a.lead.term
+    assert term is not None
+    other = Term(term.epoch + 1, "intruder")
+    await a.redis.set(LEADER_KEY, other.value, px=60_000)  # as if a's key had expired
+    await until(lambda: a.losses == 1, 2 * TTL)
+    assert not a.lead.granting and not a.lead.is_leader
+    assert a.lead.leader == other and a.lead.other_leader() == other
+    await watch([a], TTL)  # the intruder's key lives: a does not take it back
+
+
+async def test_a_leader_cut_off_from_redis_steps_down_before_its_key_expires(tmp_path: Path):
+    server = start_redis(tmp_path / "redis")
+    node = Node(server.url, "a")
+    try:
+        node.lead.start()
+        await until(lambda: node.lead.granting, 3 * TTL)
+        cut = time.monotonic()
+        server.process.kill()  # Redis gone: no renewal can succeed any more
+        # the key, renewed at the latest just before the cut, lives until cut + TTL in Redis:
+        # the leader must have stopped leading before that instant
+        await asyncio.sleep(max(0.0, cut + TTL - time.monotonic()))
+        assert not node.lead.is_leader and not node.lead.granting
+        await until(lambda: node.losses == 1, 2 * TTL)
+        assert SAFETY < 1
+    finally:
+        if node.lead._task is not None:
+            node.lead._task.cancel()
+        server.stop()
+        await node.redis.aclose()
