@@ -6,6 +6,7 @@ a refused renewal stepping down at once."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -13,8 +14,11 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from loki_shared.lease import lease
+from loki_shared.messages.engine import LeaseRequest
 from loki_supervisor.leadership import EPOCH_KEY, LEADER_KEY, SAFETY, Leadership, Term
 from tests.conftest import login_env, start_redis
+from tests.engine.conftest import SupervisorProc, wait_info
 
 TTL = 1.0
 
@@ -180,3 +184,73 @@ async def test_a_leader_cut_off_from_redis_steps_down_before_its_key_expires(tmp
             node.lead._task.cancel()
         server.stop()
         await node.redis.aclose()
+
+
+# ---------------------------------------------------------------------- two supervisor processes
+
+
+@pytest.fixture
+def fake_engine():
+    from tests.fakes.fake_engine import FakeEngine
+
+    with FakeEngine() as engine:
+        yield engine
+
+
+def _leader_of(procs: dict[str, SupervisorProc], timeout: float = 30.0) -> tuple[str, str]:
+    """(process name, instance id) of the supervisor that logged that it leads."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, proc in procs.items():
+            if proc.proc.poll() is not None:
+                pytest.fail(f"{name} exited:\n{proc.log()[-3000:]}")
+            found = re.search(r"this supervisor \((\w+)\) leads", proc.log())
+            if found:
+                return name, found.group(1)
+        time.sleep(0.1)
+    pytest.fail("no supervisor leads:\n" + "\n".join(p.log()[-2000:] for p in procs.values()))
+
+
+@pytest.mark.parametrize("follow", ["LOKI_ENGINE_URL", "LOKI_ENGINE_URLS"])
+async def test_two_supervisors_a_held_lease_and_a_waiter_survive_the_leader_kill(
+    follow, service_env, redis_db, nc, supervisor_factory, fake_engine
+):
+    env = {
+        **service_env,
+        **login_env("engine-supervisor"),  # its own NATS and Redis users: the ACL allows it
+        follow: fake_engine.url,
+        "LOKI_SUPERVISOR_REPLICATED": "true",
+        "LOKI_SUPERVISOR_LEADER_TTL_S": str(TTL),
+        "LOKI_LEASE_TTL": "3",
+        "LOKI_LOG_LEVEL": "INFO",
+    }
+    procs = {name: supervisor_factory(env, name) for name in ("a", "b")}
+    first, _ = _leader_of(procs)
+    info = await wait_info(nc, lambda i: i.state == "ready" and i.leader, 60, procs[first])
+    assert info.boot.startswith("epoch-") and info.instance
+
+    async with lease(nc, LeaseRequest(kind="main", conversation="c1", wait_s=20)) as held:
+        await until(lambda: held.renewals >= 1, 5)
+        # a second request waits for the one slot while the leader is killed
+        waiter = asyncio.create_task(
+            lease(nc, LeaseRequest(kind="main", conversation="c2", wait_s=30)).__aenter__()
+        )
+        await asyncio.sleep(0.5)
+        assert not waiter.done()
+        name, instance = _leader_of(procs)
+        procs[name].proc.kill()
+        procs[name].proc.wait()
+        survivor = procs["b" if name == "a" else "a"]
+        after = await wait_info(nc, lambda i: i.leader not in (None, instance), 30, survivor)
+        assert after.boot != info.boot  # the waiters see a new leader
+        renewed = held.renewals
+        await until(lambda: held.renewals >= renewed + 2, 10)  # renewed by the new leader
+        assert not held.lost and not waiter.done()
+    assert held.released  # the survivor knew the lease
+    second = await asyncio.wait_for(waiter, 30)  # granted once the slot is free
+    try:
+        assert second.lease.base_url == fake_engine.url.rstrip("/")
+    finally:
+        await second.__aexit__(None, None, None)
+    assert second.released
+    assert "took over 1 held lease" in survivor.log()

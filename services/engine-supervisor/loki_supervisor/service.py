@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsBroker
+from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from loki_shared import servers, subjects
+from loki_shared.lease import requester
 from loki_shared.messages.engine import (
     EngineInfo,
     EngineInfoRequest,
@@ -42,7 +44,10 @@ from .cache_reuse import chunk_tokens
 from .draft import DraftRequest
 from .engine_process import EngineRunner, LaunchSpec
 from .errors import InvalidRequest, SupervisorError
+from .forward import Replicas
+from .leadership import Leadership
 from .lease_book import LeaseManager, Target
+from .lease_mirror import LeaseMirror
 from .optimise import Optimiser
 from .plan import Facts, LaunchPlan, LocalConfig, plan_launch, tristate, truthy
 from .pool_mode import PoolMode
@@ -127,11 +132,53 @@ class Supervisor:
         self.bench = BenchRunner(self)
         self.optimiser = Optimiser(self)
         self.closing = False
+        #: this process's id (``EngineInfo.instance``, a NATS subject token)
+        self.instance = uuid.uuid4().hex[:12]
+        #: LOKI_SUPERVISOR_REPLICATED: the election, the lease mirror, forwarding to the leader
+        self.replicas: Replicas | None = (
+            self._replicas(redis) if settings.supervisor_replicated else None
+        )
+
+    def _replicas(self, redis: Redis) -> Replicas:
+        """The replicated supervisors' parts (see :mod:`.forward`)."""
+        ttl = self.settings.supervisor_leader_ttl_s
+        leadership = Leadership(redis, self.instance, ttl)
+
+        def on_book(book: Any) -> None:  # the pool keeps the book in two places
+            if self.pool is not None:
+                self.pool.book = book
+            if self.leases.pool is not None:
+                self.leases.pool.book = book
+
+        mirror = LeaseMirror(
+            redis, self.leases, lambda: leadership.term, grace_s=2 * ttl + 2.0, on_book=on_book
+        )
+        return Replicas(
+            self.leases,
+            leadership,
+            mirror,
+            self.lease,
+            self.renew,
+            self.release,
+            api_key=self._lease_api_key,
+        )
+
+    def _lease_api_key(self, lease: Lease) -> str | None:
+        """The key of a lease's endpoint now (a lease loaded from the mirror has none)."""
+        if self.pool is not None:
+            for engine in self.pool.targets() or []:
+                if engine.target.base_url == lease.base_url:
+                    return engine.target.api_key
+        target = self.target()
+        return target.api_key if target is not None else None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Apply the active preset (launch the engine) and start lease expiry."""
+        """Apply the active preset (launch the engine) and start lease expiry (and the
+        election, with replicated supervisors)."""
         self.leases.start()
+        if self.replicas is not None:
+            self.replicas.start()
         active = await self.store.active_id()
         self.preset = await self.store.get(active)
         await self.apply(self.preset)
@@ -140,6 +187,8 @@ class Supervisor:
         """Save slot 0 when SLOT_PERSIST asks it (a planned stop), stop the engine (SIGTERM)
         and fail waiting lease requests."""
         self.closing = True
+        if self.replicas is not None:  # another instance takes over at once
+            await self.replicas.close()
         await self.bench.cancel()
         await self.optimiser.cancel()
         if self._apply_task:
@@ -703,16 +752,35 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
     Lease requests are served concurrently (a waiting lease never blocks another queue)."""
 
     async def on_info(_: EngineInfoRequest) -> EngineInfo:
-        return sup.info()
+        if sup.replicas is not None:
+            return await sup.replicas.fresh_info(sup.info)
+        info = sup.info()
+        info.instance = sup.instance
+        return info
 
     async def on_renew(req: RenewRequest) -> Lease:
         return sup.renew(req)
 
     q = subjects.QUEUE_ENGINE
     serve(broker, subjects.ENGINE_INFO, on_info, queue=q)
-    serve(broker, subjects.ENGINE_LEASE, sup.lease, queue=q, max_workers=256)
-    serve(broker, subjects.ENGINE_RENEW, on_renew, queue=q, max_workers=16)
-    serve(broker, subjects.ENGINE_RELEASE, sup.release, queue=q, max_workers=16)
+    replicas = sup.replicas
+    if replicas is None:
+        serve(broker, subjects.ENGINE_LEASE, sup.lease, queue=q, max_workers=256)
+        serve(broker, subjects.ENGINE_RENEW, on_renew, queue=q, max_workers=16)
+        serve(broker, subjects.ENGINE_RELEASE, sup.release, queue=q, max_workers=16)
+    else:  # every instance serves them; a non-leader forwards to the leader (forward.py)
+        replicas.connect(requester(broker))
+        serve(broker, subjects.ENGINE_LEASE, replicas.lease, queue=q, max_workers=256)
+        serve(broker, subjects.ENGINE_RENEW, replicas.renew, queue=q, max_workers=64)
+        serve(broker, subjects.ENGINE_RELEASE, replicas.release, queue=q, max_workers=64)
+        node: list[tuple[str, Any, type[BaseModel], type[BaseModel], int]] = [
+            ("lease", replicas.node_lease, LeaseRequest, Lease, 256),
+            ("renew", replicas.node_renew, RenewRequest, Lease, 64),
+            ("release", replicas.node_release, ReleaseRequest, ReleaseReply, 64),
+        ]
+        for op, handler, req_type, reply_type, workers in node:
+            subject = subjects.engine_node(sup.instance, op)
+            serve(broker, subject, handler, max_workers=workers, request=req_type, reply=reply_type)
     serve(broker, subjects.ENGINE_PRESETS, sup.presets, queue=q, max_workers=4)
     serve(broker, subjects.ENGINE_BENCH, sup.bench.handle, queue=q, max_workers=4)
     serve(broker, subjects.ENGINE_OPTIMISE, sup.optimiser.handle, queue=q, max_workers=4)
