@@ -206,14 +206,14 @@ def test_overloaded_prefers_a_smaller_prefix_of_its_own():
 
 
 def test_overloaded_avoids_evicting_another_conversation():
+    # e2 is idle but its free slot holds b's prompt; e1 has a side-used slot free
     slots = [
         slot("e1", 0, "a", A, busy=True, waiting=1, last_used=5),
-        slot("e1", 1, "b", B, last_used=1),
-        slot("e2", 0, busy=True),
-        slot("e2", 1, None, ("s0", "v1"), side=True, last_used=3),
+        slot("e1", 1, None, ("s0", "v1"), side=True, last_used=3),
+        slot("e2", 0, "b", B, last_used=1),
     ]
-    engines = [load("e1", 0, held=1, waiting=1), load("e2", 1, held=1)]
-    assert where(choose(main(), slots, engines)) == ("e2", 1, "overloaded")
+    engines = [load("e1", 0, held=1, waiting=1), load("e2", 1, slots=1)]
+    assert where(choose(main(), slots, engines)) == ("e1", 1, "overloaded")
 
 
 def test_overloaded_nothing_free_waits_for_the_affine_slot():
@@ -253,6 +253,13 @@ def test_new_prefers_empty_then_side_then_least_recently_used():
     assert where(choose(main("n", ("n0",)), base[:2], engines))[:2] == ("e1", 1)
     lru = [slot("e1", 0, "b", B, last_used=5), slot("e1", 1, "c", ("c0",), last_used=2)]
     assert where(choose(main("n", ("n0",)), lru, engines))[:2] == ("e1", 1)
+
+
+def test_new_unnamed_prompt_is_not_empty():
+    # a main prompt of no conversation is side content: the empty slot is taken first
+    slots = [slot("e1", 0, None, ("x0",)), slot("e1", 1)]
+    c = choose(main("n", ("n0",)), slots, [load("e1", 0)])
+    assert where(c) == ("e1", 1, "new")
 
 
 def test_new_avoids_evicting_another_conversation_on_a_less_loaded_engine():
@@ -296,6 +303,11 @@ def test_new_nothing_free_waits_for_any_slot():
     slots = [slot("e1", 0, busy=True), slot("e2", 0, waiting=1)]
     c = choose(main("n", ("n0",)), slots, E2)
     assert c == Choice(None, None, "wait", wait_for=None)
+
+
+def test_least_loaded_is_held_plus_waiting_per_slot():
+    assert load("e1", 0, held=1, waiting=2, slots=4).load == 0.75
+    assert load("e1", 0, held=0, slots=0).load == float("inf")
 
 
 def test_an_engine_without_slots_is_never_chosen():
@@ -346,6 +358,30 @@ def test_apart_least_loaded_other_engine():
     assert where(choose(Ask("task", "a", A), slots, engines)) == ("e3", 0, "apart")
 
 
+def test_apart_least_loaded_engine_before_an_empty_slot():
+    # e2 is idle with a side-used slot, e3 is half busy with an empty one
+    engines = [load("e1", 0), load("e2", 1), load("e3", 2, held=1)]
+    slots = [
+        slot("e1", 0, "a", A, last_used=5),
+        slot("e2", 0, None, ("v",), side=True, last_used=3),
+        slot("e3", 0, busy=True),
+        slot("e3", 1),
+    ]
+    assert where(choose(Ask("verify", "a", A), slots, engines)) == ("e2", 0, "apart")
+
+
+def test_evict_another_on_the_least_loaded_other_engine():
+    engines = [load("e1", 0), load("e2", 1, held=1), load("e3", 2)]
+    slots = [
+        slot("e1", 0, "a", A, last_used=5),
+        slot("e2", 0, busy=True),
+        slot("e2", 1, "b", B, last_used=1),
+        slot("e3", 0, "c", ("c0",), last_used=4),
+        slot("e3", 1, "d", ("d0",), last_used=3),
+    ]
+    assert where(choose(Ask("verify", "a", A), slots, engines)) == ("e3", 1, "apart")
+
+
 def test_apart_without_a_home_slot():
     slots = [slot("e1", 0, "b", B, last_used=1), slot("e2", 0)]
     assert where(choose(Ask("foreign", None, ()), slots, E2)) == ("e2", 0, "apart")
@@ -388,6 +424,15 @@ def test_evict_own_main_prompt_as_last_resort():
     assert where(choose(Ask("verify", "a", A), slots, E2)) == ("e1", 0, "side")
 
 
+def test_evict_own_only_after_another_conversation_on_the_same_engine():
+    slots = [
+        slot("e1", 0, "a", A, last_used=1),
+        slot("e1", 1, "b", B, last_used=5),
+        slot("e2", 0, busy=True),
+    ]
+    assert where(choose(Ask("verify", "a", A), slots, E2)) == ("e1", 1, "side")
+
+
 def test_side_nothing_free_waits_for_any_slot():
     slots = [slot("e1", 0, "a", A, busy=True), slot("e2", 0, waiting=1)]
     assert choose(Ask("verify", "a", A), slots, E2) == Choice(None, None, "wait")
@@ -425,6 +470,13 @@ def test_round_robin_empty_then_lru_ignoring_prefixes():
     assert where(c) == ("e1", 1, "round_robin") and c.moved_from == "e1"
     c = choose(main(), slots + [slot("e1", 2)], [load("e1", 0, slots=3)], policy="round_robin")
     assert where(c) == ("e1", 2, "round_robin")
+
+
+def test_round_robin_empty_before_a_never_timed_slot():
+    # a slot restored with last_used 0 still holds a prompt: the empty one goes first
+    slots = [slot("e1", 0, "a", A, last_used=0), slot("e1", 1)]
+    c = choose(main("n", ("n0",)), slots, [load("e1", 0)], policy="round_robin")
+    assert where(c) == ("e1", 1, "round_robin")
 
 
 def test_round_robin_reports_the_prefix_it_happens_to_keep():

@@ -56,13 +56,13 @@ Policy ``affine`` (the default), main-like ask:
 Policy ``affine``, side ask (it never evicts the conversation's own main prompt while
 anything else is free):
 
-8. *apart*: a free slot that holds nobody's main prompt (empty, then side), on an engine
-   other than the home engine, least loaded engine first, then least recently used: reason
-   ``apart`` (also when the conversation has no home slot).
+8. *apart*: a free slot that holds nobody's main prompt, on an engine other than the home
+   engine: the least loaded such engine, on it an empty slot, else the least recently used
+   side one. Reason ``apart`` (also when the conversation has no home slot).
 9. *side on the home engine*: else such a slot on the home engine: reason ``side``.
 10. *evict another*: else a free slot holding another conversation's main prompt (or a stale
-    copy of this one), other engines first, least recently used: ``apart`` off the home
-    engine, ``side`` on it.
+    copy of this one), other engines first, the least loaded, its least recently used slot:
+    ``apart`` off the home engine, ``side`` on it.
 11. *evict own*: else the home slot itself (reason ``side``).
 12. *side, nothing free*: wait for any slot.
 
@@ -255,17 +255,7 @@ def choose(
         pick = _comparison(policy, free, engines, loads, rr_next)
         if pick is None:
             return _wait()
-        moved = None
-        if (
-            ask.main_like
-            and home is not None
-            and (pick.engine, pick.id_slot)
-            != (
-                home.engine,
-                home.id_slot,
-            )
-        ):
-            moved = home.engine
+        moved = home.engine if ask.main_like and home is not None and pick is not home else None
         return _grant(ask, pick, policy, moved)
 
     if ask.main_like:
@@ -380,10 +370,10 @@ def _affine_side(
         key=lambda s: (
             tier(s),
             s.engine == home_engine,
-            s.content,
             loads[s.engine].load,
-            s.last_used,
             order[s.engine],
+            s.content,
+            s.last_used,
             s.id_slot,
         ),
     )
