@@ -20,14 +20,17 @@ from loki_shared.messages.engine import (
     EngineState,
     Lease,
     LeaseRequest,
+    Preset,
     ReleaseReply,
     ReleaseRequest,
 )
 from loki_supervisor.engine_pool import EnginePool, EngineSpec, parse_engine_urls
 from loki_supervisor.errors import Busy, Unavailable
 from loki_supervisor.lease_book import EngineTarget, LeaseManager, PoolRouting, Target
+from loki_supervisor.pool_mode import PoolMode
 from loki_supervisor.presets import ACTIVE_KEY, PRESETS_KEY
 from loki_supervisor.routing import EngineView
+from loki_supervisor.settings import Settings
 from loki_supervisor.slot_book import SlotBook
 from tests.engine.conftest import request, wait_info
 from tests.fakes.fake_engine import FakeEngine
@@ -340,6 +343,52 @@ async def test_engine_pool_follows_each_engine_and_names_it_in_states():
             assert pool.state == "ready" and "1 of 2 engines ready" in pool.detail
         finally:
             await pool.close()
+
+
+async def test_pool_mode_targets_follow_the_group_and_the_smallest_window():
+    published: list[EngineState] = []
+
+    async def publish(event: EngineState) -> None:
+        published.append(event)
+
+    active = {"preset": Preset(id="env", ctx=8192)}
+    with FakeEngine(total_slots=2, n_ctx=4096) as a, FakeEngine(total_slots=1, n_ctx=1024) as b:
+        settings = Settings(engine_urls=f"a={a.url},b@small={b.url}", affinity_queue_max=3)
+        mode = PoolMode(settings, publish, lambda: active["preset"])
+        lm = LeaseManager(lambda: None, ttl=30.0, claim_s=30.0, pool=mode.routing())
+        mode.attach(lm)
+        try:
+            assert mode.targets() is None  # not followed yet
+            await mode.pool.follow()
+            await _until(lambda: len(mode.pool.ready()) == 2)
+            assert {e.engine for e in published if e.state == "ready"} == {"a", "b"}
+            got = [
+                (t.engine, t.order, t.slots, t.target.n_ctx, t.target.base_url)
+                for t in mode.targets()
+            ]
+            assert got == [("a", 0, 2, 1024, a.url), ("b", 1, 1, 1024, b.url)]
+            assert lm.pool is not None and lm.pool.queue_max == 3 and lm.pool.policy == "affine"
+
+            active["preset"] = Preset(id="p", ctx=512, features={"ENGINE_GROUP": "small"})
+            assert [(t.engine, t.target.n_ctx) for t in mode.targets()] == [("b", 512)]
+            lease = await lm.acquire(LeaseRequest(kind="main", conversation="A", wait_s=1))
+            assert (lease.placement.engine, lease.base_url, lease.n_ctx) == ("b", b.url, 512)
+            info = EngineInfo()
+            mode.fill_info(info)
+            assert (info.state, info.base_url, info.total_slots, info.n_ctx) == (
+                "ready",
+                b.url,
+                1,
+                512,
+            )
+            assert info.routing == "affine" and [e.id for e in info.engines] == ["a", "b"]
+            assert info.in_flight == 1 and info.engines[1].slots[0].busy
+            lm.release(lease.lease_id)
+
+            active["preset"] = Preset(id="x", external=True, base_url="https://api.test")
+            assert mode.targets() is None  # an external preset: the manager uses its target
+        finally:
+            await mode.close()
 
 
 # ---------------------------------------------------------------------- the supervisor process
