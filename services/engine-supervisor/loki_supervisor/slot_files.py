@@ -13,7 +13,11 @@ A file is named ``loki-slot-<model>-<n_ctx>-<conversation>-<fingerprint>.bin``:
 - ``fingerprint``: the first 16 hex characters of the prompt's last cumulative fingerprint
   (:mod:`loki_shared.fingerprint`), ``0`` × 16 when the caller did not send one.
 
-Table tests: ``tests/engine/test_slot_files.py``.
+Several engines (issue 44, :mod:`loki_supervisor.slot_transfer`) name files the same way,
+the model part being :func:`model_name_key` of the engine's ``model_path``, and clean their
+shared directory with :func:`pool_stale_files`.
+
+Table tests: ``tests/engine/test_slot_files.py``, ``tests/engine/test_slot_transfer_rules.py``.
 """
 
 from __future__ import annotations
