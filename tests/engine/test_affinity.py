@@ -382,6 +382,19 @@ def test_evict_another_on_the_least_loaded_other_engine():
     assert where(choose(Ask("verify", "a", A), slots, engines)) == ("e3", 1, "apart")
 
 
+def test_apart_home_of_a_side_ask_is_where_the_main_prompt_ran_last():
+    # a stale copy (before an edit) shares more with the side job's prompt than the current
+    # main slot does: the side job still keeps away from the current one
+    slots = [
+        slot("e1", 0, "a", ("s0", "a1", "x2"), last_used=1),
+        slot("e1", 1),
+        slot("e2", 0, "a", A, last_used=5),
+        slot("e2", 1),
+    ]
+    c = choose(Ask("verify", "a", ("s0", "a1", "x2", "v")), slots, E2)
+    assert where(c) == ("e1", 1, "apart")
+
+
 def test_apart_without_a_home_slot():
     slots = [slot("e1", 0, "b", B, last_used=1), slot("e2", 0)]
     assert where(choose(Ask("foreign", None, ()), slots, E2)) == ("e2", 0, "apart")

@@ -27,8 +27,10 @@ Terms:
 - *main-like ask*: ``kind`` in :data:`MAIN_KINDS`, or ``compact`` with ``continuation``;
   every other kind is a *side* ask (verify, subagent, task, bench, foreign, plain compact).
 - *home slot* of a conversation: among the slots whose last main prompt is this
-  conversation's, the one with the longest prefix (ties: most recently used, engine order);
-  its engine is the *home engine*.
+  conversation's, for a main-like ask the one with the longest prefix (ties: most recently
+  used, engine order); for a side ask (whose fingerprints are its own prompt's, not the
+  conversation's) the most recently used one: where the main prompt ran last. Its engine is
+  the *home engine*.
 
 Policy ``affine`` (the default), main-like ask:
 
@@ -209,7 +211,9 @@ def _home(ask: Ask, slots: Sequence[SlotState], order: dict[str, int]) -> SlotSt
     own = [s for s in slots if _own(ask, s)]
     if not own:
         return None
-    return min(own, key=lambda s: (-_prefix(ask, s), -s.last_used, order[s.engine], s.id_slot))
+    if ask.main_like:
+        return min(own, key=lambda s: (-_prefix(ask, s), -s.last_used, order[s.engine], s.id_slot))
+    return min(own, key=lambda s: (-s.last_used, order[s.engine], s.id_slot))
 
 
 def _wait(wait_for: tuple[str, int] | None = None) -> Choice:
