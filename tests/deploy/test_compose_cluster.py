@@ -5,6 +5,8 @@ the files ``redis-ha-init`` writes are read by a real redis-server and redis-sen
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import redis
 from loki_shared import credentials, redis_ha, servers
 from loki_shared.nats import nats_servers
 from loki_shared.redis_client import parse_sentinel_url
+from loki_supervisor.engine_pool import parse_engine_urls
 from tests.deploy.compose_model import BASE, LOKI_SERVICES, ROOT, render
 
 CLUSTER = ROOT / "docker-compose.cluster.yml"
@@ -108,3 +111,55 @@ def test_the_init_files_run_a_real_master_replica_and_sentinel(tmp_path: Path) -
         sentinel.stop(grace=2)
         replica.stop(grace=2)
         master.stop(grace=2)
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_two_replicated_supervisors_follow_the_same_engines(profile: str) -> None:
+    rendered = render([BASE, CLUSTER], [profile])
+    assert rendered.returncode == 0, rendered.stderr
+    services = rendered.services
+    first = "engine-supervisor-cpu" if profile == "cpu" else "engine-supervisor"
+    envs = [services[name]["environment"] for name in (first, "engine-supervisor-2")]
+    for env in envs:
+        assert env["LOKI_SUPERVISOR_REPLICATED"] == "true"
+        assert env["LOKI_ENGINE_URLS"] == envs[0]["LOKI_ENGINE_URLS"]
+        assert env["LOKI_NATS_URL"] == envs[0]["LOKI_NATS_URL"]
+        assert env["LOKI_REDIS_URL"].startswith("redis+sentinel://")
+    [spec] = parse_engine_urls(envs[0]["LOKI_ENGINE_URLS"])  # the default: engine-0
+    assert spec.url.startswith("http://engine-0:8081") and "engine-0" in services
+    second = services["engine-supervisor-2"]
+    assert second["command"] == ["python", "-m", "loki_supervisor"]
+    mounts = {v["target"]: v for v in second["volumes"]}
+    assert mounts["/run/secrets/loki"]["source"].endswith("/engine-supervisor")  # its own login
+    assert mounts["/data"]["source"] == "loki-data"
+    assert second["environment"]["LOKI_SECRETS_DIR"] == "/run/secrets/loki"
+    assert "engine-supervisor" in " ".join(second["healthcheck"]["test"])
+    for part in ("nats-2", "redis-sentinel-1"):
+        assert second["depends_on"][part]["condition"] == "service_healthy"
+
+
+def test_engine_zero_runs_llama_server_on_the_bundled_model(tmp_path: Path) -> None:
+    """engine-0's shell command as compose renders it, run here with ``echo`` in the place
+    of llama-server: the model it finds (LOKI_MODEL unset: the bundled one) and its port."""
+    rendered = render([BASE, CLUSTER], ["cpu"])
+    command = rendered.services["engine-0"]["command"]
+    assert command[:2] == ["sh", "-c"] and "exec /app/llama-server" in command[2]
+    # `config` keeps compose's `$$` escape; the container's shell gets one `$`
+    script = command[2].replace("$$", "$").replace("exec /app/llama-server", "exec echo")
+    venv = Path(sys.executable).parent
+    env = {"PATH": f"{venv}:/usr/bin:/bin", "ENGINE_MODEL": ""}
+    out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8081",
+        "-m",
+        str(servers.find_bundled_model()),
+        "-np",
+        "2",
+    ]
+    env["ENGINE_MODEL"] = "/models/mine.gguf"
+    out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert "-m /models/mine.gguf" in out.stdout
