@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
     from nats.js.api import StreamConfig
 
+    from .messages.engine import Placement
+
 log = logging.getLogger("loki.perf_publish")
 
 #: Header used by JetStream to drop a duplicate publish (a retry) within its window.
@@ -102,6 +104,7 @@ def build_record(
     ts: float | None = None,
     prefix_unstable: bool = False,
     tools_fingerprint: str | None = None,
+    placement: Placement | None = None,
 ) -> PerfRecord:
     """Build the :class:`PerfRecord` of one completion.
 
@@ -121,6 +124,9 @@ def build_record(
         tools_fingerprint: :func:`loki_shared.fingerprint.tools_fingerprint` of the ``tools``
             sent (None: not said).
         ts: Unix time in seconds of the end of the completion (default: now).
+        placement: the lease's :class:`~loki_shared.messages.engine.Placement` (several
+            engines, issue 44): its ``engine``, ``moved_from`` and ``transfer`` are copied
+            into the record; None (one engine): ``engine`` "", the others None.
 
     Raises:
         pydantic.ValidationError: ``kind`` is not a request kind.
@@ -157,6 +163,9 @@ def build_record(
         roles=[m.get("role", "") if isinstance(m, Mapping) else "" for m in sent],
         prefix_unstable=prefix_unstable,
         tools_fingerprint=tools_fingerprint,
+        engine=placement.engine if placement is not None else "",
+        moved_from=placement.moved_from if placement is not None else None,
+        transfer=placement.transfer if placement is not None else None,
     )
 
 

@@ -18,6 +18,9 @@ Rules (each is tested in ``tests/perf/test_decode.py``):
 - *Full hit*: when the whole prompt is already in the slot, llama.cpp still evaluates the last
   prompt token to get logits, so it reports ``cache_n = N-1, prompt_n = 1``. Such a record is a
   full hit: :attr:`Entry.eff_cached` is ``N`` and :attr:`Entry.recomputed` is 0.
+- Several engines (issue 44): ``engine`` (the pooled engine that ran it; "" without a pool),
+  ``moved_from`` (the engine that held the conversation's prefix when the grant went
+  elsewhere) and ``transfer`` (``restored`` or ``recomputed``; anything else is dropped).
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ DEPTH_BOUNDS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEPTH_NAMES = ("1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k", "over_128k")
 
 _MODEL_MAX = 96
+_ENGINE_MAX = 96
+#: What a moved grant did to its slot (``PerfRecord.transfer``).
+TRANSFERS = ("restored", "recomputed")
 
 
 class RecordDecodeError(ValueError):
@@ -122,6 +128,9 @@ class Entry:
     roles: list[str | None] | None = None
     prefix_unstable: bool = False  # the template probe said: no stable prefix (issue 16)
     tools_fingerprint: str | None = None  # the tools offered ("" none; None unknown; issue 42)
+    engine: str = ""  # the pooled engine that ran it ("": one engine; issue 44)
+    moved_from: str | None = None  # the engine that held the prefix when it went elsewhere
+    transfer: str | None = None  # restored / recomputed (a moved grant), None: not said
     dropped: list[str] = field(default_factory=list)
     # derived by decode()
     cached: int | None = None  # tokens the engine reused (cache_n, else usage cached_tokens)
@@ -305,6 +314,21 @@ def decode(raw: bytes | str | dict, seq: int, ts_fallback: float) -> Entry:
     elif fr is not None:
         dropped.append("finish_reason")
     e.prefix_unstable = data.get("prefix_unstable") is True
+    engine = data.get("engine")
+    if isinstance(engine, str):
+        e.engine = engine[:_ENGINE_MAX]
+    elif engine is not None:
+        dropped.append("engine")
+    moved = data.get("moved_from")
+    if isinstance(moved, str) and moved:
+        e.moved_from = moved[:_ENGINE_MAX]
+    elif moved is not None and moved != "":
+        dropped.append("moved_from")
+    transfer = data.get("transfer")
+    if transfer in TRANSFERS:
+        e.transfer = transfer
+    elif transfer is not None:
+        dropped.append("transfer")
     tf = data.get("tools_fingerprint")
     e.tools_fingerprint = tf if isinstance(tf, str) else None
     cut = data.get("cut", False)
@@ -373,6 +397,11 @@ def category(kind: str) -> str:
     return kind
 
 
+#: The cause of a loss on a conversation moved to another engine (issue 44): the grant went
+#: to an engine other than the one that held its prefix (``moved_from``, or the previous
+#: record's ``engine``), and what a slot-file restore brought back did not cover it.
+ENGINE_MOVED_CAUSE = "engine_moved"
+
 #: Every value the ``cause`` of a loss (and the ``cause`` metric label) can take.
 CAUSES = (
     "conversation",
@@ -388,4 +417,5 @@ CAUSES = (
     "divergence",
     "template",
     TOOLS_CAUSE,
+    ENGINE_MOVED_CAUSE,
 )

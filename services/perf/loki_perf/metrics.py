@@ -9,6 +9,13 @@ only (``cause`` is added on the two loss counters, from the fixed set
 ones at most :data:`_MAX_MODELS`, then ``other``, counted afresh at each start); gauges
 computed from the ring carry ``depth`` (fixed bucket names) or nothing.
 
+Several engines (issue 44): the ``lokiassist_engine_*`` counters carry the label ``engine``
+(the pooled engine's id, set by the supervisor from ``LOKI_ENGINE_URLS``; at most
+:data:`_MAX_ENGINES` a process, then ``other``), with ``cause`` on the loss counters and
+``transfer`` (``restored``, ``recomputed``, ``none``) on the moves; only records that name an
+engine count there, so without a pool no such series exists and every other series is as
+before.
+
 Counters are *derived from the records*: :class:`Totals` is a pure function of a checkpoint
 (totals up to stream sequence ``seq``, kept in a JetStream key-value bucket) plus the records
 after ``seq`` in the stream. A perf service restarted loads the checkpoint, rebuilds its ring
@@ -42,6 +49,7 @@ from .decode import CAUSES, Entry
 
 PREFIX = "lokiassist_"
 _MAX_MODELS = 16
+_MAX_ENGINES = 32
 
 #: name (without ``_total``) -> help. Labels: kind, model.
 COUNTERS: dict[str, str] = {
@@ -65,6 +73,35 @@ LOSS_COUNTERS: dict[str, str] = {
         "Prompt tokens the slot held and the next request did not reuse, by cause."
     ),
 }
+#: Counters of the pooled engines (issue 44): name -> (help, labels).
+ENGINE_COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "engine_completions": ("Completions run on each pooled engine.", ("engine",)),
+    "engine_prompt_tokens": (
+        "Prompt tokens of completions with known cache figures, by pooled engine.",
+        ("engine",),
+    ),
+    "engine_prompt_tokens_cached": (
+        "Prompt tokens reused from the prompt cache (+1 on a full hit), by pooled engine.",
+        ("engine",),
+    ),
+    "engine_cache_losses": (
+        "Completions flagged with a prompt-cache loss or divergence, by pooled engine and cause.",
+        ("engine", "cause"),
+    ),
+    "engine_cache_lost_tokens": (
+        "Prompt tokens the slot held and the next request did not reuse, by pooled engine and "
+        "cause.",
+        ("engine", "cause"),
+    ),
+    "engine_moves": (
+        "Grants of a conversation to an engine other than the one holding its prefix, by the "
+        "engine it went to and what was done to the slot (restored from a slot file, "
+        "recomputed, none said).",
+        ("engine", "transfer"),
+    ),
+}
+#: The ``transfer`` label values of ``engine_moves`` (zero-filled for every engine).
+MOVE_TRANSFERS = ("restored", "recomputed", "none")
 #: name -> (help, bucket upper bounds). Labels: kind, model.
 HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
     "ttft_seconds": (
@@ -99,6 +136,7 @@ GAUGES: dict[str, str] = {
     "generation_speed_median_tokens_per_second": "Median generation speed over the ring by depth.",
     "ttft_median_seconds": "Median time to first token over the ring by context depth.",
     "cache_hit_ratio": "Prompt-cache hit ratio over the ring, by kind.",
+    "engine_cache_hit_ratio": "Prompt-cache hit ratio over the ring, by pooled engine.",
     "cache_ram_advice_events": "CACHE_RAM advice events in the ring.",
     "perf_rejected_records": "Records refused since start (payload not a JSON object).",
     "bench_tokens_per_second": (
@@ -115,7 +153,7 @@ BENCH_LABELS = ["preset", "model", "build", "test", "depth"]
 
 def exported_names() -> set[str]:
     """Every sample name the service exports (``_total``, ``_bucket``/``_sum``/``_count``)."""
-    names = {f"{PREFIX}{n}_total" for n in (*COUNTERS, *LOSS_COUNTERS)}
+    names = {f"{PREFIX}{n}_total" for n in (*COUNTERS, *LOSS_COUNTERS, *ENGINE_COUNTERS)}
     for n in HISTOGRAMS:
         names |= {f"{PREFIX}{n}_bucket", f"{PREFIX}{n}_sum", f"{PREFIX}{n}_count"}
     names |= {f"{PREFIX}{n}" for n in GAUGES}
@@ -133,7 +171,7 @@ class Totals:
         self.lock = threading.Lock()
         self.seq = 0
         self.counters: dict[str, dict[tuple[str, ...], float]] = {
-            n: {} for n in (*COUNTERS, *LOSS_COUNTERS)
+            n: {} for n in (*COUNTERS, *LOSS_COUNTERS, *ENGINE_COUNTERS)
         }
         # name -> labels -> [bucket counts (non-cumulative, + overflow), sum]
         self.hists: dict[str, dict[tuple[str, ...], list[Any]]] = {n: {} for n in HISTOGRAMS}
@@ -141,6 +179,9 @@ class Totals:
         #: :data:`_MAX_MODELS`; never restored from a checkpoint, so no name can hold a slot
         #: across a restart)
         self.models: set[str] = set()
+        #: engines given a label of their own since this process started (at most
+        #: :data:`_MAX_ENGINES`, then ``other``; a checkpoint's labels are kept as they are)
+        self.engines: set[str] = set()
 
     def _model(self, e: Entry) -> str:
         """The ``model`` label of ``e``: a local engine's model always keeps its own (the
@@ -156,6 +197,29 @@ class Totals:
             return "other"
         self.models.add(e.model)
         return e.model
+
+    def _engine(self, e: Entry) -> str:
+        """The ``engine`` label of ``e`` (non-empty ``e.engine``): its id, one of
+        :data:`_MAX_ENGINES` slots a process, then ``other``."""
+        if e.engine in self.engines:
+            return e.engine
+        if len(self.engines) >= _MAX_ENGINES:
+            return "other"
+        self.engines.add(e.engine)
+        return e.engine
+
+    def _add_engine(self, e: Entry) -> None:
+        """Count ``e`` in the ``engine_*`` counters (it names an engine)."""
+        eng = (self._engine(e),)
+        self._inc("engine_completions", eng)
+        if e.depth is not None and e.eff_cached is not None and e.cached is not None:
+            self._inc("engine_prompt_tokens", eng, e.depth)
+            self._inc("engine_prompt_tokens_cached", eng, e.eff_cached)
+        if e.loss is not None:
+            self._inc("engine_cache_losses", (*eng, e.loss.cause))
+            self._inc("engine_cache_lost_tokens", (*eng, e.loss.cause), e.loss.tokens or 0)
+        if e.moved_from is not None:
+            self._inc("engine_moves", (*eng, e.transfer or "none"))
 
     def _inc(self, name: str, labels: tuple[str, ...], value: float = 1) -> None:
         d = self.counters[name]
@@ -200,6 +264,8 @@ class Totals:
                 lab3 = (*lab, e.loss.cause)
                 self._inc("cache_losses", lab3)
                 self._inc("cache_lost_tokens", lab3, e.loss.tokens or 0)
+            if e.engine:
+                self._add_engine(e)
             if e.ttft_ms is not None:
                 self._observe("ttft_seconds", lab, e.ttft_ms / 1000.0)
             if e.pp_tps is not None:
@@ -232,7 +298,10 @@ class Totals:
         t.seq = int(data["seq"])
         for n, rows in data.get("counters", {}).items():
             if n in t.counters:
-                width = 3 if n in LOSS_COUNTERS else 2
+                if n in ENGINE_COUNTERS:
+                    width = len(ENGINE_COUNTERS[n][1])
+                else:
+                    width = 3 if n in LOSS_COUNTERS else 2
                 for row in rows:
                     t.counters[n][tuple(row[:width])] = float(row[width])
         for n, rows in data.get("hists", {}).items():
@@ -264,6 +333,13 @@ def _zero_fill(counters: dict[str, dict[tuple[str, ...], float]]) -> None:
                     d.setdefault((*lab, cause), 0.0)
             else:
                 d.setdefault(lab, 0.0)
+    # the pooled engines: each cause and each transfer at 0 once an engine has completions
+    for (engine,) in counters["engine_completions"]:
+        for name in ("engine_cache_losses", "engine_cache_lost_tokens"):
+            for cause in CAUSES:
+                counters[name].setdefault((engine, cause), 0.0)
+        for transfer in MOVE_TRANSFERS:
+            counters["engine_moves"].setdefault((engine, transfer), 0.0)
 
 
 def _le(b: float) -> str:
@@ -307,6 +383,11 @@ class PerfCollector(Collector):
             yield fam
         for n, help_ in LOSS_COUNTERS.items():
             fam = CounterMetricFamily(PREFIX + n, help_, labels=["kind", "model", "cause"])
+            for lab, v in sorted(counters[n].items()):
+                fam.add_metric(list(lab), v)
+            yield fam
+        for n, (help_, labels) in ENGINE_COUNTERS.items():
+            fam = CounterMetricFamily(PREFIX + n, help_, labels=list(labels))
             for lab, v in sorted(counters[n].items()):
                 fam.add_metric(list(lab), v)
             yield fam
@@ -354,6 +435,13 @@ class PerfCollector(Collector):
             if row["hit_rate"] is not None:
                 hit.add_metric([kind], row["hit_rate"])
         yield hit
+        engine_hit = GaugeMetricFamily(
+            PREFIX + "engine_cache_hit_ratio", GAUGES["engine_cache_hit_ratio"], labels=["engine"]
+        )
+        for engine, row in sorted(summary.get("by_engine", {}).items()):
+            if row["hit_rate"] is not None:
+                engine_hit.add_metric([engine], row["hit_rate"])
+        yield engine_hit
         yield GaugeMetricFamily(
             PREFIX + "cache_ram_advice_events",
             GAUGES["cache_ram_advice_events"],

@@ -29,19 +29,29 @@ Loss rules (``tests/perf/test_ring.py`` names one test per rule):
 7. CACHE_RAM advice: a ``main`` completion of a local preset that strictly extends its previous
    one after something else ran in between, and whose ``cached_tokens`` (else ``cache_n``) is
    under half its prompt, is an advice event (the supervisor advises raising CACHE_RAM once).
+8. Several engines (issue 44): the previous record is the conversation's previous one *on
+   any engine* (rule 1's key has no engine), so a move is compared like any other request.
+   A loss on a record that was moved — it says ``moved_from``, or its ``engine`` differs from
+   the previous record's (both known) — is caused by ``engine_moved``, before ``tools`` and
+   ``template``; a ``restored`` record whose ``cache_n`` covers the previous total is no loss
+   (rule 4's figures say so). What ran in between counts only records on the same engine
+   (when both say theirs) as well as the same slot. ``by_engine`` in the summary: per engine,
+   the hit rate, the losses by cause, the moves in (records with ``moved_from``) and the
+   restores (``transfer`` ``restored``; ``restores_lost``: those flagged with a loss).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .decode import (
     CAUSES,
     DEPTH_BOUNDS,
     DEPTH_NAMES,
+    ENGINE_MOVED_CAUSE,
     KINDS,
     TEMPLATE_CAUSE,
     TOOLS_CAUSE,
@@ -125,6 +135,75 @@ class KindAgg:
         }
 
 
+@dataclass(slots=True)
+class EngineAgg:
+    """Running sums over the ring for one pooled engine (records that name it)."""
+
+    completions: int = 0
+    with_cache: int = 0
+    prompt_tokens: int = 0  # Σ N of the records with cache figures
+    eff_cached: int = 0
+    recomputed: int = 0
+    losses: int = 0
+    tokens_lost: int = 0
+    divergences: int = 0
+    moves_in: int = 0  # records with ``moved_from``
+    restores: int = 0  # records with ``transfer`` restored
+    restores_lost: int = 0  # of those, flagged with a loss (the restore did not cover it)
+    recomputed_moves: int = 0  # records with ``transfer`` recomputed
+    causes: dict[str, list[int]] = field(default_factory=dict)  # cause -> [count, tokens]
+
+    def apply(self, e: Entry, sign: int) -> None:
+        """Add (``sign`` = 1) or remove (``sign`` = -1) ``e``'s figures."""
+        self.completions += sign
+        if e.cached is not None and e.computed is not None:
+            assert e.depth is not None and e.eff_cached is not None and e.recomputed is not None
+            self.with_cache += sign
+            self.prompt_tokens += sign * e.depth
+            self.eff_cached += sign * e.eff_cached
+            self.recomputed += sign * e.recomputed
+        lost = e.loss is not None and e.loss.type == "loss"
+        if e.loss is not None:
+            if lost:
+                self.losses += sign
+                self.tokens_lost += sign * (e.loss.tokens or 0)
+            else:
+                self.divergences += sign
+            c = self.causes.setdefault(e.loss.cause, [0, 0])
+            c[0] += sign
+            c[1] += sign * (e.loss.tokens or 0)
+            if not c[0]:
+                del self.causes[e.loss.cause]
+        if e.moved_from is not None:
+            self.moves_in += sign
+        if e.transfer == "restored":
+            self.restores += sign
+            if lost:
+                self.restores_lost += sign
+        elif e.transfer == "recomputed":
+            self.recomputed_moves += sign
+
+    def as_dict(self) -> dict[str, Any]:
+        """Figures for the summary's ``by_engine`` (ratios None when undefined)."""
+        return {
+            "completions": self.completions,
+            "with_cache_figures": self.with_cache,
+            "prompt_tokens": self.prompt_tokens,
+            "recomputed": self.recomputed,
+            "hit_rate": _ratio(self.eff_cached, self.prompt_tokens),
+            "losses": self.losses,
+            "tokens_lost": self.tokens_lost,
+            "divergences": self.divergences,
+            "losses_by_cause": {
+                c: {"count": v[0], "tokens": v[1]} for c, v in sorted(self.causes.items())
+            },
+            "moves_in": self.moves_in,
+            "restores": self.restores,
+            "restores_lost": self.restores_lost,
+            "recomputed_moves": self.recomputed_moves,
+        }
+
+
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
@@ -171,6 +250,7 @@ class Ring:
         self.entries: deque[Entry] = deque()
         self._last: dict[tuple[str, str], Entry] = {}
         self._aggs: dict[str, KindAgg] = {k: KindAgg() for k in _ALL_KINDS}
+        self._engines: dict[str, EngineAgg] = {}  # by engine id (records that name one)
         self._causes: dict[str, list[int]] = {c: [0, 0] for c in CAUSES}  # count, tokens
         # Sorted lists (insort on insert, bisect on eviction): a median is one index.
         self._pp: list[list[float]] = [[] for _ in DEPTH_NAMES]
@@ -199,6 +279,13 @@ class Ring:
 
     def _account(self, e: Entry, sign: int) -> None:
         self._aggs[e.kind].apply(e, sign)
+        if e.engine:
+            agg = self._engines.get(e.engine)
+            if agg is None:
+                agg = self._engines[e.engine] = EngineAgg()
+            agg.apply(e, sign)
+            if not agg.completions:
+                del self._engines[e.engine]
         if e.loss is not None:
             c = self._causes[e.loss.cause]
             c[0] += sign
@@ -278,7 +365,9 @@ class Ring:
                 self._maybe_advise(e, between)
             if not flagged:
                 return
-            if tools_changed(prev, e):  # the tools are part of the prefix
+            if moved(prev, e):  # another engine's cache: a restore did not cover it
+                cause = ENGINE_MOVED_CAUSE
+            elif tools_changed(prev, e):  # the tools are part of the prefix
                 cause = TOOLS_CAUSE
             elif e.prefix_unstable:  # the template re-renders the prefix: its own fault
                 cause = TEMPLATE_CAUSE
@@ -321,6 +410,7 @@ class Ring:
             return runs, False
         scanned = 0
         slot = e.slot
+        engine = e.engine
         prev_seq = prev.seq
         for other in reversed(self.entries):
             if other.seq <= prev_seq:
@@ -328,8 +418,10 @@ class Ring:
             scanned += 1
             if scanned > self.scan_limit:
                 return runs[::-1], True
-            if other.external or (
-                slot is not None and other.slot is not None and other.slot != slot
+            if (
+                other.external
+                or (slot is not None and other.slot is not None and other.slot != slot)
+                or (engine and other.engine and other.engine != engine)
             ):
                 continue
             if runs and runs[-1][0] == other.kind and runs[-1][1] == other.conversation:
@@ -421,6 +513,9 @@ class Ring:
             "losses_by_cause": {
                 c: {"count": v[0], "tokens": v[1]} for c, v in self._causes.items() if v[0]
             },
+            "by_engine": {k: a.as_dict() for k, a in sorted(self._engines.items())},
+            "moves": sum(a.moves_in for a in self._engines.values()),
+            "restores": sum(a.restores for a in self._engines.values()),
             "loss_min_tokens": self.loss_min_tokens,
             "cache_ram": self.advice(),
         }
@@ -464,6 +559,13 @@ class Ring:
         }
 
 
+def moved(prev: Entry, e: Entry) -> bool:
+    """``e`` ran on another engine than the one holding its conversation's prefix: it says
+    ``moved_from``, or both records name their engine and they differ (rule 8: cause
+    ``engine_moved``)."""
+    return e.moved_from is not None or bool(prev.engine and e.engine and prev.engine != e.engine)
+
+
 def tools_changed(prev: Entry, e: Entry) -> bool:
     """Both records say which tools they offered, and they differ (rule 6: cause ``tools``)."""
     a, b = prev.tools_fingerprint, e.tools_fingerprint
@@ -500,6 +602,9 @@ def loss_view(e: Entry) -> dict[str, Any]:
         "conversation": e.conversation,
         "kind": e.kind,
         "model": e.model,
+        "engine": e.engine,
+        "moved_from": e.moved_from,
+        "transfer": e.transfer,
         "type": loss.type,
         "cause": loss.cause,
         "tokens": loss.tokens,
