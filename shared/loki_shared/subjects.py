@@ -213,17 +213,23 @@ ENGINE_PRESETS = _exchange("loki.engine.presets", engine.PresetsRequest, engine.
 ENGINE_BENCH = _exchange("loki.engine.bench", engine.BenchRequest, engine.BenchReply)
 # the launch search
 ENGINE_OPTIMISE = _exchange("loki.engine.optimise", engine.OptimiseRequest, engine.OptimiseReply)
-# replicated supervisors (LOKI_SUPERVISOR_REPLICATED): a non-leader forwards lease, renew and
-# release to the leader's own subject (no queue group; same request and reply types as the
-# queue group's subject of the op)
+# replicated supervisors (LOKI_SUPERVISOR_REPLICATED): a non-leader forwards lease, renew,
+# release and info to the leader's own subject (no queue group; same request and reply types
+# as the queue group's subject of the op)
 ENGINE_NODE_PREFIX = "loki.engine.node"  # + ".<instance>.<op>"
 #: The ops forwarded to the leader, with the queue group subject each one mirrors.
-ENGINE_NODE_OPS = {"lease": ENGINE_LEASE, "renew": ENGINE_RENEW, "release": ENGINE_RELEASE}
+ENGINE_NODE_OPS = {
+    "lease": ENGINE_LEASE,
+    "renew": ENGINE_RENEW,
+    "release": ENGINE_RELEASE,
+    "info": ENGINE_INFO,
+}
 
 
 def engine_node(instance: str, op: str) -> str:
-    """Subject where supervisor ``instance`` serves ``op`` (``lease``, ``renew``, ``release``)
-    forwarded by another instance while it leads (``loki.engine.node.<instance>.<op>``).
+    """Subject where supervisor ``instance`` serves ``op`` (``lease``, ``renew``, ``release``,
+    ``info``) forwarded by another instance while it leads
+    (``loki.engine.node.<instance>.<op>``).
 
     Raises:
         ValueError: ``op`` is not one of :data:`ENGINE_NODE_OPS`, or ``instance`` is empty or

@@ -10,14 +10,33 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
+import nats
 import pytest
 import redis.asyncio as aioredis
 
-from loki_shared.lease import lease
-from loki_shared.messages.engine import LeaseRequest
+from loki_shared import subjects
+from loki_shared.credentials import without_userinfo
+from loki_shared.errors import Conflict, LokiError
+from loki_shared.lease import lease, requester
+from loki_shared.messages.base import ErrorInfo
+from loki_shared.messages.engine import (
+    EngineInfo,
+    EngineInfoRequest,
+    Lease,
+    LeaseRequest,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewRequest,
+)
+from loki_shared.permissions import inbox_prefix
+from loki_supervisor.forward import Replicas
 from loki_supervisor.leadership import EPOCH_KEY, LEADER_KEY, SAFETY, Leadership, Term
-from tests.conftest import login_env, start_redis
+from loki_supervisor.lease_book import LeaseManager, Target
+from loki_supervisor.lease_mirror import LEASES_KEY, LeaseMirror
+from loki_supervisor.routing import EngineView
+from tests.conftest import AUTH, login_env, start_redis
 from tests.engine.conftest import SupervisorProc, wait_info
 
 TTL = 1.0
@@ -254,3 +273,127 @@ async def test_two_supervisors_a_held_lease_and_a_waiter_survive_the_leader_kill
         await second.__aexit__(None, None, None)
     assert second.released
     assert "took over 1 held lease" in survivor.log()
+
+
+# ---------------------------------------------------------------------- forwarding (in process)
+
+
+def test_engine_node_subjects() -> None:
+    assert subjects.engine_node("ab12", "lease") == "loki.engine.node.ab12.lease"
+    assert subjects.engine_node("ab12", "info") == "loki.engine.node.ab12.info"
+    for instance, op in (("a.b", "lease"), ("", "renew"), ("a", "presets"), ("a*", "info")):
+        with pytest.raises(ValueError):
+            subjects.engine_node(instance, op)
+
+
+class Replica:
+    """One supervisor's replica parts on real NATS (as the ``engine-supervisor`` user) and
+    Redis, its node subjects served with plain nats-py subscriptions."""
+
+    def __init__(self, name: str, redis_url: str, nc: Any) -> None:
+        self.node = Node(redis_url, name)
+        self.nc = nc
+        view = EngineView(external=False, total_slots=1, slot_n_ctx=(2048,), ctx=2048)
+        self.leases = LeaseManager(
+            lambda: Target(base_url=f"http://{name}.test:1", model="m", api_key=None, view=view)
+        )
+        self.mirror = LeaseMirror(self.node.redis, self.leases, lambda: self.node.lead.term)
+
+        async def release(req: ReleaseRequest) -> ReleaseReply:
+            self.leases.release(req.lease_id)
+            return ReleaseReply(ok=True)
+
+        self.replicas = Replicas(
+            self.leases,
+            self.node.lead,
+            self.mirror,
+            self.leases.acquire,
+            lambda req: self.leases.renew(req.lease_id),
+            release,
+            info=lambda: EngineInfo(state="ready", in_flight=self.leases.in_flight),
+        )
+        self.replicas.connect(requester(nc))
+        self.subs: list[Any] = []
+
+    async def serve_node(self) -> None:
+        handlers = {
+            "lease": (self.replicas.node_lease, LeaseRequest),
+            "renew": (self.replicas.node_renew, RenewRequest),
+            "release": (self.replicas.node_release, ReleaseRequest),
+            "info": (self.replicas.node_info, EngineInfoRequest),
+        }
+        for op, (handler, model) in handlers.items():
+
+            async def cb(msg: Any, handler: Any = handler, model: Any = model) -> None:
+                try:
+                    reply = await handler(model.model_validate_json(msg.data))
+                except LokiError as exc:
+                    reply = Lease(error=ErrorInfo(type=exc.type, message=str(exc)))
+                await msg.respond(reply.model_dump_json().encode())
+
+            name = self.node.lead.instance
+            self.subs.append(await self.nc.subscribe(subjects.engine_node(name, op), cb=cb))
+
+    async def close(self) -> None:
+        for sub in self.subs:
+            await sub.unsubscribe()
+        await self.replicas.close()
+        await self.leases.close()
+        await self.node.redis.aclose()
+
+
+async def supervisor_nats(nats_url: str) -> Any:
+    """A NATS connection as the supervisor's own user (its ACL: the node subjects)."""
+    return await nats.connect(
+        without_userinfo(nats_url),
+        user="engine-supervisor",
+        password=AUTH.creds.nats["engine-supervisor"],
+        inbox_prefix=inbox_prefix("engine-supervisor"),
+    )
+
+
+async def test_a_non_leader_forwards_lease_renew_release_and_info_to_the_leader(redis_db, nats_url):
+    nca, ncb = await supervisor_nats(nats_url), await supervisor_nats(nats_url)
+    a, b = Replica("a", redis_db, nca), Replica("b", redis_db, ncb)
+    try:
+        await a.serve_node()
+        await b.serve_node()
+        a.replicas.start()
+        await until(lambda: a.node.lead.granting, 3 * TTL)
+        b.replicas.start()
+        await until(lambda: b.node.lead.leader is not None, 3 * TTL)
+        term = a.node.lead.term
+        assert term is not None and b.node.lead.other_leader() == term
+
+        with pytest.raises(Conflict):  # a non-leader refuses what is forwarded to it
+            await b.replicas.node_lease(LeaseRequest(kind="main", wait_s=1))
+        lease = await b.replicas.lease(LeaseRequest(kind="main", conversation="c1", wait_s=5))
+        assert lease.base_url == "http://a.test:1" and list(a.leases.held) == [lease.lease_id]
+        assert b.leases.held == {} and b.leases.waiting == 0  # b queued nothing itself
+        assert (await b.replicas.renew(RenewRequest(lease_id=lease.lease_id))).error is None
+        assert a.leases.held[lease.lease_id].claimed
+        mirrored = await a.node.redis.hkeys(LEASES_KEY)
+        assert mirrored == [lease.lease_id.encode()]  # synced before the answer
+        info = await b.replicas.fresh_info()
+        assert (info.instance, info.leader, info.in_flight) == ("b", "a", 1)  # a's view
+        assert info.boot == f"epoch-{term.epoch}"
+        assert (await b.replicas.release(ReleaseRequest(lease_id=lease.lease_id))).ok
+        assert a.leases.held == {} and await a.node.redis.hlen(LEASES_KEY) == 0
+        assert b.replicas.forwarded == 3
+        # a renewal of a lease nobody holds is a real loss: not_found, relayed as is
+        gone = await b.replicas.renew(RenewRequest(lease_id=lease.lease_id))
+        assert gone.error is not None and gone.error.type == "not_found"
+
+        # a held lease survives a leaving leader: b takes over and keeps it
+        kept = await b.replicas.lease(LeaseRequest(kind="main", conversation="c2", wait_s=5))
+        await a.replicas.close()  # a planned stop: a resigns
+        await until(lambda: b.node.lead.granting, 3 * TTL)
+        assert list(b.leases.held) == [kept.lease_id]
+        assert (await b.replicas.renew(RenewRequest(lease_id=kept.lease_id))).error is None
+        info = await b.replicas.fresh_info()
+        assert info.leader == "b" and info.boot != f"epoch-{term.epoch}"
+    finally:
+        await a.close()
+        await b.close()
+        await nca.close()
+        await ncb.close()

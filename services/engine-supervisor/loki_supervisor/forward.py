@@ -10,9 +10,11 @@ answer.
   (:mod:`loki_shared.lease`) retries such an answer; only ``not_found`` loses a lease.
 - A forwarded request reaching an instance that no longer leads is answered ``conflict``
   ("not the leader") on the node subject, and the forwarder asks again.
-- ``loki.engine.info`` is answered by any instance with its own engine view, ``instance`` (its
-  id), ``leader`` and ``boot`` = the leader's epoch (the highest seen), so a lease waiter
-  whose leader died sees a new ``boot`` once the next one leads, and asks again.
+- ``loki.engine.info`` is answered by any instance: a non-leader asks the leader's
+  (``loki.engine.node.<leader>.info``, its leases and queues; its own view when the leader does
+  not answer within :data:`INFO_TIMEOUT_S`), with ``instance`` = its own id, ``leader`` and
+  ``boot`` = the leader's epoch (the highest seen), so a lease waiter whose leader died sees a
+  new ``boot`` once the next one leads, and asks again.
 
 The leader: on taking over it loads the mirrored leases (:mod:`.lease_mirror`) and grants; it
 syncs the mirror before answering every lease, renewal and release; stepping down it stops
@@ -35,6 +37,7 @@ from loki_shared import subjects
 from loki_shared.errors import Conflict, Unavailable
 from loki_shared.messages.engine import (
     EngineInfo,
+    EngineInfoRequest,
     Lease,
     LeaseRequest,
     ReleaseReply,
@@ -53,6 +56,8 @@ log = logging.getLogger("loki_supervisor.forward")
 CONTROL_WAIT_S = 4.0
 #: Added to a forwarded lease's ``wait_s`` for its NATS timeout (s).
 LEASE_MARGIN_S = 5.0
+#: How long a non-leader waits for the leader's info (s; under the lease waiters' 1 s check).
+INFO_TIMEOUT_S = 0.4
 #: The answer of an instance asked on its node subject while it does not lead.
 NOT_LEADER = "not the leader"
 
@@ -71,6 +76,7 @@ class Replicas:
             broker is connected, :meth:`connect`).
         lease, renew, release: the supervisor's own handlers (run while leading).
         api_key: the current key of a lease's endpoint (leases loaded from the mirror).
+        info: this instance's own :class:`EngineInfo` (the supervisor's view).
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class Replicas:
         renew: Callable[[RenewRequest], Lease],
         release: Callable[[ReleaseRequest], Awaitable[ReleaseReply]],
         api_key: Callable[[Lease], str | None] | None = None,
+        info: Callable[[], EngineInfo] = EngineInfo,
     ) -> None:
         self.leases = leases
         self.leadership = leadership
@@ -91,6 +98,7 @@ class Replicas:
         self._renew = renew
         self._release = release
         self._api_key = api_key
+        self._info = info
         self._request: Request | None = None
         self._paused = False
         self._syncer: asyncio.Task[None] | None = None
@@ -146,8 +154,8 @@ class Replicas:
         self.leases._waiting.clear()  # left to time out: their clients ask the new leader
 
     async def _sync(self) -> None:
-        try:
-            await self.mirror.sync()
+        try:  # bounded: a Redis that hangs delays an answer by a third of the leader TTL
+            await asyncio.wait_for(self.mirror.sync(), self.leadership.ttl_s / 3)
         except Fenced as exc:
             log.warning("lease mirror write refused: %s", exc)
         except Exception as exc:  # noqa: BLE001 - Redis away: the next sync writes it
@@ -197,12 +205,31 @@ class Replicas:
         info.boot = f"epoch-{self.leadership.epoch_seen}"
         return info
 
-    async def fresh_info(self, info: Callable[[], EngineInfo]) -> EngineInfo:
-        """:meth:`info` after reading the leader key (a non-leader's view is then as new as
-        Redis's)."""
-        if not self.leadership.is_leader:
-            await self.leadership.refresh()
-        return self.info(info())
+    async def fresh_info(self) -> EngineInfo:
+        """``loki.engine.info`` (queue group): the leader's view (this instance's own while it
+        leads, or when the leader does not answer), after reading the leader key (a
+        non-leader's ``leader`` and ``boot`` are as new as Redis's), through :meth:`info`."""
+        if self.leadership.granting:
+            return self.info(self._info())
+        await self.leadership.refresh(INFO_TIMEOUT_S)
+        leader = self.leadership.other_leader()
+        if leader is not None and self._request is not None:
+            subject = subjects.engine_node(leader.instance, "info")
+            try:
+                raw = await self._request(subject, b"{}", INFO_TIMEOUT_S)
+                reply = EngineInfo.model_validate_json(raw)
+            except Exception as exc:  # noqa: BLE001 - the leader is slow or gone: own view
+                log.debug("leader %s info not had: %s", leader.instance, type(exc).__name__)
+            else:
+                if reply.error is None:
+                    return self.info(reply)
+        return self.info(self._info())
+
+    async def node_info(self, _: EngineInfoRequest) -> EngineInfo:
+        """``loki.engine.node.<self>.info``: the leader's own view (``conflict`` when this
+        instance does not lead)."""
+        self._leading()
+        return self.info(self._info())
 
     # ------------------------------------------------------------------ here
     def _leading(self) -> None:
@@ -266,4 +293,4 @@ class Replicas:
             await self.leadership.wait_change(min(0.25, left))
 
 
-__all__ = ["CONTROL_WAIT_S", "NOT_LEADER", "Replicas"]
+__all__ = ["CONTROL_WAIT_S", "INFO_TIMEOUT_S", "NOT_LEADER", "Replicas"]

@@ -179,11 +179,12 @@ class Leadership:
                     self._resign(keys=[LEADER_KEY], args=[mine.value]), self.ttl_s / 3
                 )
 
-    async def refresh(self) -> Term | None:
-        """Read the leader key now (bounded by a third of the TTL); the known leader on a
-        failure."""
+    async def refresh(self, timeout: float | None = None) -> Term | None:
+        """Read the leader key now (bounded by ``timeout`` s, default a third of the TTL);
+        the known leader on a failure."""
         try:
-            raw = await asyncio.wait_for(self.redis.get(LEADER_KEY), self.ttl_s / 3)
+            bound = self.ttl_s / 3 if timeout is None else timeout
+            raw = await asyncio.wait_for(self.redis.get(LEADER_KEY), bound)
         except Exception as exc:  # noqa: BLE001 - Redis away: keep what is known
             log.debug("leader key not read: %s", type(exc).__name__)
             return self.leader

@@ -28,6 +28,7 @@ dropped. Their holders count as seen now (a late claim does not drop them).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -179,6 +180,7 @@ class LeaseMirror:
         self._written: dict[str, str] = {}  # lease id -> the JSON last written
         self._book_written = ""
         self._write = redis.register_script(_WRITE)
+        self._lock = asyncio.Lock()
         #: wall time minus monotonic time, taken once (stable records between two syncs)
         self.offset = time.time() - time.monotonic()
         self.writes = 0
@@ -210,12 +212,17 @@ class LeaseMirror:
     async def sync(self) -> bool:
         """Write what changed since the last write (nothing when nothing did).
 
-        Returns False when not leading (nothing written).
+        Returns False when not leading (nothing written). Syncs run one at a time (a release
+        written before the grant it follows would bring the lease back).
 
         Raises:
             Fenced: the term is no longer the leader key's value.
             redis.RedisError, OSError: Redis did not answer (retried at the next sync).
         """
+        async with self._lock:
+            return await self._sync()
+
+    async def _sync(self) -> bool:
         term = self.term()
         if term is None:
             return False

@@ -161,6 +161,7 @@ class Supervisor:
             self.renew,
             self.release,
             api_key=self._lease_api_key,
+            info=self.info,
         )
 
     def _lease_api_key(self, lease: Lease) -> str | None:
@@ -753,7 +754,7 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
 
     async def on_info(_: EngineInfoRequest) -> EngineInfo:
         if sup.replicas is not None:
-            return await sup.replicas.fresh_info(sup.info)
+            return await sup.replicas.fresh_info()
         info = sup.info()
         info.instance = sup.instance
         return info
@@ -777,6 +778,7 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
             ("lease", replicas.node_lease, LeaseRequest, Lease, 256),
             ("renew", replicas.node_renew, RenewRequest, Lease, 64),
             ("release", replicas.node_release, ReleaseRequest, ReleaseReply, 64),
+            ("info", replicas.node_info, EngineInfoRequest, EngineInfo, 16),
         ]
         for op, handler, req_type, reply_type, workers in node:
             subject = subjects.engine_node(sup.instance, op)
