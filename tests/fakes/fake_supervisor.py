@@ -15,8 +15,10 @@ from loki_shared import subjects
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.engine import (
     EngineInfo,
+    EngineSummary,
     Lease,
     LeaseRequest,
+    Placement,
     ReleaseReply,
     ReleaseRequest,
     RenewRequest,
@@ -63,6 +65,11 @@ class FakeSupervisor:
     slot_persist: dict[str, Any] | None = None  # what ``info`` says of SLOT_PERSIST
     extra_in_flight: int = 0  # requests ``info`` counts in flight beside the live leases
     silent_release: bool = False  # releases recorded, never answered (a supervisor away)
+    placement: Placement | None = None  # sent with every lease (several engines, issue 44)
+    engines: list[EngineSummary] = field(default_factory=list)  # what ``info`` lists
+    routing: str = ""  # what ``info`` says of the pool's policy
+    instance: str = ""  # what ``info`` says of this supervisor process
+    leader: str | None = None  # what ``info`` says of the replicas' leader
     requests: list[LeaseRequest] = field(default_factory=list)
     live: dict[str, LeaseRequest] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
@@ -90,6 +97,10 @@ class FakeSupervisor:
             slot_persist=self.slot_persist,
             in_flight=len(self.live) + self.extra_in_flight,
             template=self.template,
+            engines=self.engines,
+            routing=self.routing,
+            instance=self.instance,
+            leader=self.leader,
         )
 
     def lease(self, req: LeaseRequest) -> Lease:
@@ -113,6 +124,7 @@ class FakeSupervisor:
             vision=self.vision,
             max_tokens=self.max_tokens,
             verify=self.verify,
+            placement=self.placement,
         )
 
     def renew(self, req: RenewRequest) -> Lease:

@@ -34,15 +34,38 @@ WATCH_S = 1.0
 UNKNOWN: dict[str, Any] = {"state": "unknown"}
 
 
+def engine_body(info: EngineInfo) -> dict[str, Any]:
+    """The ``GET /api/engine`` body of ``info``: every field but ``error`` and ``api_key``;
+    with several engines (issue 44) ``engines`` (one ``EngineSummary`` each), ``routing``,
+    ``instance`` and ``leader`` pass through, each engine's ``base_url`` without user
+    information (a followed URL written ``http://user:secret@host``: the secret stays in
+    the supervisor)."""
+    body = info.model_dump(mode="json", exclude={"error", "api_key"})
+    for engine in body.get("engines") or []:
+        engine["base_url"] = without_userinfo(engine.get("base_url") or "")
+    return body
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` with any ``user:password@`` removed from its authority (unchanged else)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = authority.rsplit("@", 1)[1]
+    return f"{scheme}://{authority}{slash}{path}"
+
+
 async def read_info(bus: Bus) -> dict[str, Any]:
-    """The ``GET /api/engine`` body (EngineInfo without ``error`` and ``api_key``), or
-    :data:`UNKNOWN` when the supervisor does not answer."""
+    """The ``GET /api/engine`` body (:func:`engine_body`), or :data:`UNKNOWN` when the
+    supervisor does not answer."""
     try:
         info = await bus.request_ok(subjects.ENGINE_INFO, EngineInfoRequest(), EngineInfo)
     except (TimeoutError, LokiError) as exc:
         log.debug("engine info not read: %s", exc)
         return dict(UNKNOWN)
-    return info.model_dump(mode="json", exclude={"error", "api_key"})
+    return engine_body(info)
 
 
 async def engine_frames(bus: Bus, interval: float = WATCH_S) -> AsyncIterator[dict[str, Any]]:

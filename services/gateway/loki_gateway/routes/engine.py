@@ -3,7 +3,10 @@ like every ``/api`` route).
 
 - ``GET /api/engine`` → ``loki.engine.info``: state (starting/ready/failed/stopped), slots,
   per-slot ``n_ctx``, build, model, SIDE_SLOT verdict, launch notes, masked command line.
-  The engine's API key is never included.
+  The engine's API key is never included. With several engines (``LOKI_ENGINE_URLS``, issue
+  44): ``engines`` (id, group, state, model, slots with the conversation each last ran,
+  grants, moves in, restores; each ``base_url`` without user information), ``routing``,
+  ``instance`` and ``leader`` (:func:`loki_gateway.engine_watch.engine_body`).
 - ``GET /api/engine/events`` (SSE): the same body as ``event: engine`` at once and on each
   change (:mod:`loki_gateway.engine_watch`): what the web UI's engine pill follows.
 - ``GET /api/presets`` → ``{"presets": [...], "active": id}`` (external keys never in clear:
@@ -44,7 +47,7 @@ from loki_shared.messages.engine import (
 
 from ..bus import Bus
 from ..deps import get_bus
-from ..engine_watch import engine_frames
+from ..engine_watch import engine_body, engine_frames
 from ..errors import BadRequest
 
 router = APIRouter()
@@ -62,7 +65,7 @@ async def _presets(bus: Bus, req: PresetsRequest) -> PresetsReply:
 @router.get("/api/engine")
 async def engine_info(bus: Bus = Depends(get_bus)) -> dict:
     info = await bus.request_ok(subjects.ENGINE_INFO, EngineInfoRequest(), EngineInfo)
-    return info.model_dump(mode="json", exclude={"error", "api_key"})
+    return engine_body(info)
 
 
 @router.get(

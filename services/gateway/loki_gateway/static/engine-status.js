@@ -100,7 +100,53 @@ LokiChat.part((C, $, state) => {
       for (const n of info.notes || []) rows.push(n); // launch notes
     } else rows.push("The engine supervisor does not answer.");
     for (const r of rows) { const li = document.createElement("li"); li.textContent = r; det.appendChild(li); }
+    if (info && Array.isArray(info.engines) && info.engines.length) showPool(det, info);
     if (info) document.dispatchEvent(new CustomEvent("loki:engine", { detail: info })); // preset-editor.js
+  }
+
+  // Several engines (LOKI_ENGINE_URLS, issue 44): after the rows above, one line for the pool
+  // (how many engines, the routing policy, the supervisor granting leases) and one item per
+  // engine: id, group, state, model, slots busy/total, what it granted (grants, moves in,
+  // restores), and under it each slot with the conversation it last ran (a short id). Only
+  // when the supervisor lists engines: with one engine the details are as before.
+  function showPool(det, info) {
+    const head = document.createElement("li");
+    head.className = "engine-pool";
+    let text = "Engines: " + info.engines.length;
+    if (info.routing) text += " · routing " + info.routing;
+    if (info.leader) text += " · leader " + info.leader;
+    head.textContent = text;
+    det.appendChild(head);
+    for (const e of info.engines) det.appendChild(engineItem(e));
+  }
+
+  function engineItem(e) {
+    const li = document.createElement("li");
+    li.className = "engine-pool-engine";
+    li.dataset.engine = e.id;
+    const slots = Array.isArray(e.slots) ? e.slots : [];
+    const busy = slots.filter((s) => s.busy).length;
+    const model = e.model ? String(e.model).split("/").pop() : "";
+    const parts = [e.id + (e.group && e.group !== "default" ? " (" + e.group + ")" : ""), e.state || "unknown"];
+    if (model) parts.push(model);
+    parts.push("slots " + busy + "/" + (e.total_slots || slots.length) + " busy");
+    parts.push((e.grants || 0) + " grants, " + (e.moves_in || 0) + " moves in, " + (e.restores || 0) + " restores");
+    li.appendChild(document.createTextNode(parts.join(" · ")));
+    if (slots.length) {
+      const ul = document.createElement("ul");
+      for (const s of slots) {
+        const item = document.createElement("li");
+        item.className = "engine-pool-slot";
+        let line = "slot " + s.id_slot + ": " + (s.busy ? "busy" : "free");
+        if (s.waiting) line += ", " + s.waiting + " waiting";
+        if (s.conversation) line += " · " + String(s.conversation).slice(0, 8) + (s.prefix ? " (" + s.prefix + " messages)" : "");
+        if (s.saved) line += " · saved";
+        item.textContent = line;
+        ul.appendChild(item);
+      }
+      li.appendChild(ul);
+    }
+    return li;
   }
 
   // The sidebar's picker: what the switch did is said under it (never a modal alert); a

@@ -39,6 +39,7 @@ from fastapi import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import LeaseError, lease
 from loki_shared.messages.engine import Lease, LeaseRequest
 from loki_shared.perf_publish import build_record, publish_record
@@ -177,7 +178,11 @@ class Exchange(Response):
         try:
             async with lease(
                 state.bus.client,
-                LeaseRequest(kind="foreign", wait_s=state.settings.lease_wait_s),
+                LeaseRequest(
+                    kind="foreign",
+                    wait_s=state.settings.lease_wait_s,
+                    prompt_fingerprints=fingerprints(self._messages()),
+                ),
             ) as held:
                 outcome.lease = held.lease
                 await self._exchange(state.http, held.lease, send, outcome)
@@ -301,11 +306,17 @@ class Exchange(Response):
             payload = {**payload, "model": model_id(payload["model"])}
         await _send_json(send, status, payload)
 
+    def _messages(self) -> list[Any]:
+        """The client's ``messages`` (none for a body without that list): their fingerprints
+        go to the lease request (the cache-affinity key with several engines, issue 44) and
+        to the perf record."""
+        listed = self.request_body.get("messages")
+        return listed if isinstance(listed, list) else []
+
     def _publish(self, state: Any, outcome: _Outcome) -> None:
         """The perf record, published in the background (see the module docstring)."""
         assert outcome.lease is not None
-        listed = self.request_body.get("messages")
-        messages: list[Any] = listed if isinstance(listed, list) else []
+        messages = self._messages()
         figures = outcome.figures or StreamFigures()
         lease_ = outcome.lease
         record = build_record(
@@ -322,6 +333,7 @@ class Exchange(Response):
             total_ms=(time.monotonic() - outcome.started) * 1000.0,
             finish_reason=figures.finish_reason,
             cut=outcome.cut,
+            placement=lease_.placement,
         )
         tasks: set = state.background
         task = asyncio.create_task(publish_record(state.bus.client, record))
