@@ -94,7 +94,7 @@ class Plan:
     max_tokens: int = 12
 
 
-FULL = Plan(convs=8, turns=12, side_every=3, words=70)
+FULL = Plan(convs=8, turns=12, side_every=3, words=50)
 QUICK = Plan(convs=4, turns=4, side_every=2, words=40)
 
 
@@ -125,6 +125,7 @@ class Row:
     turn: int
     kind: str
     started: float = 0.0
+    granted: float | None = None
     ended: float | None = None
     engine: str | None = None
     base_url: str = ""
@@ -208,7 +209,8 @@ async def one_request(
     row.started = time.monotonic()
     try:
         async with engine_lease(nc, request, timeout=wait_s + 10) as held:
-            row.lease_s = time.monotonic() - row.started
+            row.granted = time.monotonic()
+            row.lease_s = row.granted - row.started
             lease = held.lease
             row.base_url, row.id_slot = lease.base_url, lease.id_slot
             if lease.placement is not None:
@@ -240,15 +242,18 @@ async def one_request(
 @dataclass
 class Session:
     """The driver: one task per conversation, turns in order within it, all conversations
-    at once. ``rows`` collects every request; ``messages[c]`` is conversation ``c`` so far
-    (the assistant's answers kept)."""
+    at once. ``tag`` names the conversations; ``rows`` collects every request;
+    ``messages[c]`` is conversation ``c`` so far (the assistant's answers kept)."""
 
     plan: Plan
+    tag: str = "bench"
     rows: list[Row] = field(default_factory=list)
     messages: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     def conversation_id(self, conv: int) -> str:
-        return f"bench-c{conv}"
+        """``<tag>-c<conv>``: each part its own conversations (no slot file of one part is
+        ever another's)."""
+        return f"{self.tag}-c{conv}"
 
     async def turn(self, nc: Any, client: httpx.AsyncClient, conv: int, turn: int) -> Row:
         """Conversation ``conv``'s turn ``turn`` (``main``), then its side task when due."""
@@ -335,11 +340,16 @@ def _side_apart(rows: list[Row], side: Row) -> bool:
 # --------------------------------------------------------------------------- processes
 @dataclass
 class Infra:
-    """NATS and Redis of the run (no ACL users), and a scratch directory ``root``."""
+    """NATS and Redis of the run (no ACL users), a scratch directory ``root`` and the
+    engines' shared ``--slot-save-path`` ``slot_dir`` (``root/slots``)."""
 
     root: Path
     nats: servers.RunningServer
     redis: servers.RunningServer
+
+    @property
+    def slot_dir(self) -> Path:
+        return self.root / "slots"
 
     @property
     def nats_url(self) -> str:
@@ -348,6 +358,15 @@ class Infra:
     @property
     def redis_url(self) -> str:
         return self.redis.url
+
+    def fresh(self, engines: list[EngineProc]) -> None:
+        """Start a part cold: Redis flushed, the slot files of earlier parts removed,
+        every slot of ``engines`` erased."""
+        self.flush_redis()
+        for path in self.slot_dir.iterdir():
+            path.unlink()
+        for e in engines:
+            e.erase_slots()
 
     def flush_redis(self) -> None:
         """Forget everything a previous part's supervisor stored (presets, leases, the
@@ -363,7 +382,8 @@ class Infra:
 
 @contextlib.contextmanager
 def infra(root: Path) -> Iterator[Infra]:
-    """Start NATS and Redis under ``root``; stopped on exit."""
+    """Start NATS and Redis under ``root`` (and make ``root/slots``); stopped on exit."""
+    (root / "slots").mkdir(parents=True, exist_ok=True)
     nats_server = servers.start_nats(root / "nats")
     try:
         redis_server = servers.start_redis(root / "redis")
@@ -523,35 +543,50 @@ async def wait_ready(
     raise _common.BenchError(f"supervisor not ready in {timeout:.0f} s (last: {state})")
 
 
-def pool_present() -> str | None:
-    """None when this tree's supervisor has pool mode (``LOKI_ENGINE_URLS`` followed);
-    else why not (the part is then reported as not run)."""
+def _supervisor_source() -> str:
+    """The text of the supervisor package's modules (where a helper's part is wired in)."""
     import importlib.util
 
-    if importlib.util.find_spec("loki_supervisor.engine_pool") is None:
-        return "pool mode (loki_supervisor.engine_pool) is not in this tree"
+    spec = importlib.util.find_spec("loki_supervisor")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    return "\n".join(p.read_text() for p in sorted(folder.glob("*.py")) if p.name != "settings.py")
+
+
+def pool_present() -> str | None:
+    """None when this tree's supervisor follows ``LOKI_ENGINE_URLS`` as a pool; else why
+    not (the parts that need it are then reported as not run)."""
+    if "settings.engine_urls" not in _supervisor_source():
+        return "pool mode (LOKI_ENGINE_URLS) is not wired into the supervisor in this tree"
     return None
 
 
 def replicas_present() -> str | None:
-    """None when replicated supervisors exist in this tree; else why not."""
-    import importlib.util
-
-    if importlib.util.find_spec("loki_supervisor.leadership") is None:
-        return "replicated supervisors (loki_supervisor.leadership) are not in this tree"
+    """None when replicated supervisors (``LOKI_SUPERVISOR_REPLICATED``) are wired in this
+    tree; else why not."""
+    if "settings.supervisor_replicated" not in _supervisor_source():
+        return "replicated supervisors (LOKI_SUPERVISOR_REPLICATED) are not wired in this tree"
     return pool_present()
 
 
 def transfer_present() -> str | None:
-    """None when slot transfer exists in this tree; else why not."""
-    import importlib.util
-
-    if importlib.util.find_spec("loki_supervisor.slot_transfer") is None:
-        return "slot transfer (loki_supervisor.slot_transfer) is not in this tree"
+    """None when slot transfer (``LOKI_ENGINE_SLOT_DIR``) is wired in this tree; else why
+    not."""
+    if "engine_slot_dir" not in _supervisor_source():
+        return "slot transfer (LOKI_ENGINE_SLOT_DIR) is not wired in this tree"
     return pool_present()
 
 
 # --------------------------------------------------------------------------- parts
+#: Part (f): lease requests made up to this many seconds after the leader's kill count
+#: towards the pause it caused (the leader's key lives 3 s unrenewed by default).
+PAUSE_WINDOW_S = 10.0
+#: Part (f): seconds the session may run on after the kill; a request still running then is
+#: a turn without an end.
+KILL_DEADLINE_S = 300.0
+
+
 def run_session(
     ifr: Infra,
     label: str,
@@ -562,9 +597,7 @@ def run_session(
 ) -> dict[str, Any]:
     """One supervisor with ``env`` (pool of ``engines`` when ``pool``), the whole session
     through it; returns its rows, summary, wall time and the supervisor's ``info``."""
-    ifr.flush_redis()
-    for e in engines:
-        e.erase_slots()
+    ifr.fresh(engines)
     sup = start_supervisor(ifr, ifr.root / label, env)
     try:
 
@@ -572,7 +605,7 @@ def run_session(
             nc = await nats.connect(ifr.nats_url)
             try:
                 await wait_ready(nc, [sup], len(engines) if pool else 0)
-                session = Session(plan)
+                session = Session(plan, label)
                 t0 = time.monotonic()
                 await session.play(nc, range(plan.turns))
                 wall = time.monotonic() - t0
@@ -590,7 +623,9 @@ def run_session(
             finally:
                 await nc.drain()
 
-        return asyncio.run(go())
+        out = asyncio.run(go())
+        out["slot_files"] = sum(1 for _ in ifr.slot_dir.iterdir())  # left by this part
+        return out
     finally:
         stop_process(sup)
 
@@ -599,7 +634,7 @@ def _row_dict(row: Row) -> dict[str, Any]:
     d = dict(row.__dict__)
     d.pop("text", None)
     d.pop("base_url", None)
-    for key in ("started", "ended"):
+    for key in ("started", "granted", "ended"):
         d.pop(key, None)
     return d
 
@@ -618,9 +653,7 @@ def forced_move(
     ready, conversation 0 plays its last turn, which lands on the other engine. Returns
     that turn's row, the turn before it, and the killed engine's name. The killed engine is
     NOT restarted here (the caller does)."""
-    ifr.flush_redis()
-    for e in engines:
-        e.erase_slots()
+    ifr.fresh(engines)
     env = pool_env(engines, "affine", slot_dir)
     sup = start_supervisor(ifr, ifr.root / label, env)
     small = Plan(convs=2, turns=plan.turns, side_every=0, words=plan.words)
@@ -630,7 +663,7 @@ def forced_move(
             nc = await nats.connect(ifr.nats_url)
             try:
                 await wait_ready(nc, [sup], len(engines))
-                session = Session(small)
+                session = Session(small, label)
                 await session.play(nc, range(small.turns - 1))
                 before = [r for r in session.rows if r.conv == 0][-1]
                 victim = next(
@@ -655,7 +688,9 @@ def forced_move(
             finally:
                 await nc.drain()
 
-        return asyncio.run(go())
+        out = asyncio.run(go())
+        out["slot_files"] = sum(1 for _ in ifr.slot_dir.iterdir())  # left by this part
+        return out
     finally:
         stop_process(sup)
 
@@ -681,25 +716,31 @@ def supervisor_kill(
     Returns turns planned/ended/lost (a request that failed)/without an end (still running
     at the deadline), the longest lease wait of the turns that asked across the kill, the
     leaders before and after."""
-    ifr.flush_redis()
-    for e in engines:
-        e.erase_slots()
+    ifr.fresh(engines)
     env = {**pool_env(engines, "affine", slot_dir), "LOKI_SUPERVISOR_REPLICATED": "true"}
-    procs = [start_supervisor(ifr, ifr.root / f"replica{i}", env) for i in range(2)]
+    procs: list[subprocess.Popen[bytes]] = []
     try:
 
         async def go() -> dict[str, Any]:
             nc = await nats.connect(ifr.nats_url)
             try:
-                first = await wait_ready(nc, procs, len(engines))
+                # the first instance alone: it takes the leader key, so the leader's process
+                # is known without reading any process's id out of the supervisor
+                procs.append(start_supervisor(ifr, ifr.root / "replica0", env))
+                alone = await wait_ready(nc, procs, len(engines))
                 leader = await _leader(nc, 30)
-                victim = _process_of(leader, procs) if leader else None
-                if victim is None:
+                if leader != alone.instance:
                     raise _common.BenchError(
-                        f"cannot tell the leader's process (leader {leader!r}, "
-                        f"instance {first.instance!r})"
+                        f"the only instance {alone.instance!r} is not the leader ({leader!r})"
                     )
-                session = Session(plan)
+                procs.append(start_supervisor(ifr, ifr.root / "replica1", env))
+                seen = await _instances(nc, procs, 2, 60)
+                if leader is None or len(seen) < 2:
+                    raise _common.BenchError(
+                        f"replicas not both up (leader {leader!r}, instances seen {seen})"
+                    )
+                victim = procs[0]
+                session = Session(plan, "kill")
                 planned = plan.convs * plan.turns
                 player = asyncio.create_task(session.play(nc, range(plan.turns)))
                 while sum(r.ended is not None for r in session.rows if r.kind == "main") < (
@@ -710,19 +751,34 @@ def supervisor_kill(
                     await asyncio.sleep(0.1)
                 t_kill = time.monotonic()
                 os.kill(victim.pid, signal.SIGKILL)
+                # a probe asking at the kill: how long a lease request waits for the new
+                # leader (it holds nothing: released at once)
+                probe = Row(-1, -1, "bench")
+                async with httpx.AsyncClient(timeout=30) as client:
+                    await _probe_lease(nc, client, probe)
                 victim.wait(10)
-                deadline = 600.0
-                done, _ = await asyncio.wait({player}, timeout=deadline)
+                done, _ = await asyncio.wait({player}, timeout=KILL_DEADLINE_S)
                 if not done:
                     player.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await player
                 after = await _leader(nc, 30)
                 main = [r for r in session.rows if r.kind == "main"]
-                across = [
+                # requests in flight at the kill (asked, not yet ended), and those waiting for
+                # a grant at the kill or asking within PAUSE_WINDOW_S after it
+                in_flight = [
                     r
                     for r in session.rows
                     if r.started <= t_kill and (r.ended is None or r.ended >= t_kill)
+                ]
+                across = [
+                    r
+                    for r in session.rows
+                    if r.started <= t_kill + PAUSE_WINDOW_S
+                    and (r.granted is None or r.granted >= t_kill)
+                ]
+                grants_after = [
+                    r.granted - t_kill for r in session.rows if r.granted and r.granted >= t_kill
                 ]
                 waits = [r.lease_s for r in session.rows if r.lease_s is not None]
                 return {
@@ -736,9 +792,16 @@ def supervisor_kill(
                     "killed_at_turns_ended": sum(
                         r.ended is not None and r.ended < t_kill for r in main
                     ),
-                    "across_kill": len(across),
-                    "pause_s": round(max((r.lease_s or 0.0) for r in across), 3)
+                    "in_flight_at_kill": len(in_flight),
+                    "in_flight_ended": sum(r.ended is not None for r in in_flight),
+                    "probe_lease_s": None if probe.lease_s is None else round(probe.lease_s, 3),
+                    "probe_error": probe.error,
+                    "asked_across_kill": len(across),
+                    "lease_s_max_across_kill": round(max((r.lease_s or 0.0) for r in across), 3)
                     if across
+                    else None,
+                    "first_grant_after_kill_s": round(min(grants_after), 3)
+                    if grants_after
                     else None,
                     "lease_s_median": round(statistics.median(waits), 3) if waits else None,
                     "leader_before": leader,
@@ -748,10 +811,48 @@ def supervisor_kill(
             finally:
                 await nc.drain()
 
-        return asyncio.run(go())
+        out = asyncio.run(go())
+        out["slot_files"] = sum(1 for _ in ifr.slot_dir.iterdir())  # left by this part
+        return out
     finally:
         for p in procs:
             stop_process(p)
+
+
+async def _probe_lease(nc: Any, client: httpx.AsyncClient, row: Row) -> None:
+    """Lease (kind ``bench``, no conversation) and release at once, timing the grant in
+    ``row`` (``lease_s``; ``error`` when none came)."""
+    row.started = time.monotonic()
+    try:
+        async with engine_lease(nc, LeaseRequest(kind="bench", wait_s=60), timeout=70):
+            row.granted = time.monotonic()
+            row.lease_s = row.granted - row.started
+        row.ended = time.monotonic()
+    except (LeaseError, LeaseStopped) as exc:
+        row.error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+async def _instances(
+    nc: Any, procs: list[subprocess.Popen[bytes]], want: int, timeout: float
+) -> list[str]:
+    """The instance ids seen answering ``loki.engine.info`` (asked until ``want`` distinct
+    ones answered or ``timeout`` s passed).
+
+    Raises:
+        bench._common.BenchError: a supervisor exited.
+    """
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(seen) < want and time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise _common.BenchError(f"supervisor exited with {p.returncode}")
+        with contextlib.suppress(nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            now = await info(nc)
+            if now.instance and now.instance not in seen and now.state == "ready":
+                seen.append(now.instance)
+        await asyncio.sleep(0.1)
+    return seen
 
 
 async def _leader(nc: Any, timeout: float) -> str | None:
@@ -766,23 +867,45 @@ async def _leader(nc: Any, timeout: float) -> str | None:
     return None
 
 
-def _process_of(
-    instance: str, procs: list[subprocess.Popen[bytes]]
-) -> subprocess.Popen[bytes] | None:
-    """The process whose pid the instance id names (``...-<pid>`` or ``...:<pid>``, the id
-    leadership gives an instance), None when no pid of ``procs`` appears in it."""
-    import re
-
-    numbers = {int(n) for n in re.findall(r"\d+", instance)}
-    for p in procs:
-        if p.pid in numbers:
-            return p
-    return None
-
-
 # --------------------------------------------------------------------------- the run
 def not_run(why: str) -> dict[str, Any]:
     return {"not_run": why}
+
+
+#: Every part, in run order. ``LOKI_BENCH_ENGINES_PARTS=affine,move`` runs only those whose
+#: name starts with one of the words (the others say "not run: not selected"): a by-hand run.
+PARTS = [
+    "baseline",
+    "affine",
+    "round_robin",
+    "least_busy",
+    "move_with_transfer",
+    "move_without",
+    "supervisor_kill",
+]
+
+
+def _selected(name: str) -> bool:
+    words = [w for w in os.environ.get("LOKI_BENCH_ENGINES_PARTS", "").split(",") if w.strip()]
+    return not words or any(name.startswith(w.strip()) for w in words)
+
+
+def _part(name: str, why: str | None, fn: Any, *args: Any) -> dict[str, Any]:
+    """``fn(*args)``, or ``not_run`` with why it was not run or how it failed (a failure of
+    one part never hides the others' figures)."""
+    if not _selected(name):
+        return not_run("not selected (LOKI_BENCH_ENGINES_PARTS)")
+    if why is not None:
+        return not_run(why)
+    print(f"[engines] {name} ...", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    try:
+        out: dict[str, Any] = fn(*args)
+    except (_common.BenchError, servers.ServerStartError, OSError) as exc:
+        return not_run(f"failed: {type(exc).__name__}: {exc}"[:400])
+    out["part_s"] = round(time.monotonic() - t0, 1)
+    print(f"[engines] {name}: {out['part_s']} s", file=sys.stderr, flush=True)
+    return out
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -794,20 +917,21 @@ def run(quick: bool) -> dict[str, Any]:
     build: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="loki-engines-") as tmp:
         root = Path(tmp)
-        slot_dir = root / "slots"
-        slot_dir.mkdir()
         with infra(root) as ifr:
+            slot_dir = ifr.slot_dir
             # (a) the same session on one engine with a slot per conversation and more
             one = start_engine("e0", plan.convs + 2, slot_dir, flags)
-            try:
+            try:  # started even when (a) is not selected: its /props are the engine facts
                 build = _common.engine_build(one.url)
                 if pool_why is None:
-                    parts["baseline"] = run_session(
-                        ifr, "baseline", pool_env([one], "affine", slot_dir), [one], plan
+                    env = pool_env([one], "affine", slot_dir)
+                    parts["baseline"] = _part(
+                        "baseline", None, run_session, ifr, "baseline", env, [one], plan
                     )
                 else:  # the harness still runs: one engine followed, the engine picks slots
-                    parts["baseline"] = run_session(
-                        ifr, "baseline", {"LOKI_ENGINE_URL": one.url}, [one], plan, pool=False
+                    env = {"LOKI_ENGINE_URL": one.url}
+                    parts["baseline"] = _part(
+                        "baseline", None, run_session, ifr, "baseline", env, [one], plan, False
                     )
                     parts["baseline"]["mode"] = "LOKI_ENGINE_URL (no pool in this tree)"
             finally:
@@ -816,43 +940,34 @@ def run(quick: bool) -> dict[str, Any]:
             pair = [start_engine(f"e{i + 1}", per, slot_dir, flags) for i in range(2)]
             try:
                 for routing in ("affine", "round_robin", "least_busy"):
-                    if pool_why is not None:
-                        parts[routing] = not_run(pool_why)
-                        continue
-                    parts[routing] = run_session(
-                        ifr, routing, pool_env(pair, routing, slot_dir), pair, plan
+                    env = pool_env(pair, routing, slot_dir)
+                    parts[routing] = _part(
+                        routing, pool_why, run_session, ifr, routing, env, pair, plan
                     )
                 # (e) forced move, with and without slot transfer
                 why = transfer_present()
                 for label, sdir in (("move_with_transfer", slot_dir), ("move_without", None)):
-                    if why is not None:
-                        parts[label] = not_run(why)
-                        continue
-                    try:
-                        parts[label] = forced_move(ifr, label, pair, sdir, plan)
-                    except _common.BenchError as exc:
-                        parts[label] = not_run(f"failed: {exc}")
+                    parts[label] = _part(label, why, forced_move, ifr, label, pair, sdir, plan)
                     pair = _restart_dead(pair, slot_dir, flags)
-                # (f) a supervisor killed mid-session
-                why = replicas_present()
-                if why is not None:
-                    parts["supervisor_kill"] = not_run(why)
-                else:
-                    small = Plan(
-                        convs=max(2, plan.convs // 2),
-                        turns=max(3, plan.turns // 2),
-                        side_every=plan.side_every,
-                        words=plan.words,
-                    )
-                    try:
-                        parts["supervisor_kill"] = supervisor_kill(ifr, pair, slot_dir, small)
-                    except _common.BenchError as exc:
-                        parts["supervisor_kill"] = not_run(f"failed: {exc}")
+                # (f) a supervisor killed mid-session (a smaller session)
+                small = Plan(
+                    convs=max(2, plan.convs // 2),
+                    turns=max(3, plan.turns // 2),
+                    side_every=plan.side_every,
+                    words=plan.words,
+                )
+                parts["supervisor_kill"] = _part(
+                    "supervisor_kill",
+                    replicas_present(),
+                    supervisor_kill,
+                    ifr,
+                    pair,
+                    slot_dir,
+                    small,
+                )
             finally:
                 for e in pair:
                     e.stop()
-        files = sorted(p.name for p in slot_dir.iterdir())
-    parts["slot_files"] = len(files)
     return report(plan, parts, flags, round(time.monotonic() - t_start, 1), build)
 
 
@@ -946,7 +1061,7 @@ def report(
     ):
         part = parts.get(key) or not_run("not reached")
         if "not_run" in part:
-            move_rows.append([title, f"not run: {part['not_run']}"] + [None] * 5)
+            move_rows.append([title, f"not run: {part['not_run']}"] + [None] * 6)
             continue
         m, b = part["moved"], part["before"]
         move_rows.append(
@@ -957,6 +1072,7 @@ def report(
                 m["cache_n"],
                 m["prompt_ms"],
                 m["ttft_s"],
+                None if m["lease_s"] is None else round(m["lease_s"] + (m["ttft_s"] or 0), 3),
                 f"{b['prompt_n']} / {b['prompt_ms']} ms",
             ]
         )
@@ -969,23 +1085,28 @@ def report(
             "cache_n",
             "prompt_ms",
             "TTFT s",
+            "lease + TTFT s",
             "turn before: prompt_n / prompt_ms",
         ],
         move_rows,
         notes="two conversations; the engine of conversation 0 gets SIGKILL a few seconds "
-        "after its turn (after the idle save), then its next turn is leased.",
+        "after its turn (after the idle save), then its next turn is leased. TTFT counts from "
+        "the completion request; lease + TTFT also counts the grant, which waits for the "
+        "restore.",
     )
     kill = parts.get("supervisor_kill") or not_run("not reached")
     if "not_run" in kill:
-        kill_rows = [["not run: " + kill["not_run"]] + [None] * 6]
+        kill_rows = [["not run: " + kill["not_run"]] + [None] * 8]
     else:
         kill_rows = [
             [
                 f"{kill['planned_turns']} turns, leader killed after {kill['killed_at_turns_ended']}",
                 kill["main_turns_ended"],
+                f"{kill['in_flight_ended']} of {kill['in_flight_at_kill']}",
                 kill["lost"],
                 kill["without_end"],
-                kill["pause_s"],
+                kill["probe_lease_s"],
+                kill["lease_s_max_across_kill"],
                 kill["lease_s_median"],
                 f"{kill['leader_before']} → {kill['leader_after']}",
             ]
@@ -995,9 +1116,11 @@ def report(
         [
             "session",
             "main turns ended",
+            "in flight at the kill: ended",
             "lost",
             "without an end",
-            "pause s (longest lease wait across the kill)",
+            "pause s (a lease asked at the kill)",
+            "longest lease wait s, asked ≤ 10 s after the kill",
             "lease wait s median",
             "leader",
         ],
@@ -1030,8 +1153,10 @@ def report(
             issue="44",
         ),
         _common.target(
-            "supervisor kill: requests lost + without an end",
-            None if "not_run" in kill else kill["lost"] + kill["without_end"],
+            "supervisor kill: requests lost + without an end + never asked",
+            None
+            if "not_run" in kill
+            else kill["lost"] + kill["without_end"] + kill["turns_missing"],
             "<=",
             0,
             issue="44",

@@ -85,11 +85,8 @@ def run_root() -> Iterator[tuple[eb.Infra, Path]]:
     except servers.ServerNotFound as exc:
         pytest.fail(f"the real engine is needed: {exc}")
     with tempfile.TemporaryDirectory(prefix="loki-engines-test-") as tmp:
-        root = Path(tmp)
-        slot_dir = root / "slots"
-        slot_dir.mkdir()
-        with eb.infra(root) as ifr:
-            yield ifr, slot_dir
+        with eb.infra(Path(tmp)) as ifr:
+            yield ifr, ifr.slot_dir
 
 
 def test_session_through_one_followed_engine(run_root: tuple[eb.Infra, Path]) -> None:
@@ -114,3 +111,32 @@ def test_session_through_one_followed_engine(run_root: tuple[eb.Infra, Path]) ->
         assert second["cache_n"] >= first["prompt_n"] // 2, (first, second)
     s = out["summary"]
     assert s["failed"] == 0 and 0 < s["main_ratio"] < 1
+
+
+def test_session_through_a_pool_of_two_engines(run_root: tuple[eb.Infra, Path]) -> None:
+    """The driver through pool mode (``LOKI_ENGINE_URLS``, affine): every grant names its
+    engine and slot; a conversation's second turn goes back to its slot and reuses its
+    prompt; a side task runs on the other engine; the two conversations start apart."""
+    ifr, slot_dir = run_root
+    pair = [eb.start_engine(f"e{i + 1}", 2, slot_dir, eb.engine_flags()) for i in range(2)]
+    try:
+        out = eb.run_session(
+            ifr, "pool", eb.pool_env(pair, "affine", slot_dir), pair, TINY, pool=True
+        )
+    finally:
+        for e in pair:
+            e.stop()
+    rows = out["rows"]
+    assert all(r["error"] is None for r in rows), rows
+    assert all(r["engine"] in ("e1", "e2") and r["id_slot"] is not None for r in rows)
+    main = [r for r in rows if r["kind"] == "main"]
+    assert {r["engine"] for r in main if r["turn"] == 0} == {"e1", "e2"}  # least loaded
+    for conv in (0, 1):
+        first, second = (r for r in main if r["conv"] == conv)
+        assert first["reason"] == "new" and second["reason"] == "affine"
+        assert (second["engine"], second["id_slot"]) == (first["engine"], first["id_slot"])
+        assert second["cache_n"] >= first["prompt_n"] // 2, (first, second)
+        task = next(r for r in rows if r["kind"] == "task" and r["conv"] == conv)
+        assert task["reason"] == "apart" and task["engine"] != second["engine"]
+    assert out["routing"] == "affine"
+    assert sorted(e["id"] for e in out["engines"]) == ["e1", "e2"]
