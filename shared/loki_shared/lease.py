@@ -17,7 +17,9 @@ Protocol (the supervisor's side is ``loki_supervisor.lease_book``; messages in
 3. on leaving the ``async with``, whatever the way out — the body returned, raised, or was
    cancelled (a client gone, a stop) — ``loki.engine.release`` is sent once, with the
    ``prompt_tokens`` / ``cached_tokens`` given to :meth:`EngineLease.report`. A release that
-   cannot be sent is logged: the lease expires by itself after ``ttl_s``.
+   cannot be sent is logged: the lease expires by itself after ``ttl_s``. A release answered
+   ``unavailable`` (replicated supervisors without a leader for a moment) is asked again
+   every :data:`RELEASE_RETRY_S` within the lease's ``ttl_s``.
 
 A task cancelled while it waits for the lease does not leave a lease behind: when the
 supervisor grants it after the waiter gave up, it is released at once.
@@ -76,6 +78,8 @@ RENEW_FRACTION = 1 / 3
 CLAIM_RETRY_S = 0.25
 #: NATS timeout of a renew or release request (s).
 CONTROL_TIMEOUT_S = 5.0
+#: Pause before a release answered ``unavailable`` (no leader yet) is asked again (s).
+RELEASE_RETRY_S = 0.25
 #: Seconds of waiting for a grant before the waiter first checks that its supervisor lives.
 ORPHAN_FIRST_S = 0.5
 #: Seconds between two of those checks (``loki.engine.info``) while the waiter waits.
@@ -365,13 +369,23 @@ class EngineLease:
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,
         )
-        try:
-            reply = ReleaseReply.model_validate_json(
-                await self._request(subjects.ENGINE_RELEASE, _encode(req), CONTROL_TIMEOUT_S)
-            )
-        except Exception as exc:  # noqa: BLE001 - the lease expires by itself
-            log.warning("lease %s not released (%s)", lease_id, type(exc).__name__)
-            return False
+        loop = asyncio.get_running_loop()
+        ttl = self._lease.ttl_s if self._lease is not None else 0.0
+        deadline = loop.time() + max(CONTROL_TIMEOUT_S, ttl)
+        while True:
+            try:
+                reply = ReleaseReply.model_validate_json(
+                    await self._request(subjects.ENGINE_RELEASE, _encode(req), CONTROL_TIMEOUT_S)
+                )
+            except Exception as exc:  # noqa: BLE001 - the lease expires by itself
+                log.warning("lease %s not released (%s)", lease_id, type(exc).__name__)
+                return False
+            retry = reply.error is not None and reply.error.type == "unavailable"
+            if not retry or loop.time() + RELEASE_RETRY_S >= deadline:
+                break
+            # no supervisor leads right now (replicated supervisors changing leader): the
+            # release is asked again within the lease's TTL, so the slot is freed at once
+            await asyncio.sleep(RELEASE_RETRY_S)
         self.release_reply = reply
         if reply.error is not None:
             log.info("lease %s release: %s", lease_id, reply.error.message)
