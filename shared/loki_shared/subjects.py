@@ -214,8 +214,8 @@ ENGINE_BENCH = _exchange("loki.engine.bench", engine.BenchRequest, engine.BenchR
 # the launch search
 ENGINE_OPTIMISE = _exchange("loki.engine.optimise", engine.OptimiseRequest, engine.OptimiseReply)
 # replicated supervisors (LOKI_SUPERVISOR_REPLICATED): a non-leader forwards lease, renew,
-# release and info to the leader's own subject (no queue group; same request and reply types
-# as the queue group's subject of the op)
+# release, info and presets to the leader's own subject (no queue group; same request and
+# reply types as the queue group's subject of the op)
 ENGINE_NODE_PREFIX = "loki.engine.node"  # + ".<instance>.<op>"
 #: The ops forwarded to the leader, with the queue group subject each one mirrors.
 ENGINE_NODE_OPS = {
@@ -223,12 +223,13 @@ ENGINE_NODE_OPS = {
     "renew": ENGINE_RENEW,
     "release": ENGINE_RELEASE,
     "info": ENGINE_INFO,
+    "presets": ENGINE_PRESETS,
 }
 
 
 def engine_node(instance: str, op: str) -> str:
     """Subject where supervisor ``instance`` serves ``op`` (``lease``, ``renew``, ``release``,
-    ``info``) forwarded by another instance while it leads
+    ``info``, ``presets``) forwarded by another instance while it leads
     (``loki.engine.node.<instance>.<op>``).
 
     Raises:

@@ -26,6 +26,8 @@ from loki_shared.messages.engine import (
     EngineInfoRequest,
     Lease,
     LeaseRequest,
+    PresetsReply,
+    PresetsRequest,
     ReleaseReply,
     ReleaseRequest,
     RenewRequest,
@@ -281,7 +283,7 @@ async def test_two_supervisors_a_held_lease_and_a_waiter_survive_the_leader_kill
 def test_engine_node_subjects() -> None:
     assert subjects.engine_node("ab12", "lease") == "loki.engine.node.ab12.lease"
     assert subjects.engine_node("ab12", "info") == "loki.engine.node.ab12.info"
-    for instance, op in (("a.b", "lease"), ("", "renew"), ("a", "presets"), ("a*", "info")):
+    for instance, op in (("a.b", "lease"), ("", "renew"), ("a", "bench"), ("a*", "info")):
         with pytest.raises(ValueError):
             subjects.engine_node(instance, op)
 
@@ -311,9 +313,18 @@ class Replica:
             lambda req: self.leases.renew(req.lease_id),
             release,
             info=lambda: EngineInfo(state="ready", in_flight=self.leases.in_flight),
+            presets=self.presets,
+            on_lead=self.lead,
         )
+        self.led = 0
         self.replicas.connect(requester(nc))
         self.subs: list[Any] = []
+
+    async def presets(self, req: PresetsRequest) -> PresetsReply:
+        return PresetsReply(active=self.node.lead.instance)  # who served it
+
+    async def lead(self) -> None:
+        self.led += 1
 
     async def serve_node(self) -> None:
         handlers = {
@@ -321,6 +332,7 @@ class Replica:
             "renew": (self.replicas.node_renew, RenewRequest),
             "release": (self.replicas.node_release, ReleaseRequest),
             "info": (self.replicas.node_info, EngineInfoRequest),
+            "presets": (self.replicas.node_presets, PresetsRequest),
         }
         for op, (handler, model) in handlers.items():
 
@@ -380,6 +392,8 @@ async def test_a_non_leader_forwards_lease_renew_release_and_info_to_the_leader(
         assert (await b.replicas.release(ReleaseRequest(lease_id=lease.lease_id))).ok
         assert a.leases.held == {} and await a.node.redis.hlen(LEASES_KEY) == 0
         assert b.replicas.forwarded == 3
+        assert (await b.replicas.presets(PresetsRequest(action="list"))).active == "a"
+        assert (a.led, b.led) == (1, 0)  # on_lead ran once, in the leader
         # a renewal of a lease nobody holds is a real loss: not_found, relayed as is
         gone = await b.replicas.renew(RenewRequest(lease_id=lease.lease_id))
         assert gone.error is not None and gone.error.type == "not_found"
@@ -392,6 +406,8 @@ async def test_a_non_leader_forwards_lease_renew_release_and_info_to_the_leader(
         assert (await b.replicas.renew(RenewRequest(lease_id=kept.lease_id))).error is None
         info = await b.replicas.fresh_info()
         assert info.leader == "b" and info.boot != f"epoch-{term.epoch}"
+        assert (await b.replicas.presets(PresetsRequest(action="list"))).active == "b"
+        assert b.led == 1
     finally:
         await a.close()
         await b.close()

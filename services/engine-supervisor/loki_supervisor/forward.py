@@ -8,6 +8,9 @@ answer.
   for the next leader, within its own budget (``wait_s`` for a lease, :data:`CONTROL_WAIT_S`
   for a renewal or a release), then is answered ``unavailable``. The client's renew loop
   (:mod:`loki_shared.lease`) retries such an answer; only ``not_found`` loses a lease.
+- ``loki.engine.presets`` is forwarded the same way (the leader applies a saved or switched
+  preset to the engines it grants); an instance that becomes the leader applies the active
+  preset first when it differs from the one it runs (``on_lead``).
 - A forwarded request reaching an instance that no longer leads is answered ``conflict``
   ("not the leader") on the node subject, and the forwarder asks again.
 - ``loki.engine.info`` is answered by any instance: a non-leader asks the leader's
@@ -40,6 +43,8 @@ from loki_shared.messages.engine import (
     EngineInfoRequest,
     Lease,
     LeaseRequest,
+    PresetsReply,
+    PresetsRequest,
     ReleaseReply,
     ReleaseRequest,
     RenewRequest,
@@ -56,6 +61,10 @@ log = logging.getLogger("loki_supervisor.forward")
 CONTROL_WAIT_S = 4.0
 #: Added to a forwarded lease's ``wait_s`` for its NATS timeout (s).
 LEASE_MARGIN_S = 5.0
+#: How long a presets request waits for a leader (s); its answer may take 6 s more (a
+#: preview reads the launch facts): under the gateway's 15 s.
+PRESETS_WAIT_S = 8.0
+_MARGIN_S = {"lease": LEASE_MARGIN_S, "presets": 6.0}
 #: How long a non-leader waits for the leader's info (s; under the lease waiters' 1 s check).
 INFO_TIMEOUT_S = 0.4
 #: The answer of an instance asked on its node subject while it does not lead.
@@ -77,6 +86,9 @@ class Replicas:
         lease, renew, release: the supervisor's own handlers (run while leading).
         api_key: the current key of a lease's endpoint (leases loaded from the mirror).
         info: this instance's own :class:`EngineInfo` (the supervisor's view).
+        presets: the supervisor's ``loki.engine.presets`` handler (run while leading).
+        on_lead: awaited once this instance leads, after the mirror is loaded (the
+            supervisor applies the active preset when another instance changed it).
     """
 
     def __init__(
@@ -89,6 +101,8 @@ class Replicas:
         release: Callable[[ReleaseRequest], Awaitable[ReleaseReply]],
         api_key: Callable[[Lease], str | None] | None = None,
         info: Callable[[], EngineInfo] = EngineInfo,
+        presets: Callable[[PresetsRequest], Awaitable[PresetsReply]] | None = None,
+        on_lead: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.leases = leases
         self.leadership = leadership
@@ -99,6 +113,8 @@ class Replicas:
         self._release = release
         self._api_key = api_key
         self._info = info
+        self._presets = presets
+        self._on_lead = on_lead
         self._request: Request | None = None
         self._paused = False
         self._syncer: asyncio.Task[None] | None = None
@@ -148,6 +164,8 @@ class Replicas:
         finally:
             self._resume()
         await self._sync()
+        if self._on_lead is not None:
+            await self._on_lead()
 
     async def _loss(self) -> None:
         self._pause()
@@ -179,6 +197,21 @@ class Replicas:
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
         """``loki.engine.release`` (queue group)."""
         return await self._route("release", req, ReleaseReply, self._release_here, CONTROL_WAIT_S)
+
+    async def presets(self, req: PresetsRequest) -> PresetsReply:
+        """``loki.engine.presets`` (queue group): served by the leader (see the module
+        docstring)."""
+        return await self._route("presets", req, PresetsReply, self._presets_here, PRESETS_WAIT_S)
+
+    async def node_presets(self, req: PresetsRequest) -> PresetsReply:
+        """``loki.engine.node.<self>.presets``."""
+        self._leading()
+        return await self._presets_here(req)
+
+    async def _presets_here(self, req: PresetsRequest) -> PresetsReply:
+        if self._presets is None:
+            raise Unavailable("presets are not served here")
+        return await self._presets(req)
 
     async def node_lease(self, req: LeaseRequest) -> Lease:
         """``loki.engine.node.<self>.lease``: a lease forwarded here (``conflict`` when this
@@ -270,7 +303,7 @@ class Replicas:
             left = deadline - time.monotonic()
             if leader is not None and self._request is not None:
                 subject = subjects.engine_node(leader.instance, op)
-                timeout = max(0.5, left) + (LEASE_MARGIN_S if op == "lease" else 0.0)
+                timeout = max(0.5, left) + _MARGIN_S.get(op, 0.0)
                 try:
                     raw = await self._request(subject, body, timeout)
                 except TimeoutError as exc:

@@ -162,7 +162,23 @@ class Supervisor:
             self.release,
             api_key=self._lease_api_key,
             info=self.info,
+            presets=self.presets,
+            on_lead=self._lead_active_preset,
         )
+
+    async def _lead_active_preset(self) -> None:
+        """Replicated, on becoming the leader: apply the active preset when another instance
+        changed it (saved or switched while this one did not lead)."""
+        try:
+            preset = await self.store.get(await self.store.active_id())
+        except SupervisorError as exc:
+            log.warning("active preset not read on taking over: %s", exc)
+            return
+        if preset.model_dump() != self.preset.model_dump():
+            log.info(
+                "applying the active preset %s (changed while another instance led)", preset.id
+            )
+            self.apply_in_background(preset)
 
     def _lease_api_key(self, lease: Lease) -> str | None:
         """The key of a lease's endpoint now (a lease loaded from the mirror has none)."""
@@ -779,10 +795,12 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
             ("renew", replicas.node_renew, RenewRequest, Lease, 64),
             ("release", replicas.node_release, ReleaseRequest, ReleaseReply, 64),
             ("info", replicas.node_info, EngineInfoRequest, EngineInfo, 16),
+            ("presets", replicas.node_presets, PresetsRequest, PresetsReply, 4),
         ]
         for op, handler, req_type, reply_type, workers in node:
             subject = subjects.engine_node(sup.instance, op)
             serve(broker, subject, handler, max_workers=workers, request=req_type, reply=reply_type)
-    serve(broker, subjects.ENGINE_PRESETS, sup.presets, queue=q, max_workers=4)
+    presets = replicas.presets if replicas is not None else sup.presets
+    serve(broker, subjects.ENGINE_PRESETS, presets, queue=q, max_workers=4)
     serve(broker, subjects.ENGINE_BENCH, sup.bench.handle, queue=q, max_workers=4)
     serve(broker, subjects.ENGINE_OPTIMISE, sup.optimiser.handle, queue=q, max_workers=4)
