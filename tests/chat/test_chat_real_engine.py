@@ -126,7 +126,7 @@ async def test_real_engine_verifies_an_answer_under_a_verify_lease(
         run_verify(
             settings=shared.settings,
             engine=shared.engine,
-            lease=lambda: shared.leases.lease("conv-real", kind="verify"),
+            lease=lambda sent: shared.leases.lease("conv-real", kind="verify", fingerprints=sent),
             conversation="conv-real",
             request="What is 2+2?",
             answer="2+2 is 4.",

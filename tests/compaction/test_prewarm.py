@@ -211,7 +211,11 @@ class OneLease:
         self.lease = lease
         self.lost = False
 
-    def prewarm_lease(self, cid: str, wait_s: float | None = None):
+    def prewarm_lease(
+        self, cid: str, wait_s: float | None = None, fingerprints: list[str] | None = None
+    ):
+        self.fingerprints = fingerprints
+
         @contextlib.asynccontextmanager
         async def held():
             yield self

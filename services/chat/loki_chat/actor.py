@@ -118,6 +118,9 @@ class Actor:
         #: the tools the last step could not offer and why (the model's template drops
         #: them; ``/api/chat/state``), None when they were offered
         self.tools_unavailable: dict[str, Any] | None = None
+        #: the lease of this conversation's last step (None: none since this instance
+        #: took it): the next turn's first lease request anticipates its messages with it
+        self.last_lease: Lease | None = None
         self._prewarm: asyncio.Task[str] | None = None  # PREWARM's request, while it runs
         #: the MCP tools this conversation was last offered (name -> schema digest; None:
         #: not yet looked at by this owner): a change is told once, ``tools_changed``
@@ -177,7 +180,7 @@ class Actor:
             outcome = await run_verify(
                 settings=self.settings,
                 engine=self.engine,
-                lease=lambda: self.lease("verify"),
+                lease=lambda sent: self.lease("verify", sent),
                 conversation=self.conv.id,
                 request="",
                 answer="",
@@ -270,17 +273,25 @@ class Actor:
                 self.lost = True
                 self.stop.set()
 
-    def lease(self, kind: RequestKind = "main") -> EngineLease:
+    def lease(
+        self, kind: RequestKind = "main", fingerprints: list[str] | None = None
+    ) -> EngineLease:
         """A lease of ``kind`` (``main``: the turn's next step, ``task`` instead for a
         scheduled task's run, queued at most ``LOKI_TASK_WAIT_S``; ``verify``: the verifier)
         for this conversation, to hold with ``async with`` (see
         :class:`~loki_chat.leases.EngineLeases`); waiting for it ends when the turn is
-        stopped."""
+        stopped. ``fingerprints``: of the messages the request will send."""
         if kind == "main" and self.conv.kind == "task":
             return self.shared.leases.lease(
-                self.conv.id, "task", stop=self.stop, wait_s=self.settings.task_wait_s
+                self.conv.id,
+                "task",
+                stop=self.stop,
+                wait_s=self.settings.task_wait_s,
+                fingerprints=fingerprints,
             )
-        return self.shared.leases.lease(self.conv.id, kind=kind, stop=self.stop)
+        return self.shared.leases.lease(
+            self.conv.id, kind=kind, stop=self.stop, fingerprints=fingerprints
+        )
 
     def publish_perf(self, record: PerfRecord) -> None:
         self.shared.bus.publish_perf(record)
@@ -341,7 +352,9 @@ class Actor:
         """After a turn of this conversation: when it sent a ``main`` request to a local
         engine (not a task's run, not an external preset), remember it as the instance's
         slot owner (:attr:`Shared.slot_owner`), with the system message, project block,
-        tools and reasoning echo its next request would send."""
+        tools and reasoning echo its next request would send. Keeps the turn's last lease
+        (:attr:`last_lease`)."""
+        self.last_lease = runner.last_lease
         if self.conv.kind == "task" or runner.kind != "main" or runner.external:
             return
         if not runner.sent_wire:
@@ -353,6 +366,7 @@ class Actor:
             runner.echo_reasoning(),
             system=runner.sent_system,
             head=runner.sent_head,
+            lease=runner.last_lease,
         )
 
     async def stop_prewarm(self) -> None:
@@ -444,7 +458,7 @@ class Actor:
             try:
                 async with self.person_turn():
                     await self.tools_ready()
-                    runner = TurnRunner(self, None, resume=True)
+                    runner = TurnRunner(self, None, resume=True, last_lease=self.last_lease)
                     await runner.run()
                     self.ran(runner)
             except Exception as exc:  # a continuation that fails ends itself, never the actor
@@ -487,7 +501,7 @@ class Actor:
             try:
                 async with self.person_turn():
                     await self.tools_ready()
-                    runner = TurnRunner(self, text)
+                    runner = TurnRunner(self, text, last_lease=self.last_lease)
                     await runner.run()
                     self.ran(runner)
             except Exception as exc:  # a turn that fails ends itself, never the actor's queue

@@ -73,7 +73,8 @@ class StepResult:
         external, ``id_slot``, the template probe's ``stable_prefix``) with ``messages``
         (the wire array: only fingerprints and roles are kept) and ``tools`` (the tools
         offered: their fingerprint only); the engine's ``timings`` and ``usage`` as
-        received, the times measured here.
+        received, the times measured here; the lease's ``placement`` (several engines: the
+        engine, ``moved_from``, ``transfer``).
 
         Raises:
             pydantic.ValidationError: ``kind`` is not a request kind.
@@ -93,6 +94,7 @@ class StepResult:
             cut=self.cut,
             prefix_unstable=lease.template is not None and lease.template.stable_prefix is False,
             tools_fingerprint=tools_fingerprint(tools),
+            placement=lease.placement,
         )
 
 

@@ -15,6 +15,12 @@ cancelled holder included); this module only says what to ask for.
   any real request; short wait and TTL).
 
 All raise :class:`~loki_shared.lease.LeaseError` on entry when no lease comes.
+
+Every request also names ``fingerprints``: :func:`loki_shared.fingerprint.fingerprints` of
+the messages it will send (``LeaseRequest.prompt_fingerprints``, issue 44: with several
+engines the supervisor grants the slot whose last prompt shares the longest prefix; empty:
+unknown). Where the messages depend on the lease, the caller anticipates them with its
+previous lease (:mod:`loki_chat.lease_prompt`).
 """
 
 from __future__ import annotations
@@ -63,11 +69,13 @@ class EngineLeases:
         kind: RequestKind = "main",
         stop: asyncio.Event | None = None,
         wait_s: float | None = None,
+        fingerprints: list[str] | None = None,
     ) -> EngineLease:
         """A lease of ``kind`` for conversation ``cid``, to hold with ``async with``;
         ``stop`` set while waiting gives up (``LeaseStopped``). ``wait_s``: how long the
         supervisor may queue it (s; default ``lease_timeout_s - 5``; the NATS request then
-        waits 5 s more)."""
+        waits 5 s more). ``fingerprints``: of the messages the request will send (module
+        docstring; None: unknown)."""
         if kind == "main":
             self.main_asked += 1
         if wait_s is None:
@@ -76,7 +84,13 @@ class EngineLeases:
             timeout = wait_s + 5
         return lease(
             self.bus.broker,
-            LeaseRequest(kind=kind, conversation=cid, wait_s=wait_s, holder=self.holder),
+            LeaseRequest(
+                kind=kind,
+                conversation=cid,
+                wait_s=wait_s,
+                holder=self.holder,
+                prompt_fingerprints=list(fingerprints or ()),
+            ),
             timeout=timeout,
             stop=stop,
             detach=self._closing,
@@ -85,8 +99,12 @@ class EngineLeases:
     def _closing(self) -> bool:
         return self.closing
 
-    def compact_lease(self, cid: str, continuation: bool) -> EngineLease:
-        """A ``compact`` lease for conversation ``cid``, to hold with ``async with``."""
+    def compact_lease(
+        self, cid: str, continuation: bool, fingerprints: list[str] | None = None
+    ) -> EngineLease:
+        """A ``compact`` lease for conversation ``cid``, to hold with ``async with``
+        (``fingerprints``: of the messages the summary request sends, or of the prefix it
+        continues; None: unknown)."""
         return lease(
             self.bus.broker,
             LeaseRequest(
@@ -95,15 +113,19 @@ class EngineLeases:
                 wait_s=self._wait_s(),
                 continuation=continuation,
                 holder=self.holder,
+                prompt_fingerprints=list(fingerprints or ()),
             ),
             detach=self._closing,
         )
 
-    def prewarm_lease(self, cid: str, wait_s: float | None = None) -> EngineLease:
+    def prewarm_lease(
+        self, cid: str, wait_s: float | None = None, fingerprints: list[str] | None = None
+    ) -> EngineLease:
         """A ``prewarm`` lease for conversation ``cid`` (PREWARM, :mod:`loki_chat.prewarm`):
         a short wait (``wait_s``, :data:`PREWARM_WAIT_S` by default: a busy engine is not
         prewarmed) and a short TTL (:data:`PREWARM_TTL_S`, renewed every third), so a
-        pre-emption by the supervisor is seen at the next renewal."""
+        pre-emption by the supervisor is seen at the next renewal. ``fingerprints``: of the
+        prefix it sends (None: unknown)."""
         wait = PREWARM_WAIT_S if wait_s is None else wait_s
         return lease(
             self.bus.broker,
@@ -113,6 +135,7 @@ class EngineLeases:
                 wait_s=wait,
                 ttl_s=PREWARM_TTL_S,
                 holder=self.holder,
+                prompt_fingerprints=list(fingerprints or ()),
             ),
             timeout=wait + 3.0,
         )

@@ -15,7 +15,10 @@ Rules:
 - the request is the next turn's request without the user message to come: the same
   wire messages (COMPACT_TAIL_REUSE's order included, :mod:`loki_chat.compaction.layout`),
   tools and fields, streamed, ``max_tokens: 1`` (the prompt is what matters); its perf
-  record has kind ``prewarm``.
+  record has kind ``prewarm``;
+- its lease request names the fingerprints of that prefix as it would be sent under the
+  turn's last lease (``PrewarmJob.lease``; issue 44: with several engines the slot whose
+  last prompt shares the longest prefix is chosen).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import LeaseError
 from loki_shared.messages.chat import ChatMessage
 from loki_shared.messages.engine import Lease
@@ -50,7 +54,9 @@ class PrewarmJob:
     (``messages``), the ``tools`` the next step offers (None: none), whether reasoning is
     echoed (``echo``: the turn's REASONING_ECHO verdict), and the system message and project
     block (``head``) the turn's last request sent (None: the configured system prompt, no
-    block), so the prefix is the next request's byte for byte."""
+    block), so the prefix is the next request's byte for byte. ``lease``: the lease of the
+    turn's last request (None: unknown), under which the prefix is anticipated for the lease
+    request (:func:`job_wire`)."""
 
     cid: str
     messages: list[ChatMessage]
@@ -58,6 +64,19 @@ class PrewarmJob:
     echo: bool = False
     system: str | None = None
     head: str | None = None
+    lease: Lease | None = None
+
+
+def job_wire(settings: Settings, job: PrewarmJob, lease: Lease) -> list[dict[str, Any]]:
+    """The wire messages ``job`` sends under ``lease`` (its model and template shape the
+    order and the reasoning echoed; module rules)."""
+    tail_first = layout.applies(settings.compact_tail_reuse, lease.external, lease.template)
+    return wire_messages(
+        settings.system_prompt if job.system is None else job.system,
+        layout.laid_out(job.messages, tail_first),
+        echo_model=lease.model if job.echo else None,
+        head=job.head,
+    )
 
 
 async def run_prewarm(
@@ -87,7 +106,8 @@ async def run_prewarm(
         :class:`asyncio.CancelledError` as usual.
     """
     try:
-        async with leases.prewarm_lease(job.cid, wait_s) as held:
+        anticipated = fingerprints(job_wire(settings, job, job.lease or Lease()))
+        async with leases.prewarm_lease(job.cid, wait_s, fingerprints=anticipated) as held:
             lease = held.lease
             if lease.external:
                 return "external"
@@ -96,13 +116,7 @@ async def run_prewarm(
                 if skipped is not None:
                     log.info("[prewarm] %s: not sent (%s)", job.cid, skipped)
                     return skipped
-            tail_first = layout.for_lease(settings.compact_tail_reuse, lease)
-            wire = wire_messages(
-                settings.system_prompt if job.system is None else job.system,
-                layout.laid_out(job.messages, tail_first),
-                echo_model=lease.model if job.echo else None,
-                head=job.head,
-            )
+            wire = job_wire(settings, job, lease)
             payload = build_payload(settings, lease, wire, job.tools)
             payload["max_tokens"] = 1
             stop = asyncio.Event()

@@ -61,6 +61,7 @@ class StepRequest:
 def adopt(run: TurnRunner, lease: Lease) -> None:
     """Keep what the step's rules read from ``lease`` on the runner (one source: the lease
     of the step); the window also goes to the conversation's meter."""
+    run.last_lease = lease
     run.lease_n_ctx = lease.n_ctx
     if lease.n_ctx:
         run.conv.meter.n_ctx = lease.n_ctx
@@ -69,6 +70,31 @@ def adopt(run: TurnRunner, lease: Lease) -> None:
     run.template = lease.template
     run.vision = lease.vision
     run.preset_verify = lease.verify
+
+
+def preview(run: TurnRunner, lease: Lease | None) -> list[dict[str, Any]]:
+    """The wire messages the next step would send under ``lease`` — the previous step's
+    (``run.last_lease``; None: none yet, a local engine assumed) — built like
+    :func:`prepare` without any of its side effects: the lease request names their
+    fingerprints (``LeaseRequest.prompt_fingerprints``, issue 44) before its own lease is
+    known. Equal to :func:`prepare`'s ``wire`` when the granted lease has the same model,
+    endpoint kind and template and no project retake is due; KEEP_TURN_IMAGES' kept
+    images are not resolved here (their parts may differ)."""
+    lease = lease if lease is not None else Lease()
+    settings, project = run.settings, run.host.project
+    echo = step_rules.echo_reasoning(settings, lease.external, lease.template)
+    echo_model = lease.model if echo and run.plan.echo else None
+    tail_first = layout.applies(settings.compact_tail_reuse, lease.external, lease.template)
+    system = code_rules.system_prompt(
+        project.system_prompt(settings.system_prompt), run.conv.code, run.conv.project
+    )
+    return wire_messages(
+        system,
+        layout.laid_out(run.conv.messages, tail_first),
+        echo_model=echo_model,
+        suffix=run.plan.suffix,
+        head=project.peek(run.conv),
+    )
 
 
 async def prepare(run: TurnRunner, lease: Lease) -> StepRequest:

@@ -86,10 +86,14 @@ class SubagentHost:
     async def persist(self) -> None:
         """Nothing: the run lives in memory; its events are in the main log."""
 
-    def lease(self, kind: RequestKind = "subagent") -> EngineLease:
+    def lease(
+        self, kind: RequestKind = "subagent", fingerprints: list[str] | None = None
+    ) -> EngineLease:
         """A ``subagent`` lease for the main conversation (a sub-agent is never verified:
-        ``kind`` is always its own)."""
-        return self.shared.leases.lease(self.call.conversation, kind="subagent", stop=self.stop)
+        ``kind`` is always its own); ``fingerprints``: of the messages it will send."""
+        return self.shared.leases.lease(
+            self.call.conversation, kind="subagent", stop=self.stop, fingerprints=fingerprints
+        )
 
     def publish_perf(self, record: PerfRecord) -> None:
         self.shared.bus.publish_perf(record)

@@ -83,7 +83,9 @@ class TurnHost(Protocol):
 
     async def emit(self, delta: dict[str, Any] | None = None, **fields: Any) -> ChatEvent: ...
     async def persist(self) -> None: ...
-    def lease(self, kind: RequestKind = "main") -> EngineLease: ...
+    def lease(
+        self, kind: RequestKind = "main", fingerprints: list[str] | None = None
+    ) -> EngineLease: ...
     def publish_perf(self, record: PerfRecord) -> None: ...
     async def total_slots(self) -> int | None: ...
     def tools_withheld(self, unavailable: dict[str, Any] | None) -> None: ...
@@ -149,6 +151,9 @@ class TurnRunner:
     code_rounds: int = 0  # corrective rounds the criteria sent in this turn (code mode)
     criteria_failed: list[str] = field(default_factory=list)  # after the last check
     criteria_unchecked: list[str] = field(default_factory=list)  # after the last check
+    #: the last step's lease (the host's previous one at the start): the next lease request
+    #: names the fingerprints of the messages it would send under it (:func:`.step.preview`)
+    last_lease: Lease | None = None
 
     @property
     def conv(self) -> Conversation:
@@ -237,7 +242,8 @@ class TurnRunner:
         """One completion under one lease (:mod:`.step`: the request, then its stream)."""
         self.result = None
         try:
-            async with self.host.lease() as held:
+            anticipated = fingerprints(step.preview(self, self.last_lease))
+            async with self.host.lease(fingerprints=anticipated) as held:
                 req = await step.prepare(self, held.lease)
                 self.result = await step.stream(self, req)
                 usage = self.result.acc.usage or {}
@@ -389,6 +395,7 @@ class TurnRunner:
                         self.echo_reasoning(),
                         system=self.sent_system,
                         head=self.sent_head,
+                        lease=self.last_lease,
                     )
                 )
         if self.outcome.stopped:

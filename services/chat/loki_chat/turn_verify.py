@@ -31,7 +31,7 @@ async def verify(run: TurnRunner) -> State:
     outcome = await run_verify(
         settings=run.settings,
         engine=host.engine,
-        lease=lambda: host.lease("verify"),
+        lease=lambda sent: host.lease("verify", sent),
         conversation=conv.id,
         request=request,
         answer=answer.content,

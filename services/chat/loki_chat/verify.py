@@ -129,7 +129,7 @@ async def run_verify(
     *,
     settings: Settings,
     engine: EngineClient,
-    lease: Callable[[], EngineLease],
+    lease: Callable[[list[str]], EngineLease],
     conversation: str,
     request: str,
     answer: str,
@@ -139,14 +139,15 @@ async def run_verify(
     message: str | None = None,
 ) -> VerifyOutcome:
     """Run one verification of ``answer`` against ``request`` under a ``verify`` lease
-    (``lease()``), for ``conversation`` (its id: perf names what intercalated). Never
-    raises for engine or lease trouble: that verdict is a pass (logged). ``prompt`` and
-    ``message`` replace the verifier's system prompt and user message (code mode's
-    criteria, :mod:`loki_chat.code.check`)."""
+    (``lease(fingerprints)``: the fingerprints of the messages it sends), for
+    ``conversation`` (its id: perf names what intercalated). Never raises for engine or
+    lease trouble: that verdict is a pass (logged). ``prompt`` and ``message`` replace the
+    verifier's system prompt and user message (code mode's criteria,
+    :mod:`loki_chat.code.check`)."""
     user = message if message is not None else verify_message(request, answer)
     wire = wire_messages(prompt, [ChatMessage(role="user", content=user)])
     try:
-        async with lease() as held:
+        async with lease(fingerprints(wire)) as held:
             payload = build_payload(settings, held.lease, wire, None)
             payload["max_tokens"] = settings.verify_max_tokens
             result = await engine.stream(

@@ -153,6 +153,16 @@ def thinking_kwargs(
     return out or None
 
 
+def transcript_messages(transcript: str, cite: bool = True) -> list[dict[str, Any]]:
+    """The transcript path's ``messages``: the summariser's system prompt (``cite`` False:
+    :data:`SUMMARISER_PROMPT_NO_TOOLS`) and the transcript as one user message."""
+    prompt = SUMMARISER_PROMPT if cite else SUMMARISER_PROMPT_NO_TOOLS
+    return [
+        {"role": "system", "content": prompt},
+        {"role": "user", "content": TRANSCRIPT_HEADER + transcript},
+    ]
+
+
 def transcript_request(
     *,
     transcript: str,
@@ -165,12 +175,8 @@ def transcript_request(
 ) -> dict[str, Any]:
     """The transcript path's body (see the module docstring); ``cite`` False (the model's
     template drops ``tools``): :data:`SUMMARISER_PROMPT_NO_TOOLS`, which asks for no id."""
-    prompt = SUMMARISER_PROMPT if cite else SUMMARISER_PROMPT_NO_TOOLS
     body: dict[str, Any] = {
-        "messages": [
-            {"role": "system", "content": prompt},
-            {"role": "user", "content": TRANSCRIPT_HEADER + transcript},
-        ],
+        "messages": transcript_messages(transcript, cite),
         "stream": False,
         "temperature": 0.2,
         "max_tokens": budget,

@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from loki_shared import subjects
+from loki_shared.fingerprint import fingerprints
 from loki_shared.lease import LeaseError
 from loki_shared.messages.engine import EngineInfo, EngineInfoRequest, Lease, TemplateProbe
 from loki_shared.perf_publish import build_record
@@ -177,8 +178,10 @@ class SummaryClient:
         else:
             after = wire_messages(system, kept)[1:]
         first = messages[boundary]
+        # the prefix it continues (the demand is joined after it; issue 44's routing key)
+        prefix = fingerprints([*sent_msgs, *after])
         try:
-            async with self.leases.compact_lease(conv.id, continuation=True) as held:
+            async with self.leases.compact_lease(conv.id, True, prefix) as held:
                 lease = held.lease
                 self.template = lease.template
                 demand = S.CONTINUATION_DEMAND if self.cite else S.CONTINUATION_DEMAND_NO_TOOLS
@@ -226,11 +229,17 @@ class SummaryClient:
     ) -> SummaryOutcome:
         """The transcript path for conversation ``cid``; ``render(cite)`` gives the
         transcript, rendered once the lease says whether the model can call ``recall``."""
+        # the request as the last lease's template shapes it (issue 44's routing key); it
+        # is rendered again only when the new lease's template changes ``cite``
+        cite = self.cite
+        transcript = render(cite)
+        anticipated = fingerprints(S.transcript_messages(transcript, cite))
         try:
-            async with self.leases.compact_lease(cid, continuation=False) as held:
+            async with self.leases.compact_lease(cid, False, anticipated) as held:
                 lease = held.lease
                 self.template = lease.template
-                transcript = render(self.cite)
+                if self.cite != cite:
+                    transcript = render(self.cite)
                 info = await self.engine_info()
                 kwargs = S.thinking_kwargs(
                     self.settings.chat_template_kwargs, not lease.external, _template_knows(info)
@@ -342,6 +351,7 @@ class SummaryClient:
                 total_ms=total_ms,
                 prefix_unstable=lease.template is not None
                 and lease.template.stable_prefix is False,
+                placement=lease.placement,
             )
         except Exception:  # a perf record is best effort: building it never fails a summary
             log.warning("[compact] perf record not built", exc_info=True)

@@ -224,6 +224,17 @@ class ProjectHead:
             snap.prompt, snap.model = prompt, model
         return snap.text or None
 
+    def peek(self, conv: Any) -> str | None:
+        """What :meth:`head` would return for ``conv`` when no retake is due, without any
+        side effect (issue 44: a lease request names the fingerprints of the messages it
+        will send before the request is built)."""
+        if not self.enabled:
+            live = self._live.get(conv.id)
+            text = render(live) if live is not None else ""
+            return text or None
+        snap: ProjSnap | None = conv.proj_snap
+        return (snap.text or None) if snap is not None else None
+
     def retake(self, conv: Any, live: BlockView, prompt: str = "", model: str = "") -> None:
         """A fresh dated copy from ``live``; every update block leaves the history (the
         context meter's measure no longer matches it: estimates until the next step)."""
