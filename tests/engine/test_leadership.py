@@ -413,3 +413,64 @@ async def test_a_non_leader_forwards_lease_renew_release_and_info_to_the_leader(
         await b.close()
         await nca.close()
         await ncb.close()
+
+
+async def test_a_lease_request_handed_to_the_leader_is_answered_even_if_the_forwarder_dies(
+    redis_db, nats_url
+):
+    nca, ncb = await supervisor_nats(nats_url), await supervisor_nats(nats_url)
+    asker = await nats.connect(nats_url)  # the chat's side: its own inbox
+    a, b = Replica("a", redis_db, nca), Replica("b", redis_db, ncb)
+
+    def publisher(nc: Any) -> Any:
+        async def publish(subject: str, payload: bytes, reply: str) -> None:
+            await nc.publish(subject, payload, reply=reply)
+
+        return publish
+
+    a.replicas.connect(requester(nca), publisher(nca))
+    b.replicas.connect(requester(ncb), publisher(ncb))
+    try:
+        await a.serve_node()
+        a.replicas.start()
+        await until(lambda: a.node.lead.granting, 3 * TTL)
+        b.replicas.start()
+        await until(lambda: b.node.lead.other_leader() is not None, 3 * TTL)
+        busy = await a.leases.acquire(LeaseRequest(kind="main", conversation="c0", wait_s=1))
+
+        inbox = asker.new_inbox()
+        answers = await asker.subscribe(inbox)
+        body = LeaseRequest(kind="main", conversation="c1", wait_s=10).model_dump_json()
+        await b.replicas.lease_message(body.encode(), inbox)  # handed over: b is done
+        assert b.replicas.forwarded == 1
+        await b.close()  # the forwarder dies while the request waits at the leader
+        await ncb.close()
+        await until(lambda: a.leases.waiting == 1, 5)
+        a.leases.release(busy.lease_id)
+        msg = await answers.next_msg(timeout=5)  # straight from the leader
+        granted = Lease.model_validate_json(msg.data)
+        assert granted.error is None and list(a.leases.held) == [granted.lease_id]
+
+        # the queue group's subject served as the service does (raw message, no relay): at
+        # the leader a request is answered there, a malformed one invalid_request
+        async def on_lease(msg: Any) -> None:
+            await a.replicas.lease_message(msg.data, msg.reply)
+
+        await nca.subscribe(subjects.ENGINE_LEASE, queue=subjects.QUEUE_ENGINE, cb=on_lease)
+        await nca.flush()
+        bad = Lease.model_validate_json((await asker.request(subjects.ENGINE_LEASE, b"{}", 5)).data)
+        assert bad.error is not None and bad.error.type == "invalid_request"
+        a.leases.release(granted.lease_id)
+        ask = LeaseRequest(kind="verify", wait_s=5).model_dump_json().encode()
+        direct = Lease.model_validate_json(
+            (await asker.request(subjects.ENGINE_LEASE, ask, 5)).data
+        )
+        assert direct.error is None and list(a.leases.held) == [direct.lease_id]
+        assert a.replicas.forwarded == 0
+    finally:
+        await a.close()
+        await nca.close()
+        await asker.close()
+        if not ncb.is_closed:
+            await b.close()
+            await ncb.close()

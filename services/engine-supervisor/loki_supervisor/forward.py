@@ -4,6 +4,11 @@ instance forwards ``lease``, ``renew`` and ``release`` to the leader's own subje
 (``loki.engine.node.<leader>.<op>``, :func:`loki_shared.subjects.engine_node`) and relays its
 answer.
 
+- A lease request (it may wait a minute in the leader's queue) is not relayed but handed over:
+  the non-leader publishes it to the leader's node subject with the asker's own reply subject
+  (:meth:`Replicas.lease_message`), so the leader answers the asker directly and the
+  non-leader dying meanwhile costs nothing; a request handed to a leader that died is asked
+  again by its client once it sees the new leader's ``boot``.
 - No leader known, or the known one does not answer (killed: no responders): the request waits
   for the next leader, within its own budget (``wait_s`` for a lease, :data:`CONTROL_WAIT_S`
   for a renewal or a release), then is answered ``unavailable``. The client's renew loop
@@ -34,10 +39,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from loki_shared import subjects
-from loki_shared.errors import Conflict, Unavailable
+from loki_shared.errors import Conflict, InvalidRequest, Unavailable, error_info
 from loki_shared.messages.engine import (
     EngineInfo,
     EngineInfoRequest,
@@ -72,6 +77,8 @@ NOT_LEADER = "not the leader"
 
 R = TypeVar("R", bound=BaseModel)
 Request = Callable[[str, bytes, float], Awaitable[bytes]]
+#: ``(subject, payload, reply subject)``: one NATS publish.
+Publish = Callable[[str, bytes, str], Awaitable[None]]
 
 
 class Replicas:
@@ -116,6 +123,7 @@ class Replicas:
         self._presets = presets
         self._on_lead = on_lead
         self._request: Request | None = None
+        self._publish: Publish | None = None
         self._paused = False
         self._syncer: asyncio.Task[None] | None = None
         self.forwarded = 0
@@ -124,9 +132,11 @@ class Replicas:
         self._pause()  # nothing is granted until this instance leads
 
     # ------------------------------------------------------------------ lifecycle
-    def connect(self, request: Request) -> None:
-        """Use ``request`` to forward to the leader."""
+    def connect(self, request: Request, publish: Publish | None = None) -> None:
+        """Use ``request`` to forward to the leader (and ``publish`` to answer and hand over
+        lease requests, :meth:`lease_message`)."""
         self._request = request
+        self._publish = publish
 
     def start(self) -> None:
         """Start the election and the periodic mirror sync (from a running event loop)."""
@@ -187,8 +197,54 @@ class Replicas:
 
     # ------------------------------------------------------------------ the handlers
     async def lease(self, req: LeaseRequest) -> Lease:
-        """``loki.engine.lease`` (queue group): granted here while leading, else forwarded."""
+        """A lease granted here while leading, else relayed through the leader (the
+        in-process form of :meth:`lease_message`, which the service serves)."""
         return await self._route("lease", req, Lease, self._lease_here, float(req.wait_s))
+
+    async def lease_message(self, body: bytes, reply_to: str) -> None:
+        """``loki.engine.lease`` (queue group) as a raw message: granted here while leading
+        (answered on ``reply_to``), else handed to the leader's node subject with
+        ``reply_to`` as its reply subject (the leader answers the asker); ``unavailable``
+        when no leader appears within the request's ``wait_s``.
+
+        Raises:
+            RuntimeError: :meth:`connect` was not given ``publish``.
+        """
+        if self._publish is None:
+            raise RuntimeError("lease_message needs connect(..., publish)")
+        try:
+            req = LeaseRequest.model_validate_json(body)
+        except ValidationError as exc:
+            bad = InvalidRequest(f"invalid LeaseRequest: {exc.errors()[:1]}")
+            await self._answer(reply_to, Lease(error=bad.info()))
+            return
+        deadline = time.monotonic() + max(0.0, float(req.wait_s))
+        while True:
+            if self.leadership.granting:
+                try:
+                    reply = await self._lease_here(req)
+                except Exception as exc:  # answered as the middleware would
+                    info = error_info(exc)
+                    if info.type == "internal":
+                        log.error("lease failed: %s", info.message, exc_info=exc)
+                    reply = Lease(error=info)
+                await self._answer(reply_to, reply)
+                return
+            leader = self.leadership.other_leader()
+            if leader is not None and reply_to:
+                await self._publish(subjects.engine_node(leader.instance, "lease"), body, reply_to)
+                self.forwarded += 1
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                none = Unavailable("no supervisor leads: the lease was not served")
+                await self._answer(reply_to, Lease(error=none.info()))
+                return
+            await self.leadership.wait_change(min(0.25, left))
+
+    async def _answer(self, reply_to: str, reply: Lease) -> None:
+        if reply_to and self._publish is not None:
+            await self._publish(reply_to, reply.model_dump_json().encode(), "")
 
     async def renew(self, req: RenewRequest) -> Lease:
         """``loki.engine.renew`` (queue group)."""

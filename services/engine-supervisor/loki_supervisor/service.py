@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
@@ -786,8 +787,16 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
         serve(broker, subjects.ENGINE_RENEW, on_renew, queue=q, max_workers=16)
         serve(broker, subjects.ENGINE_RELEASE, sup.release, queue=q, max_workers=16)
     else:  # every instance serves them; a non-leader forwards to the leader (forward.py)
-        replicas.connect(requester(broker))
-        serve(broker, subjects.ENGINE_LEASE, replicas.lease, queue=q, max_workers=256)
+
+        async def publish(subject: str, payload: bytes, reply: str) -> None:
+            connection = broker.config.connection_state.connection
+            await connection.publish(subject, payload, reply=reply)
+
+        async def on_lease(msg: NatsMessage) -> None:  # answered by whoever grants it
+            await replicas.lease_message(msg.body, msg.reply_to)
+
+        replicas.connect(requester(broker), publish)
+        broker.subscriber(subjects.ENGINE_LEASE, queue=q, max_workers=256, no_reply=True)(on_lease)
         serve(broker, subjects.ENGINE_RENEW, replicas.renew, queue=q, max_workers=64)
         serve(broker, subjects.ENGINE_RELEASE, replicas.release, queue=q, max_workers=64)
         node: list[tuple[str, Any, type[BaseModel], type[BaseModel], int]] = [
