@@ -94,7 +94,7 @@ class Plan:
     max_tokens: int = 12
 
 
-FULL = Plan(convs=8, turns=12, side_every=3, words=50)
+FULL = Plan(convs=8, turns=12, side_every=3, words=40)
 QUICK = Plan(convs=4, turns=4, side_every=2, words=40)
 
 
@@ -1029,7 +1029,7 @@ def report(
                 s["prompt_ms_median"],
                 s["ttft_s_median"],
                 _fmt_counts(s["reasons"]),
-                s["moves"],
+                f"{s['moves']}; transfers: {_fmt_counts(s['transfers'])}",
                 f"{s['failed']} failed, {part['wall_s']} s",
             ]
         )
@@ -1046,12 +1046,14 @@ def report(
             "main prompt_ms median",
             "main TTFT s median",
             "placements (reasons)",
-            "moves",
+            "moves; slot transfers",
             "requests failed, wall",
         ],
         rows,
         notes="recompute ratio = Σprompt_n / Σ(prompt_n + cache_n) of llama-server's timings; "
-        "× baseline = that ratio / the one-engine session's. Engines: bundled SmolLM2 on CPU, "
+        "× baseline = that ratio / the one-engine session's. Every part runs with slot "
+        "transfer on (LOKI_ENGINE_SLOT_DIR): an evicted prompt may come back by restore. "
+        "Engines: bundled SmolLM2 on CPU, "
         f"{THREADS} threads each, {SLOT_CTX} tokens per slot, flags {' '.join(flags) or '-'}.",
     )
     move_rows = []
