@@ -233,7 +233,8 @@ class Placement(Msg):
     ``affine`` (the slot whose last prompt of this conversation is the longest prefix),
     ``new`` (no engine held a prefix: the least loaded), ``overloaded`` (the affine slot was
     busy past the bound: the least loaded instead), ``apart`` (a side job put on an engine the
-    conversation's main slot is not on), ``failover`` (the engine that held the prefix is
+    conversation's main slot is not on), ``side`` (a side job on the conversation's own engine:
+    no other had a harmless slot), ``failover`` (the engine that held the prefix is
     gone), ``round_robin`` / ``least_busy`` (those policies, for comparison);
     ``prefix``: leading messages the chosen slot already holds (cumulative fingerprints in
     common); ``moved_from``: the engine that held the conversation's longest prefix when the
