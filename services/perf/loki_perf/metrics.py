@@ -438,7 +438,7 @@ class PerfCollector(Collector):
         engine_hit = GaugeMetricFamily(
             PREFIX + "engine_cache_hit_ratio", GAUGES["engine_cache_hit_ratio"], labels=["engine"]
         )
-        for engine, row in sorted(summary.get("by_engine", {}).items()):
+        for engine, row in sorted(summary.get("by_engine", {}).items())[:_MAX_ENGINES]:
             if row["hit_rate"] is not None:
                 engine_hit.add_metric([engine], row["hit_rate"])
         yield engine_hit
