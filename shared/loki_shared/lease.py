@@ -29,11 +29,14 @@ nothing until its NATS timeout (70 s for a chat turn's step), since the new supe
 nothing of it. So while it waits it asks ``loki.engine.info`` (first after
 :data:`ORPHAN_FIRST_S`, then every :data:`ORPHAN_EVERY_S`): an answer whose ``boot`` differs
 from an earlier one, or any answer after an ask that failed for lack of a supervisor (no
-responders, a broken connection; a timeout is only slowness and does not count), means the
+responders, a broken connection; a timeout is only slowness and does not count, except before
+the first answer: the first ``boot`` seen must be that of the process that queued the
+request, and a check that timed out may have been asked of a process dying then), means the
 process that queued the request is gone; the request is then asked again of the supervisor
 that answers now, within what is left of the same timeout (a grant of the old request that
 still comes is released at once). Issue 22's chaos run found turns that waited the whole
-70 s after a supervisor kill.
+70 s after a supervisor kill. With replicated supervisors ``boot`` is the leader's epoch: a
+new leader is a new ``boot``.
 
 Usage::
 
@@ -81,7 +84,7 @@ CONTROL_TIMEOUT_S = 5.0
 #: Pause before a release answered ``unavailable`` (no leader yet) is asked again (s).
 RELEASE_RETRY_S = 0.25
 #: Seconds of waiting for a grant before the waiter first checks that its supervisor lives.
-ORPHAN_FIRST_S = 0.5
+ORPHAN_FIRST_S = 0.1
 #: Seconds between two of those checks (``loki.engine.info``) while the waiter waits.
 ORPHAN_EVERY_S = 1.0
 
@@ -290,7 +293,8 @@ class EngineLease:
                 raw = await self._request(subjects.ENGINE_INFO, body, ORPHAN_EVERY_S)
                 seen = EngineInfo.model_validate_json(raw).boot
             except TimeoutError:
-                pass  # slow, not gone
+                if boot is None:  # no baseline yet: the process asked may be dying
+                    absent = True
             except Exception:  # noqa: BLE001 - no responders, a broken connection: gone
                 absent = True
             else:

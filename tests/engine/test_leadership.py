@@ -6,7 +6,6 @@ a refused renewal stepping down at once."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -218,18 +217,12 @@ def fake_engine():
         yield engine
 
 
-def _leader_of(procs: dict[str, SupervisorProc], timeout: float = 30.0) -> tuple[str, str]:
-    """(process name, instance id) of the supervisor that logged that it leads."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for name, proc in procs.items():
-            if proc.proc.poll() is not None:
-                pytest.fail(f"{name} exited:\n{proc.log()[-3000:]}")
-            found = re.search(r"this supervisor \((\w+)\) leads", proc.log())
-            if found:
-                return name, found.group(1)
-        time.sleep(0.1)
-    pytest.fail("no supervisor leads:\n" + "\n".join(p.log()[-2000:] for p in procs.values()))
+def _process_of(procs: dict[str, SupervisorProc], instance: str) -> str:
+    """The name of the process whose log says that ``instance`` (its id) leads."""
+    for name, proc in procs.items():
+        if f"this supervisor ({instance}) leads" in proc.log():
+            return name
+    pytest.fail(f"no process logged that {instance} leads")
 
 
 @pytest.mark.parametrize("follow", ["LOKI_ENGINE_URL", "LOKI_ENGINE_URLS"])
@@ -246,8 +239,7 @@ async def test_two_supervisors_a_held_lease_and_a_waiter_survive_the_leader_kill
         "LOKI_LOG_LEVEL": "INFO",
     }
     procs = {name: supervisor_factory(env, name) for name in ("a", "b")}
-    first, _ = _leader_of(procs)
-    info = await wait_info(nc, lambda i: i.state == "ready" and i.leader, 60, procs[first])
+    info = await wait_info(nc, lambda i: i.state == "ready" and i.leader, 60, procs["a"])
     assert info.boot.startswith("epoch-") and info.instance
 
     async with lease(nc, LeaseRequest(kind="main", conversation="c1", wait_s=20)) as held:
@@ -258,17 +250,25 @@ async def test_two_supervisors_a_held_lease_and_a_waiter_survive_the_leader_kill
         )
         await asyncio.sleep(0.5)
         assert not waiter.done()
-        name, instance = _leader_of(procs)
+        now = await wait_info(nc, lambda i: i.leader is not None, 10)
+        instance = now.leader
+        assert instance is not None
+        name = _process_of(procs, instance)
         procs[name].proc.kill()
         procs[name].proc.wait()
         survivor = procs["b" if name == "a" else "a"]
         after = await wait_info(nc, lambda i: i.leader not in (None, instance), 30, survivor)
-        assert after.boot != info.boot  # the waiters see a new leader
+        assert after.boot != now.boot  # the waiters see a new leader
         renewed = held.renewals
         await until(lambda: held.renewals >= renewed + 2, 10)  # renewed by the new leader
         assert not held.lost and not waiter.done()
     assert held.released  # the survivor knew the lease
-    second = await asyncio.wait_for(waiter, 30)  # granted once the slot is free
+    try:
+        second = await asyncio.wait_for(waiter, 30)  # granted once the slot is free
+    except TimeoutError:
+        logs = "\n".join(f"--- {n}\n{p.log()[-4000:]}" for n, p in procs.items())
+        last = await wait_info(nc, lambda i: True, 5)
+        pytest.fail(f"the waiting lease request was not granted\n{last!r}\n{logs}")
     try:
         assert second.lease.base_url == fake_engine.url.rstrip("/")
     finally:
@@ -436,13 +436,19 @@ async def test_a_lease_request_handed_to_the_leader_is_answered_even_if_the_forw
         await until(lambda: a.node.lead.granting, 3 * TTL)
         b.replicas.start()
         await until(lambda: b.node.lead.other_leader() is not None, 3 * TTL)
-        busy = await a.leases.acquire(LeaseRequest(kind="main", conversation="c0", wait_s=1))
-
         inbox = asker.new_inbox()
         answers = await asker.subscribe(inbox)
+        # handed to b by an instance that took b for the leader: b hands it on to a
+        stale = LeaseRequest(kind="verify", wait_s=5).model_dump_json().encode()
+        await b.replicas.lease_message(stale, inbox, handed=True)
+        first = Lease.model_validate_json((await answers.next_msg(timeout=5)).data)
+        assert first.error is None and list(a.leases.held) == [first.lease_id]
+        a.leases.release(first.lease_id)
+
+        busy = await a.leases.acquire(LeaseRequest(kind="main", conversation="c0", wait_s=1))
         body = LeaseRequest(kind="main", conversation="c1", wait_s=10).model_dump_json()
         await b.replicas.lease_message(body.encode(), inbox)  # handed over: b is done
-        assert b.replicas.forwarded == 1
+        assert b.replicas.forwarded == 2
         await b.close()  # the forwarder dies while the request waits at the leader
         await ncb.close()
         await until(lambda: a.leases.waiting == 1, 5)
@@ -474,3 +480,18 @@ async def test_a_lease_request_handed_to_the_leader_is_answered_even_if_the_forw
         if not ncb.is_closed:
             await b.close()
             await ncb.close()
+
+
+async def test_a_leader_that_stepped_down_on_its_own_key_takes_the_same_term_back(nodes):
+    a, b = nodes("a"), nodes("b")
+    a.lead.start()
+    await until(lambda: a.lead.granting, 3 * TTL)
+    b.lead.start()
+    term = a.lead.term
+    assert term is not None
+    await a.lead._step_down("a renewal failed")  # as after a Redis timeout; the key stays
+    assert a.losses == 1 and not a.lead.is_leader
+    await until(lambda: a.lead.granting, 3 * TTL)
+    assert a.gains == [term.epoch, term.epoch] and a.lead.term == term  # the same term
+    assert Term.parse(await a.redis.get(LEADER_KEY)) == term
+    assert not b.lead.is_leader and b.gains == []

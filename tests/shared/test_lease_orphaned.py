@@ -135,7 +135,7 @@ async def test_a_waiter_behind_a_live_supervisor_is_asked_once(orphan_nats, supe
             waiter = asyncio.create_task(
                 lease(counting(nc, asked), LeaseRequest(kind="foreign", wait_s=25)).__aenter__()
             )
-            await asyncio.sleep(3.0)  # checks at 0.5, 1.5, 2.5 s: the same boot each time
+            await asyncio.sleep(3.0)  # checks at 0.1, 1.1, 2.1 s: the same boot each time
             assert not waiter.done()
         held = await asyncio.wait_for(waiter, 10)
         await held.__aexit__(None, None, None)

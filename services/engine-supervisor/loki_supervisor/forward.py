@@ -16,8 +16,9 @@ answer.
 - ``loki.engine.presets`` is forwarded the same way (the leader applies a saved or switched
   preset to the engines it grants); an instance that becomes the leader applies the active
   preset first when it differs from the one it runs (``on_lead``).
-- A forwarded request reaching an instance that no longer leads is answered ``conflict``
-  ("not the leader") on the node subject, and the forwarder asks again.
+- A forwarded renewal, release, info or presets request reaching an instance that no longer
+  leads is answered ``conflict`` ("not the leader") on the node subject, and the forwarder asks
+  again; a handed-over lease request is handed on (:meth:`Replicas.lease_message`).
 - ``loki.engine.info`` is answered by any instance: a non-leader asks the leader's
   (``loki.engine.node.<leader>.info``, its leases and queues; its own view when the leader does
   not answer within :data:`INFO_TIMEOUT_S`), with ``instance`` = its own id, ``leader`` and
@@ -26,8 +27,9 @@ answer.
 
 The leader: on taking over it loads the mirrored leases (:mod:`.lease_mirror`) and grants; it
 syncs the mirror before answering every lease, renewal and release; stepping down it stops
-granting at once (its queued waiters are left to time out unanswered: their clients ask the
-new leader when they see its epoch).
+granting at once; its queued waiters are kept, granted if the same term comes back (a renewal
+failed while its key stayed this instance's), else left to time out unanswered (their clients
+ask the new leader when they see its epoch).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ LEASE_MARGIN_S = 5.0
 #: preview reads the launch facts): under the gateway's 15 s.
 PRESETS_WAIT_S = 8.0
 _MARGIN_S = {"lease": LEASE_MARGIN_S, "presets": 6.0}
+#: Pause before a lease request handed to an instance that no longer leads is handed on (s).
+HAND_ON_PAUSE_S = 0.05
 #: How long a non-leader waits for the leader's info (s; under the lease waiters' 1 s check).
 INFO_TIMEOUT_S = 0.4
 #: The answer of an instance asked on its node subject while it does not lead.
@@ -125,6 +129,7 @@ class Replicas:
         self._request: Request | None = None
         self._publish: Publish | None = None
         self._paused = False
+        self._epoch: int | None = None  # the last term this instance led
         self._syncer: asyncio.Task[None] | None = None
         self.forwarded = 0
         leadership.on_gain = self._gain
@@ -164,7 +169,14 @@ class Replicas:
             self.leases.resume()
 
     async def _gain(self, epoch: int) -> None:
-        # waiters queued in an earlier term were asked again by their clients: never granted
+        if epoch == self._epoch:
+            # the same term again (its key never left this instance, so nobody else led):
+            # the leases and the queue here are still the truth
+            self._resume()
+            return
+        self._epoch = epoch
+        # waiters queued in an earlier term were asked again by their clients (they saw the
+        # new epoch): never granted
         stale = list(self.leases._waiting)
         self.leases._waiting.clear()
         if stale:
@@ -178,8 +190,9 @@ class Replicas:
             await self._on_lead()
 
     async def _loss(self) -> None:
+        # grant nothing; the queue is kept: the same term may come back (a renewal failed
+        # while the key stayed this instance's), else its clients ask the new leader
         self._pause()
-        self.leases._waiting.clear()  # left to time out: their clients ask the new leader
 
     async def _sync(self) -> None:
         try:  # bounded: a Redis that hangs delays an answer by a third of the leader TTL
@@ -201,11 +214,13 @@ class Replicas:
         in-process form of :meth:`lease_message`, which the service serves)."""
         return await self._route("lease", req, Lease, self._lease_here, float(req.wait_s))
 
-    async def lease_message(self, body: bytes, reply_to: str) -> None:
-        """``loki.engine.lease`` (queue group) as a raw message: granted here while leading
-        (answered on ``reply_to``), else handed to the leader's node subject with
+    async def lease_message(self, body: bytes, reply_to: str, handed: bool = False) -> None:
+        """``loki.engine.lease`` (queue group) and ``loki.engine.node.<self>.lease``
+        (``handed``: another instance handed it here) as a raw message: granted here while
+        leading (answered on ``reply_to``), else handed to the leader's node subject with
         ``reply_to`` as its reply subject (the leader answers the asker); ``unavailable``
-        when no leader appears within the request's ``wait_s``.
+        when no leader appears within the request's ``wait_s``. A handed request reaching an
+        instance that no longer leads is handed on after the leader key is read again.
 
         Raises:
             RuntimeError: :meth:`connect` was not given ``publish``.
@@ -230,6 +245,11 @@ class Replicas:
                     reply = Lease(error=info)
                 await self._answer(reply_to, reply)
                 return
+            if handed:  # the sender's view of the leader was stale: read the key first
+                handed = False
+                await asyncio.sleep(HAND_ON_PAUSE_S)
+                await self.leadership.refresh(INFO_TIMEOUT_S)
+                continue
             leader = self.leadership.other_leader()
             if leader is not None and reply_to:
                 await self._publish(subjects.engine_node(leader.instance, "lease"), body, reply_to)

@@ -13,7 +13,8 @@ One leader at a time, elected in Redis:
   last successful renewal is older than :data:`SAFETY` × TTL, measured from when that renewal
   was *sent*: before the key can expire in Redis, so two instances never lead at once.
 - Every other instance tries to take the key every third of the TTL: a killed leader is
-  replaced within about 4/3 × TTL.
+  replaced within about 4/3 × TTL. A leader that stepped down while the key still names it
+  takes the same term back (same epoch: nobody else led meanwhile).
 
 Callbacks: ``on_gain(epoch)`` (awaited before :attr:`Leadership.granting` turns true: the new
 leader loads the mirrored leases) and ``on_loss()`` (stop granting).
@@ -38,10 +39,17 @@ EPOCH_KEY = "loki:engine:leader:epoch"
 SAFETY = 0.8
 
 # KEYS[1] leader key, KEYS[2] epoch key; ARGV[1] instance, ARGV[2] ttl ms.
-# Returns the key's value: ours when taken now.
+# Returns the key's value: ours when taken now, or when it still names this instance (a term
+# it stepped down from after a failed renewal: taken back, its TTL renewed in the same step).
 _ACQUIRE = """
 local cur = redis.call('GET', KEYS[1])
-if cur then return cur end
+if cur then
+  local mine = ':' .. ARGV[1]
+  if string.sub(cur, -string.len(mine)) == mine then
+    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+  end
+  return cur
+end
 local epoch = redis.call('INCR', KEYS[2])
 local value = epoch .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', tonumber(ARGV[2]))
@@ -259,6 +267,7 @@ class Leadership:
             await self.refresh()
             return
         self._valid_until = sent + self.ttl_s * SAFETY
+        self._see(mine)
 
     async def _step_down(self, why: str) -> None:
         mine, self._mine = self._mine, None
@@ -279,6 +288,10 @@ class Leadership:
                 log.exception("stepping down did not finish")
 
     def _see(self, term: Term | None) -> None:
+        if term is not None and term.epoch < self.epoch_seen:
+            return  # a read older than what is known (epochs only grow)
+        if term is None and self.term is not None:
+            return  # a read sent before this instance took the key
         if term != self.leader:
             self.leader = term
             self._changed.set()

@@ -795,12 +795,16 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
         async def on_lease(msg: NatsMessage) -> None:  # answered by whoever grants it
             await replicas.lease_message(msg.body, msg.reply_to)
 
+        async def on_handed_lease(msg: NatsMessage) -> None:
+            await replicas.lease_message(msg.body, msg.reply_to, handed=True)
+
         replicas.connect(requester(broker), publish)
         broker.subscriber(subjects.ENGINE_LEASE, queue=q, max_workers=256, no_reply=True)(on_lease)
+        handed = subjects.engine_node(sup.instance, "lease")
+        broker.subscriber(handed, max_workers=256, no_reply=True)(on_handed_lease)
         serve(broker, subjects.ENGINE_RENEW, replicas.renew, queue=q, max_workers=64)
         serve(broker, subjects.ENGINE_RELEASE, replicas.release, queue=q, max_workers=64)
         node: list[tuple[str, Any, type[BaseModel], type[BaseModel], int]] = [
-            ("lease", replicas.node_lease, LeaseRequest, Lease, 256),
             ("renew", replicas.node_renew, RenewRequest, Lease, 64),
             ("release", replicas.node_release, ReleaseRequest, ReleaseReply, 64),
             ("info", replicas.node_info, EngineInfoRequest, EngineInfo, 16),
