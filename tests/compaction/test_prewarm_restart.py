@@ -35,9 +35,9 @@ def warm_requests(fake_engine) -> list[dict]:
     return [r.json for r in fake_engine.requests if r.json.get("max_tokens") == 1]
 
 
-async def ready(nc, state: str = "ready", external: bool = False) -> None:
-    """The supervisor's event after a (re)start."""
-    event = EngineState(state=state, ts=time.time(), external=external)
+async def ready(nc, state: str = "ready", external: bool = False, engine: str = "") -> None:
+    """The supervisor's event after a (re)start (``engine``: a pooled engine's, issue 44)."""
+    event = EngineState(state=state, ts=time.time(), external=external, engine=engine)
     await nc.publish(subjects.ENGINE_STATE, event.model_dump_json().encode())
     await nc.flush()
 
@@ -89,7 +89,7 @@ async def test_a_ready_event_prewarms_the_last_main_conversation(
 
 
 @pytest.mark.parametrize(
-    "case", ["off", "external", "starting", "stopped", "restored", "no_turn_yet"]
+    "case", ["off", "external", "starting", "stopped", "restored", "no_turn_yet", "pooled"]
 )
 async def test_nothing_is_sent_unless_a_local_engine_came_back_empty(
     chat_runner, supervisor, client, fake_engine, nc, case
@@ -103,6 +103,7 @@ async def test_nothing_is_sent_unless_a_local_engine_came_back_empty(
         nc,
         state=case if case in ("starting", "stopped") else "ready",
         external=case == "external",
+        engine="gpu1" if case == "pooled" else "",
     )
     if case in ("restored", "no_turn_yet"):
         await until(lambda: service.restart_prewarm.last is not None)

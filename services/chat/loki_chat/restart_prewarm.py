@@ -89,8 +89,17 @@ class RestartPrewarm:
         """Handle one ``loki.engine.state`` event. Returns None for an event that is not a
         local engine's ``ready`` (or with ``LOKI_PREWARM`` off), else the decision:
         ``sent`` (the prewarm task started: its outcome is ``task``'s result), or
-        ``no_owner``, ``gone``, ``elsewhere``, ``busy``. Never raises."""
-        if not self.shared.settings.prewarm or event.state != "ready" or event.external:
+        ``no_owner``, ``gone``, ``elsewhere``, ``busy``. Never raises.
+
+        A pooled engine's event (``event.engine`` set, issue 44) is not one either: the slot
+        owner is a one-engine notion, and the pool routes a conversation's next turn to the
+        slot that holds its prefix (or restores its slot file) by itself."""
+        if (
+            not self.shared.settings.prewarm
+            or event.state != "ready"
+            or event.external
+            or event.engine
+        ):
             return None
         self.last = decision = await self._start()
         log.info("[prewarm] engine ready: %s", decision)
