@@ -54,15 +54,19 @@ def parse_engine_urls(text: str) -> list[EngineSpec]:
 
     ``gpu0@fast=http://10.0.0.2:8080`` names the engine ``gpu0`` in group ``fast``;
     ``http://10.0.0.3:8080`` is the engine ``10.0.0.3:8080`` of group ``default``. Blank
-    entries (a trailing comma) are skipped; an empty string is no pool (``[]``).
+    entries (a trailing comma) are skipped; an empty string is no pool (``[]``). A trailing
+    ``/`` and an OpenAI ``/v1`` suffix are dropped (``http://h:8080/v1/`` is the server at
+    ``http://h:8080``); the scheme and host are case-insensitive.
 
     Raises:
         ValueError: an entry without an ``http://`` or ``https://`` URL with a host, a name or
-            group with other characters than letters, digits, ``._:-`` (at most 64), or two
-            entries with the same id (each message names the entry).
+            group with other characters than letters, digits, ``._:-`` (at most 64), two
+            entries with the same id, or two entries naming the same server (scheme, host,
+            port, path) under different names (each message names the entry).
     """
     specs: list[EngineSpec] = []
     seen: set[str] = set()
+    servers: dict[tuple[str, str, int, str], str] = {}
     for raw in text.split(","):
         entry = raw.strip()
         if not entry:
@@ -102,9 +106,36 @@ def parse_engine_urls(text: str) -> list[EngineSpec]:
             name = f"{host}:{port or (443 if parts.scheme == 'https' else 80)}"
         if name in seen:
             raise ValueError(f"LOKI_ENGINE_URLS: the engine {name!r} is named twice")
+        root = _engine_root(url)
+        where = _same_server_key(parts.scheme, parts.hostname, port, root)
+        if where in servers:
+            raise ValueError(
+                f"LOKI_ENGINE_URLS: {url!r} ({name!r}) is the same llama-server as "
+                f"{servers[where]!r}: one server's slots cannot be two engines"
+            )
         seen.add(name)
-        specs.append(EngineSpec(id=name, group=group or DEFAULT_GROUP, url=url.rstrip("/")))
+        servers[where] = name
+        specs.append(EngineSpec(id=name, group=group or DEFAULT_GROUP, url=root))
     return specs
+
+
+def _engine_root(url: str) -> str:
+    """The llama-server root of an entry's URL: trailing ``/`` and an OpenAI ``/v1`` suffix
+    removed (``/health``, ``/props``, ``/slots`` live at the root, as with an external
+    preset's base URL)."""
+    root = url.rstrip("/")
+    if root.lower().endswith("/v1"):
+        root = root[:-3].rstrip("/")
+    return root
+
+
+def _same_server_key(
+    scheme: str, host: str, port: int | None, root: str
+) -> tuple[str, str, int, str]:
+    """What makes two entries the same server: scheme, host (case-insensitive), port (the
+    scheme's default when absent) and path."""
+    path = urlsplit(root).path.rstrip("/")
+    return (scheme, host.lower(), port or (443 if scheme == "https" else 80), path)
 
 
 @dataclass

@@ -1,0 +1,95 @@
+"""The engine pool (issue 44) under inputs and situations a person running it meets:
+``LOKI_ENGINE_URLS`` as people write it, engines of one group serving different models, ...
+Each test failed before the fix it guards."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from loki_shared.messages.engine import EngineState, LeaseRequest, Preset
+from loki_supervisor.engine_pool import EngineSpec, parse_engine_urls
+from loki_supervisor.lease_book import LeaseManager
+from loki_supervisor.pool_mode import PoolMode
+from loki_supervisor.settings import Settings
+from tests.fakes.fake_engine import FakeEngine
+
+# ---------------------------------------------------------------------- LOKI_ENGINE_URLS
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # an OpenAI base URL pasted as the engine's: /health, /props, /slots live at the root
+        ("gpu0=http://10.0.0.2:8080/v1", [EngineSpec("gpu0", "default", "http://10.0.0.2:8080")]),
+        (
+            "http://10.0.0.2:8080/v1/",
+            [EngineSpec("10.0.0.2:8080", "default", "http://10.0.0.2:8080")],
+        ),
+        (" a = http://h:1/V1 , ", [EngineSpec("a", "default", "http://h:1")]),
+        ("http://[::1]:8080/v1", [EngineSpec("[::1]:8080", "default", "http://[::1]:8080")]),
+        # a proxy path is kept (only the /v1 suffix goes)
+        ("a=http://h:1/llama/v1", [EngineSpec("a", "default", "http://h:1/llama")]),
+        ("HTTP://Box.LAN:8080", [EngineSpec("box.lan:8080", "default", "HTTP://Box.LAN:8080")]),
+    ],
+)
+def test_engine_urls_as_people_write_them(text, expected):
+    assert parse_engine_urls(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a=http://h:8080,b=http://h:8080",
+        "a=http://h:8080,b=http://h:8080/",
+        "a=http://h:8080,b=http://H:8080/v1",
+        "a=http://h,b=http://h:80",
+        "a=https://h,b=https://h:443/",
+        "http://h:8080,b=http://h:8080/v1",
+    ],
+)
+def test_one_server_under_two_names_refused(text):
+    """Two entries of one llama-server would double its slots: two leases on "different
+    engines" would share a slot (and evict each other's prompts)."""
+    with pytest.raises(ValueError, match="same llama-server"):
+        parse_engine_urls(text)
+
+
+def test_same_host_other_port_or_path_is_another_server():
+    specs = parse_engine_urls("a=http://h:8080,b=http://h:8081,c=http://h:8080/other")
+    assert [s.id for s in specs] == ["a", "b", "c"]
+
+
+async def _until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+async def _nothing(event: EngineState) -> None:
+    return None
+
+
+async def test_engine_url_with_v1_suffix_becomes_ready_and_grants_its_root():
+    """Before: ``http://h:p/v1`` was probed at ``/v1/props`` (404 on llama-server), so the
+    engine never became ready (or its leases named ``/v1/v1/...``)."""
+    with FakeEngine(total_slots=1) as fake:
+        settings = Settings(engine_urls=f"one={fake.url}/v1/")
+        mode = PoolMode(settings, _nothing, lambda: Preset(id="env", ctx=4096))
+        lm = LeaseManager(lambda: None, ttl=30.0, claim_s=30.0, pool=mode.routing())
+        mode.attach(lm)
+        try:
+            await mode.pool.follow()
+            await _until(lambda: len(mode.pool.ready()) == 1)
+            lease = await lm.acquire(LeaseRequest(kind="main", conversation="A", wait_s=1))
+            assert lease.base_url == fake.url
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(f"{lease.base_url}/props")).status_code == 200
+            lm.release(lease.lease_id)
+        finally:
+            await mode.close()
