@@ -68,7 +68,8 @@ TIMEOUT_S = {"quick": 900, "full": 1500}
 
 #: Tokens of one slot's window (every engine, every slot).
 SLOT_CTX = 3072
-#: llama-server threads per engine (the machine has two cores; the engines share them).
+#: llama-server threads of the one engine of (a); each of the two engines gets half (the
+#: same cores in all: the machine has two).
 THREADS = 2
 SYSTEM = "You are a brief assistant. Answer in one short sentence."
 
@@ -425,6 +426,7 @@ class EngineProc:
     name: str
     slots: int
     server: servers.RunningServer
+    threads: int = THREADS
 
     @property
     def url(self) -> str:
@@ -444,9 +446,11 @@ class EngineProc:
                 client.post(f"{self.url}/slots/{i}", params={"action": "erase"})
 
 
-def start_engine(name: str, slots: int, slot_dir: Path, flags: list[str]) -> EngineProc:
+def start_engine(
+    name: str, slots: int, slot_dir: Path, flags: list[str], threads: int = THREADS
+) -> EngineProc:
     """A llama-server with the bundled model: ``slots`` slots of :data:`SLOT_CTX` tokens,
-    ``--slot-save-path slot_dir``.
+    ``threads`` threads, ``--slot-save-path slot_dir``.
 
     Raises:
         loki_shared.servers.ServerNotFound, loki_shared.servers.ServerStartError.
@@ -454,11 +458,11 @@ def start_engine(name: str, slots: int, slot_dir: Path, flags: list[str]) -> Eng
     server = servers.start_llama(
         ctx=slots * SLOT_CTX,
         parallel=slots,
-        threads=THREADS,
+        threads=threads,
         extra=["--slot-save-path", str(slot_dir), *flags],
         timeout=180,
     )
-    return EngineProc(name, slots, server)
+    return EngineProc(name, slots, server, threads)
 
 
 def pool_env(engines: list[EngineProc], routing: str, slot_dir: Path | None) -> dict[str, str]:
@@ -890,13 +894,23 @@ def _selected(name: str) -> bool:
     return not words or any(name.startswith(w.strip()) for w in words)
 
 
+#: Monotonic time after which no part starts (set by :func:`run` from
+#: ``LOKI_BENCH_ENGINES_BUDGET_S``, default the mode's ``TIMEOUT_S`` less a margin): a part
+#: left out for lack of time is reported "not run: out of time", the others keep their
+#: figures (the harness would otherwise kill the whole run at its limit).
+_deadline: float | None = None
+
+
 def _part(name: str, why: str | None, fn: Any, *args: Any) -> dict[str, Any]:
     """``fn(*args)``, or ``not_run`` with why it was not run or how it failed (a failure of
-    one part never hides the others' figures)."""
+    one part never hides the others' figures). A finished part is appended to the file
+    ``LOKI_BENCH_ENGINES_PROGRESS`` names, when set (an interrupted run keeps its figures)."""
     if not _selected(name):
         return not_run("not selected (LOKI_BENCH_ENGINES_PARTS)")
     if why is not None:
         return not_run(why)
+    if _deadline is not None and time.monotonic() > _deadline:
+        return not_run("out of time (the run's budget was spent by the parts before it)")
     print(f"[engines] {name} ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     try:
@@ -905,13 +919,20 @@ def _part(name: str, why: str | None, fn: Any, *args: Any) -> dict[str, Any]:
         return not_run(f"failed: {type(exc).__name__}: {exc}"[:400])
     out["part_s"] = round(time.monotonic() - t0, 1)
     print(f"[engines] {name}: {out['part_s']} s", file=sys.stderr, flush=True)
+    progress = os.environ.get("LOKI_BENCH_ENGINES_PROGRESS")
+    if progress:
+        with open(progress, "a") as f:
+            f.write(json.dumps({"part": name, **out}, default=str) + "\n")
     return out
 
 
 def run(quick: bool) -> dict[str, Any]:
+    global _deadline
     plan = QUICK if quick else FULL
     parts: dict[str, Any] = {}
     t_start = time.monotonic()
+    default_budget = TIMEOUT_S["quick" if quick else "full"] - 300
+    _deadline = t_start + float(os.environ.get("LOKI_BENCH_ENGINES_BUDGET_S") or default_budget)
     flags = engine_flags()
     pool_why = pool_present()
     build: dict[str, Any] | None = None
@@ -937,13 +958,14 @@ def run(quick: bool) -> dict[str, Any]:
             finally:
                 one.stop()
             per = plan.convs // 2 + 1
-            pair = [start_engine(f"e{i + 1}", per, slot_dir, flags) for i in range(2)]
+            half = max(1, THREADS // 2)
+            pair = [start_engine(f"e{i + 1}", per, slot_dir, flags, half) for i in range(2)]
             try:
-                for routing in ("affine", "round_robin", "least_busy"):
-                    env = pool_env(pair, routing, slot_dir)
-                    parts[routing] = _part(
-                        routing, pool_why, run_session, ifr, routing, env, pair, plan
-                    )
+                # (b) affine first: the target; (c), (d) after (e), (f) (reported beside)
+                env = pool_env(pair, "affine", slot_dir)
+                parts["affine"] = _part(
+                    "affine", pool_why, run_session, ifr, "affine", env, pair, plan
+                )
                 # (e) forced move, with and without slot transfer
                 why = transfer_present()
                 for label, sdir in (("move_with_transfer", slot_dir), ("move_without", None)):
@@ -965,6 +987,11 @@ def run(quick: bool) -> dict[str, Any]:
                     slot_dir,
                     small,
                 )
+                for routing in ("round_robin", "least_busy"):
+                    env = pool_env(pair, routing, slot_dir)
+                    parts[routing] = _part(
+                        routing, pool_why, run_session, ifr, routing, env, pair, plan
+                    )
             finally:
                 for e in pair:
                     e.stop()
@@ -980,7 +1007,7 @@ def _restart_dead(pair: list[EngineProc], slot_dir: Path, flags: list[str]) -> l
             out.append(e)
         else:
             e.stop()
-            out.append(start_engine(e.name, e.slots, slot_dir, flags))
+            out.append(start_engine(e.name, e.slots, slot_dir, flags, e.threads))
     return out
 
 
@@ -1054,7 +1081,8 @@ def report(
         "× baseline = that ratio / the one-engine session's. Every part runs with slot "
         "transfer on (LOKI_ENGINE_SLOT_DIR): an evicted prompt may come back by restore. "
         "Engines: bundled SmolLM2 on CPU, "
-        f"{THREADS} threads each, {SLOT_CTX} tokens per slot, flags {' '.join(flags) or '-'}.",
+        f"{THREADS} threads for the one engine, {max(1, THREADS // 2)} for each of the two, "
+        f"{SLOT_CTX} tokens per slot, flags {' '.join(flags) or '-'}.",
     )
     move_rows = []
     for key, title in (
