@@ -93,3 +93,54 @@ async def test_engine_url_with_v1_suffix_becomes_ready_and_grants_its_root():
             lm.release(lease.lease_id)
         finally:
             await mode.close()
+
+
+# ---------------------------------------------------------------------- models in one group
+
+
+async def test_engine_of_another_model_in_the_group_gets_no_conversation():
+    """Before: engines of one group serving different models were all routed to: a busy
+    affine slot moved the conversation to the other model ("overloaded"), and a new
+    conversation landed on whichever was least loaded."""
+    with (
+        FakeEngine(total_slots=1) as a,
+        FakeEngine(total_slots=2) as b,
+        FakeEngine(total_slots=1) as c,
+    ):
+        b.model_id, b.model_path = "other-model", "/models/other.gguf"
+        a.model_path, c.model_path = "/models/fake.gguf", "/srv/llm/fake.gguf"
+        settings = Settings(engine_urls=f"a={a.url},b={b.url},c={c.url}", affinity_queue_max=0)
+        mode = PoolMode(settings, _nothing, lambda: Preset(id="env", ctx=4096))
+        lm = LeaseManager(lambda: None, ttl=30.0, claim_s=30.0, pool=mode.routing())
+        mode.attach(lm)
+        try:
+            await mode.pool.follow()
+            await _until(lambda: len(mode.pool.ready()) == 3)
+            assert [t.engine for t in mode.targets()] == ["a", "c"]  # c: same file elsewhere
+            leases = [
+                await lm.acquire(LeaseRequest(kind="main", conversation=f"C{i}", wait_s=1))
+                for i in range(2)
+            ]
+            assert {lease.placement.engine for lease in leases} == {"a", "c"}
+            assert all(lease.model == "fake-model" for lease in leases)
+            info = mode_info(mode)
+            assert info.total_slots == 2 and "not used" in info.detail and "b (" in info.detail
+            for lease in leases:
+                lm.release(lease.lease_id)
+
+            a.stop()  # the group's first engine gone: c still serves the same model
+            await _until(lambda: [e.id for e in mode.pool.ready()] == ["b", "c"])
+            assert [t.engine for t in mode.targets()] == ["c"]
+            c.stop()  # no engine of that model left: the next model serves (said: failover)
+            await _until(lambda: [e.id for e in mode.pool.ready()] == ["b"])
+            assert [t.engine for t in mode.targets()] == ["b"]
+        finally:
+            await mode.close()
+
+
+def mode_info(mode: PoolMode):
+    from loki_shared.messages.engine import EngineInfo
+
+    info = EngineInfo()
+    mode.fill_info(info)
+    return info

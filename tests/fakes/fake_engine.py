@@ -354,6 +354,7 @@ class FakeEngine:
         active_streams: streams being written right now (what ``/slots`` reports).
         disconnects: streams the client closed before the server finished writing.
         n_ctx: reported by ``/props`` and ``/slots``.
+        model_path: ``/props`` ``model_path`` (``fake.gguf``).
     """
 
     def __init__(
@@ -364,6 +365,7 @@ class FakeEngine:
         self.n_ctx = n_ctx
         self.total_slots = total_slots
         self.model_id = "fake-model"
+        self.model_path = "fake.gguf"  # ``/props`` ``model_path``
         self.aliases: list[str] = []  # ``data[].aliases`` (llama-server's ``--alias`` names)
         self.embeddings = False
         self.vision = False  # ``/props`` ``modalities.vision``
@@ -559,7 +561,7 @@ class FakeEngine:
                     "total_slots": self.total_slots,
                     "default_generation_settings": {"n_ctx": self.n_ctx},
                     "build_info": "b0-fake",
-                    "model_path": "fake.gguf",
+                    "model_path": self.model_path,
                     "modalities": {"vision": self.vision, "audio": False},
                 },
             )

@@ -58,6 +58,14 @@ log = logging.getLogger(__name__)
 GROUP_FEATURE = "ENGINE_GROUP"
 
 
+def model_identity(engine: PooledEngine) -> str:
+    """What makes two engines serve the same model: the file name of ``/props``
+    ``model_path`` (engines on different machines keep it in different folders), else the
+    ``/v1/models`` id."""
+    path = engine.model_path.replace("\\", "/").rstrip("/")
+    return path.rsplit("/", 1)[-1] if path else engine.model
+
+
 class PoolMode:
     """Pool mode of one supervisor.
 
@@ -92,6 +100,8 @@ class PoolMode:
         self._publish = publish_state
         self._preset = preset
         self.leases: LeaseManager | None = None  # attached once the manager exists
+        #: engine id -> the model it served when last ready (:meth:`serving`)
+        self._models: dict[str, str] = {}
 
     # ------------------------------------------------------------------ wiring
     def routing(self) -> PoolRouting:
@@ -125,13 +135,33 @@ class PoolMode:
         slots = [e.n_ctx for e in engines if e.n_ctx > 0]
         return min([preset.ctx, *slots])
 
+    def serving(self) -> list[PooledEngine]:
+        """The ready engines of the preset's group that serve the group's model
+        (:func:`model_identity`): the model last seen on the first engine of the group, in
+        ``LOKI_ENGINE_URLS`` order, whose model some ready engine serves (an engine that is
+        down keeps its model's place; when no engine of that model is ready, the next one's).
+        An engine of the group serving another model gets no grant: a conversation never
+        moves to another model behind its back (its prompt and answers were made with one),
+        and the window and slots said in ``loki.engine.info`` are those of one model."""
+        ready = self.pool.ready(self.group())
+        for e in ready:
+            self._models[e.id] = model_identity(e)
+        live = {model_identity(e) for e in ready}
+        group = self.group()
+        for e in self.pool.engines:
+            model = self._models.get(e.id)
+            if model in live and (not group or e.spec.group == group):
+                return [r for r in ready if model_identity(r) == model]
+        return []
+
     def targets(self) -> list[EngineTarget] | None:
-        """The ready engines of the preset's group as the lease manager routes to them; None
-        while the pool is not active (an external preset)."""
+        """The ready engines of the preset's group serving its model (:meth:`serving`) as
+        the lease manager routes to them; None while the pool is not active (an external
+        preset)."""
         if not self.active:
             return None
         preset = self._preset()
-        ready = self.pool.ready(self.group())
+        ready = self.serving()
         n_ctx = self.n_ctx(ready)
         out: list[EngineTarget] = []
         for e in ready:
@@ -290,10 +320,16 @@ class PoolMode:
         info.routing = self.policy
         if not self.active:
             return
-        ready = self.pool.ready(self.group())
+        ready = self.serving()
         first = ready[0] if ready else None
         info.state = "ready" if ready else self.pool.state
         info.detail = self.pool.detail
+        others = [e for e in self.pool.ready(self.group()) if e not in ready]
+        if first is not None and others:
+            info.detail += (
+                f"; not used (another model than {first.id}'s {model_identity(first)!r}): "
+                + ", ".join(f"{e.id} ({model_identity(e)!r})" for e in others)
+            )
         info.base_url = first.runner.base_url if first else ""
         info.model = (first.model if first else "") or self._preset().api_model
         info.model_path = first.runner.props.model_path if first else None
