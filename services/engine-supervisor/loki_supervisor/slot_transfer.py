@@ -242,6 +242,14 @@ class SlotTransfer:
         finally:
             self._in_use.discard(name)
         n_restored = body.get("n_restored")
+        if n_restored == 0:
+            # an empty file (saved from an empty slot by an older supervisor): nothing was
+            # restored, and it never will be
+            log.info("slot file %s restored no token: deleted", name)
+            if self.slot_dir is not None:
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread((self.slot_dir / name).unlink)
+            return
         out.transfer = "restored"
         out.restored_tokens = n_restored if isinstance(n_restored, int) else None
         out.file = name
@@ -349,6 +357,16 @@ class SlotTransfer:
         started = time.monotonic()
         try:
             body = await self._post(engine, id_slot, "save", part)
+            if body.get("n_saved") == 0:
+                # the slot holds nothing (the engine restarted between two probes, or the
+                # granted turn never reached it): a file under this name would replace the
+                # conversation's good one with an empty one, and be "restored" for nothing
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread((self.slot_dir / part).unlink)
+                reason = f"save ({why}) of {engine.id} slot {id_slot}: the slot is empty"
+                log.info("%s: no file written", reason)
+                self.last = {"action": "save", "engine": engine.id, "skipped": reason}
+                return reason
             # written under a temporary name, then renamed: a save cut short never leaves a
             # truncated file under a name that would be restored
             await asyncio.to_thread(os.replace, self.slot_dir / part, self.slot_dir / key.filename)

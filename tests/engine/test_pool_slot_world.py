@@ -1,0 +1,99 @@
+"""Slot transfer of the engine pool (issue 44) in situations met in practice: a slot that
+holds nothing when the book says it holds a conversation (the engine restarted between two
+``/health`` probes, or the granted turn never reached the engine). Each test failed before
+the fix it guards."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loki_supervisor import slot_files
+from loki_supervisor.slot_transfer import EngineRef, GrantFacts, Occupant, SlotTransfer
+
+ENGINE = EngineRef("A", "http://a.test", None, "/models/m.gguf", 2048)
+FPS = tuple(f"{i:02x}" * 16 for i in range(1, 7))
+
+
+class EmptySlots:
+    """``POST /slots/{id}?action=save|restore`` of an engine whose slots are empty (it just
+    restarted): a save writes a file of no token (``n_saved`` 0, as llama-server answers);
+    a restore of a file reads it and restores ``n_restored`` of what was saved."""
+
+    def __init__(self, slot_dir: Path) -> None:
+        self.slot_dir = slot_dir
+        self.calls: list[tuple[str, str]] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        action = request.url.params["action"]
+        filename = json.loads(request.content)["filename"]
+        self.calls.append((action, filename))
+        path = self.slot_dir / filename
+        if action == "save":
+            path.write_bytes(b"")
+            return httpx.Response(200, json={"id_slot": 1, "n_saved": 0, "n_written": 0})
+        if not path.exists():
+            return httpx.Response(400, json={"error": {"message": "Unable to restore slot"}})
+        n = 0 if path.stat().st_size == 0 else 500
+        return httpx.Response(200, json={"id_slot": 1, "n_restored": n, "n_read": n})
+
+
+def file_name(conversation: str, fp: str) -> str:
+    return slot_files.SlotKey(
+        slot_files.model_name_key(ENGINE.model),
+        ENGINE.n_ctx,
+        slot_files.conversation_key(conversation),
+        slot_files.fingerprint_key(fp),
+    ).filename
+
+
+def grant(**kw) -> GrantFacts:
+    base = {
+        "engine": ENGINE,
+        "id_slot": 1,
+        "kind": "main",
+        "conversation": "conv-x",
+        "fingerprints": FPS,
+        "prefix": 0,
+        "occupant": None,
+        "moved_from": None,
+    }
+    base.update(kw)
+    return GrantFacts(**base)
+
+
+@pytest.fixture
+async def transfer(tmp_path: Path):
+    api = EmptySlots(tmp_path)
+    t = SlotTransfer(tmp_path, httpx.AsyncClient(transport=httpx.MockTransport(api)))
+    t.api = api  # type: ignore[attr-defined]
+    yield t
+    await t.close()
+
+
+async def test_an_empty_slot_never_replaces_the_conversations_good_file(transfer, tmp_path):
+    """Before: the evict-save of an emptied slot wrote an empty file under conv-y's name,
+    replacing the good one saved before the engine restarted."""
+    good = file_name("conv-y", FPS[2])
+    (tmp_path / good).write_bytes(b"kv" * 100)
+    occupant = Occupant("conv-y", FPS[:3], saved=False)
+    out = await transfer.before_grant(grant(conversation="conv-z", occupant=occupant))
+    assert not out.saved_occupant
+    assert transfer.api.calls[0][0] == "save"
+    assert os.listdir(tmp_path) == [good] and (tmp_path / good).stat().st_size == 200
+    assert transfer.counts["saves"] == 0
+
+
+async def test_an_empty_file_is_not_said_restored(transfer, tmp_path):
+    """Before: a file of no token (left by an older supervisor) was "restored": the
+    placement said ``restored`` while the engine recomputed the whole prompt."""
+    empty = file_name("conv-x", FPS[2])
+    (tmp_path / empty).write_bytes(b"")
+    out = await transfer.before_grant(grant(moved_from="B"))
+    assert [a for a, _ in transfer.api.calls] == ["restore"]
+    assert out.transfer == "recomputed" and out.restored_tokens is None
+    assert not (tmp_path / empty).exists()  # never tried again
