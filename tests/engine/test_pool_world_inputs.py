@@ -144,3 +144,29 @@ def mode_info(mode: PoolMode):
     info = EngineInfo()
     mode.fill_info(info)
     return info
+
+
+# ---------------------------------------------------------------------- what /props says
+
+
+async def test_engine_whose_props_lack_total_slots_serves_one_slot():
+    """Before: an engine answering ``/health`` whose ``/props`` has no ``total_slots`` (and
+    ``/slots`` off) was "ready" yet never granted anything: the pool said unavailable."""
+    with FakeEngine(total_slots=2) as fake:
+        fake.props_omit = {"total_slots"}
+        fake.slots_enabled = False
+        mode = PoolMode(
+            Settings(engine_urls=f"old={fake.url}"), _nothing, lambda: Preset(id="env", ctx=2048)
+        )
+        lm = LeaseManager(lambda: None, ttl=30.0, claim_s=30.0, pool=mode.routing())
+        mode.attach(lm)
+        try:
+            await mode.pool.follow()
+            await _until(lambda: mode.pool.engines[0].ready)
+            assert [(t.engine, t.slots) for t in mode.targets()] == [("old", 1)]
+            lease = await lm.acquire(LeaseRequest(kind="main", conversation="A", wait_s=1))
+            assert (lease.placement.engine, lease.placement.id_slot) == ("old", 0)
+            assert lease.n_ctx == 2048
+            lm.release(lease.lease_id)
+        finally:
+            await mode.close()

@@ -366,6 +366,8 @@ class FakeEngine:
         self.total_slots = total_slots
         self.model_id = "fake-model"
         self.model_path = "fake.gguf"  # ``/props`` ``model_path``
+        self.props_omit: set[str] = set()  # ``/props`` fields left out (an older server)
+        self.slots_enabled = True  # False: ``GET /slots`` answers 501 (``--no-slots``)
         self.aliases: list[str] = []  # ``data[].aliases`` (llama-server's ``--alias`` names)
         self.embeddings = False
         self.vision = False  # ``/props`` ``modalities.vision``
@@ -554,17 +556,16 @@ class FakeEngine:
             await self._send_json(writer, 200, {"status": "ok"})
             return True
         if method == "GET" and path_only == "/props":
-            await self._send_json(
-                writer,
-                200,
-                {
-                    "total_slots": self.total_slots,
-                    "default_generation_settings": {"n_ctx": self.n_ctx},
-                    "build_info": "b0-fake",
-                    "model_path": self.model_path,
-                    "modalities": {"vision": self.vision, "audio": False},
-                },
-            )
+            props = {
+                "total_slots": self.total_slots,
+                "default_generation_settings": {"n_ctx": self.n_ctx},
+                "build_info": "b0-fake",
+                "model_path": self.model_path,
+                "modalities": {"vision": self.vision, "audio": False},
+            }
+            for name in self.props_omit:
+                props.pop(name, None)
+            await self._send_json(writer, 200, props)
             return True
         if method == "GET" and path_only in ("/v1/models", "/models"):
             await self._send_json(
@@ -601,6 +602,13 @@ class FakeEngine:
                 writer,
                 200,
                 {"object": "list", "data": data, "model": self.model_id, "usage": default_usage()},
+            )
+            return True
+        if method == "GET" and path_only == "/slots" and not self.slots_enabled:
+            await self._send_json(
+                writer,
+                501,
+                {"error": {"code": 501, "message": "This server does not support slots endpoint."}},
             )
             return True
         if method == "GET" and path_only == "/slots":

@@ -171,8 +171,11 @@ class PooledEngine:
 
     @property
     def total_slots(self) -> int:
-        """``/props`` ``total_slots`` (0 until ready)."""
-        return self.runner.props.total_slots
+        """``/props`` ``total_slots`` (else the length of ``/slots``); at least 1 once ready
+        (an engine that says neither, e.g. an older server started with ``--no-slots``, has
+        one slot, as with ``LOKI_ENGINE_URL``); 0 until ready."""
+        total = self.runner.props.total_slots
+        return max(1, total) if self.ready else total
 
     @property
     def slot_n_ctx(self) -> list[int]:
