@@ -170,3 +170,27 @@ async def test_engine_whose_props_lack_total_slots_serves_one_slot():
             lm.release(lease.lease_id)
         finally:
             await mode.close()
+
+
+# ---------------------------------------------------------------------- ENGINE_GROUP
+
+
+async def test_preset_group_naming_no_engine_is_said_not_ready():
+    """Before: a preset whose ``ENGINE_GROUP`` names no engine (a typo) left
+    ``loki.engine.info`` saying ``ready`` ("1 of 1 engines ready") while every lease waited
+    and ended "engine not ready"."""
+    active = {"preset": Preset(id="p", ctx=2048, features={"ENGINE_GROUP": "Fast"})}
+    with FakeEngine(total_slots=1) as fake:
+        mode = PoolMode(
+            Settings(engine_urls=f"one@fast={fake.url}"), _nothing, lambda: active["preset"]
+        )
+        try:
+            await mode.pool.follow()
+            await _until(lambda: mode.pool.engines[0].ready)
+            info = mode_info(mode)
+            assert info.state == "failed"
+            assert "ENGINE_GROUP 'Fast' names no engine" in info.detail and "fast" in info.detail
+            active["preset"] = Preset(id="p", ctx=2048, features={"ENGINE_GROUP": "fast"})
+            assert mode_info(mode).state == "ready"
+        finally:
+            await mode.close()

@@ -28,6 +28,7 @@ from pathlib import Path
 from loki_shared.messages.engine import (
     EngineInfo,
     EngineState,
+    EngineStateName,
     Lease,
     Preset,
     ReleaseReply,
@@ -322,8 +323,15 @@ class PoolMode:
             return
         ready = self.serving()
         first = ready[0] if ready else None
-        info.state = "ready" if ready else self.pool.state
+        info.state = "ready" if ready else self._group_state()
         info.detail = self.pool.detail
+        group = self.group()
+        if group and not any(e.spec.group == group for e in self.pool.engines):
+            groups = sorted({e.spec.group for e in self.pool.engines})
+            info.detail = (
+                f"the preset's {GROUP_FEATURE} {group!r} names no engine of LOKI_ENGINE_URLS "
+                f"(its groups: {', '.join(groups)}); {info.detail}"
+            )
         others = [e for e in self.pool.ready(self.group()) if e not in ready]
         if first is not None and others:
             info.detail += (
@@ -347,6 +355,19 @@ class PoolMode:
             *(note for e in self.pool.engines for note in e.runner.notes),
         ]
         info.in_flight = sum(held for held, _ in load.values())
+
+    def _group_state(self) -> EngineStateName:
+        """The state of the active preset's group when none of its engines serves: like
+        :attr:`EnginePool.state` over the group's engines only (``failed`` when the group
+        has none: a request would never be granted)."""
+        group = self.group()
+        states = {e.runner.state for e in self.pool.engines if not group or e.spec.group == group}
+        if not states:
+            return "failed"
+        for name in ("starting", "failed"):
+            if name in states:
+                return name
+        return "failed" if "ready" in states else "stopped"
 
     async def close(self) -> None:
         """Stop following the engines and the transfer's pending saves."""
