@@ -97,3 +97,46 @@ async def test_an_empty_file_is_not_said_restored(transfer, tmp_path):
     assert [a for a, _ in transfer.api.calls] == ["restore"]
     assert out.transfer == "recomputed" and out.restored_tokens is None
     assert not (tmp_path / empty).exists()  # never tried again
+
+
+async def test_a_restarted_real_engine_keeps_the_conversations_file(tmp_path):
+    """A real llama-server, fresh (as after a restart between two probes): the book still
+    says its slot holds conv-y's prompt, a grant for conv-z evict-saves it. llama-server
+    answers ``n_saved`` 0 for the empty slot; conv-y's file saved before stays whole."""
+    from loki_shared import servers
+
+    server = servers.start_llama(
+        ctx=2048, parallel=1, threads=1, extra=["--slot-save-path", str(tmp_path)]
+    )
+    try:
+        body = httpx.get(f"{server.url}/props", timeout=30).json()
+        engine = EngineRef(
+            "A",
+            server.url,
+            None,
+            str(body["model_path"]),
+            int(body["default_generation_settings"]["n_ctx"]),
+        )
+        good = slot_files.SlotKey(
+            slot_files.model_name_key(engine.model),
+            engine.n_ctx,
+            slot_files.conversation_key("conv-y"),
+            slot_files.fingerprint_key(FPS[2]),
+        ).filename
+        (tmp_path / good).write_bytes(b"kv" * 100)
+        transfer = SlotTransfer(tmp_path)
+        try:
+            out = await transfer.before_grant(
+                grant(
+                    engine=engine,
+                    id_slot=0,
+                    conversation="conv-z",
+                    occupant=Occupant("conv-y", FPS[:3], saved=False),
+                )
+            )
+        finally:
+            await transfer.close()
+        assert not out.saved_occupant
+        assert os.listdir(tmp_path) == [good] and (tmp_path / good).stat().st_size == 200
+    finally:
+        server.stop()
