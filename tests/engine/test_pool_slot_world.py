@@ -140,3 +140,35 @@ async def test_a_restarted_real_engine_keeps_the_conversations_file(tmp_path):
         assert os.listdir(tmp_path) == [good] and (tmp_path / good).stat().st_size == 200
     finally:
         server.stop()
+
+
+class ElsewhereSlots:
+    """An engine whose ``--slot-save-path`` is not the supervisor's directory: saves answer
+    200 and write their file somewhere else (here: nowhere the supervisor sees)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(request.url.params["action"])
+        return httpx.Response(200, json={"id_slot": 1, "n_saved": 100, "n_written": 5000})
+
+
+async def test_a_slot_dir_the_engine_does_not_share_turns_the_transfer_off(tmp_path):
+    """Before: every evict-save and idle-save of every grant made the engine write a file
+    the supervisor never saw (a failed rename each time): the engine's disk filled with
+    unfinished saves no one deletes, and each grant waited for a save for nothing."""
+    api = ElsewhereSlots()
+    transfer = SlotTransfer(
+        tmp_path / "not-mounted", httpx.AsyncClient(transport=httpx.MockTransport(api))
+    )
+    try:
+        occupant = Occupant("conv-y", FPS[:3], saved=False)
+        out = await transfer.before_grant(grant(conversation="conv-z", occupant=occupant))
+        assert not out.saved_occupant and "--slot-save-path" in (out.error or "")
+        assert not transfer.enabled and "LOKI_ENGINE_SLOT_DIR" in (transfer.off_reason or "")
+        out = await transfer.before_grant(grant(conversation="conv-w", occupant=occupant))
+        transfer.after_release(ENGINE, 1, "conv-w", FPS, lambda: True, lambda fp: None)
+        assert api.calls == ["save"] and out == type(out)()
+    finally:
+        await transfer.close()

@@ -353,6 +353,7 @@ class PoolMode:
         info.notes = [
             *info.notes,
             *(note for e in self.pool.engines for note in e.runner.notes),
+            *([self.transfer.off_reason] if self.transfer.off_reason else []),
         ]
         info.in_flight = sum(held for held, _ in load.values())
 

@@ -148,6 +148,8 @@ class SlotTransfer:
         self.slot_dir = slot_dir
         self.max_bytes = max_bytes
         self.enabled = slot_dir is not None
+        #: why the transfer turned itself off (None: it did not; see :meth:`_not_shared`)
+        self.off_reason: str | None = None
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(timeout=SAVE_TIMEOUT_S)
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
@@ -369,6 +371,8 @@ class SlotTransfer:
                 return reason
             # written under a temporary name, then renamed: a save cut short never leaves a
             # truncated file under a name that would be restored
+            if not await self._appears(self.slot_dir / part):
+                return self._not_shared(engine, part)
             await asyncio.to_thread(os.replace, self.slot_dir / part, self.slot_dir / key.filename)
         except (httpx.HTTPError, RuntimeError, ValueError, OSError) as exc:
             reason = f"save ({why}) of {engine.id} slot {id_slot} failed: {_why(exc)}"
@@ -399,6 +403,37 @@ class SlotTransfer:
         )
         await asyncio.to_thread(self.cleanup)
         return None
+
+    @staticmethod
+    async def _appears(path: Path, tries: int = 5, pause_s: float = 0.2) -> bool:
+        """``path`` is a file, now or within ``tries`` looks ``pause_s`` apart (a network
+        file system may show another machine's new file a moment late)."""
+        for i in range(tries):
+            if await asyncio.to_thread(path.is_file):
+                return True
+            if i + 1 < tries:
+                await asyncio.sleep(pause_s)
+        return False
+
+    def _not_shared(self, engine: EngineRef, part: str) -> str:
+        """The engine answered a save but its file is not in :attr:`slot_dir`: the engine's
+        ``--slot-save-path`` is not this directory (not mounted, another path, missing).
+        Every later save would only fill the engine's disk with files no one reads or
+        deletes, and no restore can work: the transfer turns itself off (:attr:`off_reason`)
+        until the supervisor restarts. Returns why."""
+        reason = (
+            f"the engine {engine.id} saved {part!r} but the file is not in {self.slot_dir}: "
+            "LOKI_ENGINE_SLOT_DIR must be the directory every engine got as --slot-save-path "
+            "(shared, same path); slot transfer is off until the supervisor restarts"
+        )
+        log.error("%s", reason)
+        self.enabled = False
+        self.off_reason = reason
+        for slot in list(self._idle):
+            self._cancel_idle(slot)
+        self.counts["failures"] += 1
+        self.last = {"action": "save", "engine": engine.id, "error": reason}
+        return reason
 
     def cleanup(self) -> dict[str, str]:
         """Delete the directory's stale files (see
