@@ -34,6 +34,29 @@ from tests.fakes.fake_engine import FakeEngine
         # a proxy path is kept (only the /v1 suffix goes)
         ("a=http://h:1/llama/v1", [EngineSpec("a", "default", "http://h:1/llama")]),
         ("HTTP://Box.LAN:8080", [EngineSpec("box.lan:8080", "default", "HTTP://Box.LAN:8080")]),
+        # a YAML block, an env file's quotes, semicolons, spaces around = and @
+        (
+            "gpu0 @ fast = http://a:1\n  gpu1=http://b:2\n",
+            [EngineSpec("gpu0", "fast", "http://a:1"), EngineSpec("gpu1", "default", "http://b:2")],
+        ),
+        (
+            '"http://a:1,http://b:2"',
+            [
+                EngineSpec("a:1", "default", "http://a:1"),
+                EngineSpec("b:2", "default", "http://b:2"),
+            ],
+        ),
+        (
+            "'a=http://a:1'; 'b=http://b:2';",
+            [EngineSpec("a", "default", "http://a:1"), EngineSpec("b", "default", "http://b:2")],
+        ),
+        (
+            "http://a:1 http://b:2",
+            [
+                EngineSpec("a:1", "default", "http://a:1"),
+                EngineSpec("b:2", "default", "http://b:2"),
+            ],
+        ),
     ],
 )
 def test_engine_urls_as_people_write_them(text, expected):

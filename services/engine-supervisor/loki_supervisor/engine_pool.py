@@ -50,7 +50,8 @@ class EngineSpec:
 
 
 def parse_engine_urls(text: str) -> list[EngineSpec]:
-    """Parse ``LOKI_ENGINE_URLS``: comma-separated ``[name[@group]=]url`` entries, in order.
+    """Parse ``LOKI_ENGINE_URLS``: comma-separated ``[name[@group]=]url`` entries, in order
+    (semicolons, spaces and new lines separate too; quotes around entries are dropped).
 
     ``gpu0@fast=http://10.0.0.2:8080`` names the engine ``gpu0`` in group ``fast``;
     ``http://10.0.0.3:8080`` is the engine ``10.0.0.3:8080`` of group ``default``. Blank
@@ -67,7 +68,7 @@ def parse_engine_urls(text: str) -> list[EngineSpec]:
     specs: list[EngineSpec] = []
     seen: set[str] = set()
     servers: dict[tuple[str, str, int, str], str] = {}
-    for raw in text.split(","):
+    for raw in _entries(text):
         entry = raw.strip()
         if not entry:
             continue
@@ -117,6 +118,23 @@ def parse_engine_urls(text: str) -> list[EngineSpec]:
         servers[where] = name
         specs.append(EngineSpec(id=name, group=group or DEFAULT_GROUP, url=root))
     return specs
+
+
+def _entries(text: str) -> list[str]:
+    """The entries of ``LOKI_ENGINE_URLS`` as people write them: separated by commas,
+    semicolons, spaces or new lines (a YAML block), the whole value or an entry possibly in
+    quotes kept by an env file; spaces around ``=`` and ``@`` belong to the entry."""
+    text = re.sub(r"\s*([=@])\s*", r"\1", text.strip().strip("\"'"))
+    out: list[str] = []
+    for piece in re.split(r"[,;\n]+", text):
+        entry = ""
+        for word in piece.split():
+            if "://" in entry:  # a space after a URL ends the entry
+                out.append(entry)
+                entry = ""
+            entry = f"{entry} {word}" if entry else word
+        out.append(entry)
+    return [part.strip().strip("\"'") for part in out]
 
 
 def _engine_root(url: str) -> str:
