@@ -217,3 +217,96 @@ async def test_preset_group_naming_no_engine_is_said_not_ready():
             assert mode_info(mode).state == "ready"
         finally:
             await mode.close()
+
+
+# ---------------------------------------------------------------------- unseen restarts
+
+
+async def test_engine_restarted_between_probes_is_seen_at_the_next_affine_grant():
+    """Before: an engine restarted faster than the ``/health`` probe kept its slot book:
+    the router sent conversations to "their" empty slots (prefix said > 0, no restore from
+    their files) and evict-saved empty slots. llama-server's ``/slots`` lists ``id_task`` for
+    a slot once it ran a task; a restarted server's slots have none."""
+    from loki_shared.fingerprint import fingerprints
+
+    def ask(conversation: str, *texts: str) -> LeaseRequest:
+        msgs = [{"role": "system", "content": "sys"}] + [
+            {"role": "user", "content": t} for t in texts
+        ]
+        return LeaseRequest(
+            kind="main", conversation=conversation, wait_s=1, prompt_fingerprints=fingerprints(msgs)
+        )
+
+    with FakeEngine(total_slots=2) as fake:
+        fake.slot_tasks = {0: 1, 1: 2}
+        mode = PoolMode(
+            Settings(engine_urls=f"one={fake.url}"), _nothing, lambda: Preset(id="env", ctx=2048)
+        )
+        lm = LeaseManager(lambda: None, ttl=30.0, claim_s=30.0, pool=mode.routing())
+        mode.attach(lm)
+
+        async def turn(req: LeaseRequest):
+            lease = await mode.before_reply(lm, await lm.acquire(req))
+            lm.release(lease.lease_id)
+            return lease.placement
+
+        try:
+            await mode.pool.follow()
+            await _until(lambda: mode.pool.engines[0].ready)
+            a = await turn(ask("A", "a1"))
+            b = await turn(ask("B", "b1"))
+            assert a.id_slot != b.id_slot
+            again = await turn(ask("A", "a1", "a2"))  # the engine shows its tasks: kept
+            assert (again.id_slot, again.reason, again.prefix) == (a.id_slot, "affine", 2)
+            assert mode.book.entry("one", b.id_slot) is not None
+
+            fake.slot_tasks = {}  # restarted between two probes: no slot ran a task
+            third = await turn(ask("A", "a1", "a2", "a3"))
+            assert third.id_slot == a.id_slot and third.prefix == 0
+            assert mode.book.entry("one", b.id_slot) is None  # B's prompt is gone too
+            kept = mode.book.entry("one", a.id_slot)
+            assert kept is not None and kept.conversation == "A"  # this grant's prompt
+
+            fake.slot_tasks = {a.id_slot: 1}
+            fourth = await turn(ask("A", "a1", "a2", "a3", "a4"))
+            assert (fourth.id_slot, fourth.prefix) == (a.id_slot, 4)
+            b2 = await turn(ask("B", "b1"))  # B starts again on the other slot
+            fake.slot_tasks = {a.id_slot: 3, b2.id_slot: 4}
+            assert (await turn(ask("A", "a1", "a2", "a3", "a4", "a5"))).prefix == 5
+            assert mode.book.entry("one", b2.id_slot) is not None
+
+            # restarted again, and B's slot already ran a task since: the task ids fell
+            fake.slot_tasks = {b2.id_slot: 1}
+            sixth = await turn(ask("A", "a1", "a2", "a3", "a4", "a5", "a6"))
+            assert sixth.prefix == 0 and mode.book.entry("one", b2.id_slot) is None
+        finally:
+            await mode.close()
+
+
+async def test_engine_without_task_ids_in_slots_is_never_taken_for_restarted():
+    """An engine whose ``/slots`` never lists ``id_task`` (an older server, or ``/slots``
+    off) keeps its book: nothing is known, nothing forgotten."""
+    from loki_shared.fingerprint import fingerprints
+
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "x"}]
+    with FakeEngine(total_slots=1) as fake:
+        mode = PoolMode(
+            Settings(engine_urls=f"one={fake.url}"), _nothing, lambda: Preset(id="env", ctx=2048)
+        )
+        lm = LeaseManager(lambda: None, ttl=30.0, claim_s=30.0, pool=mode.routing())
+        mode.attach(lm)
+        try:
+            await mode.pool.follow()
+            await _until(lambda: mode.pool.engines[0].ready)
+            for n in (2, 3):
+                req = LeaseRequest(
+                    kind="main",
+                    conversation="A",
+                    wait_s=1,
+                    prompt_fingerprints=fingerprints(msgs * (n - 1))[:n],
+                )
+                lease = await mode.before_reply(lm, await lm.acquire(req))
+                lm.release(lease.lease_id)
+            assert lease.placement.prefix == 2 and lease.placement.reason == "affine"
+        finally:
+            await mode.close()

@@ -368,6 +368,8 @@ class FakeEngine:
         self.model_path = "fake.gguf"  # ``/props`` ``model_path``
         self.props_omit: set[str] = set()  # ``/props`` fields left out (an older server)
         self.slots_enabled = True  # False: ``GET /slots`` answers 501 (``--no-slots``)
+        #: ``/slots`` ``id_task`` per slot (llama-server shows it once a slot ran a task)
+        self.slot_tasks: dict[int, int] = {}
         self.aliases: list[str] = []  # ``data[].aliases`` (llama-server's ``--alias`` names)
         self.embeddings = False
         self.vision = False  # ``/props`` ``modalities.vision``
@@ -618,6 +620,7 @@ class FakeEngine:
                 200,
                 [
                     {"id": i, "n_ctx": self.n_ctx, "is_processing": i < busy}
+                    | ({"id_task": self.slot_tasks[i]} if i in self.slot_tasks else {})
                     for i in range(self.total_slots)
                 ],
             )

@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
+
 from loki_shared.messages.engine import (
     EngineInfo,
     EngineState,
@@ -36,6 +38,7 @@ from loki_shared.messages.engine import (
 )
 
 from .engine_pool import EnginePool, PooledEngine, parse_engine_urls
+from .engine_process import auth_headers
 from .errors import NotFound
 from .lease_book import EngineTarget, Held, LeaseManager, PoolRouting, Target
 from .plan import tristate
@@ -54,6 +57,9 @@ from .slot_transfer import (
 )
 
 log = logging.getLogger(__name__)
+
+#: How long a grant waits for the engine's ``/slots`` (s) when checking for an unseen restart.
+SLOTS_TIMEOUT_S = 2.0
 
 #: The preset feature naming the engine group its requests go to (empty: every engine).
 GROUP_FEATURE = "ENGINE_GROUP"
@@ -103,6 +109,9 @@ class PoolMode:
         self.leases: LeaseManager | None = None  # attached once the manager exists
         #: engine id -> the model it served when last ready (:meth:`serving`)
         self._models: dict[str, str] = {}
+        #: engine id -> the greatest ``/slots`` ``id_task`` at the last look (:meth:`_restarted`)
+        self._tasks_seen: dict[str, int | None] = {}
+        self._client = httpx.AsyncClient()
 
     # ------------------------------------------------------------------ wiring
     def routing(self) -> PoolRouting:
@@ -240,6 +249,16 @@ class PoolMode:
             if occ is not None and occ.conversation is not None and not occ.side
             else None
         )
+        if (placement.prefix > 0 or occupant is not None) and await self._restarted(engine, k):
+            # the engine restarted between two /health probes: its slots are empty
+            log.warning(
+                "engine %s restarted unseen (slot %d shows no task): its slots are empty",
+                engine.id,
+                k,
+            )
+            self.book.forget_engine(engine.id, keep_slot=k)
+            placement.prefix = 0
+            occupant = None
         facts = GrantFacts(
             engine=self.ref(engine, k),
             id_slot=k,
@@ -278,6 +297,36 @@ class PoolMode:
         if outcome.error:
             log.info("slot transfer on %s/%d: %s", engine.id, k, outcome.error)
         return lease
+
+    async def _restarted(self, engine: PooledEngine, id_slot: int) -> bool:
+        """The engine restarted since it last showed tasks (``GET /slots``: llama-server
+        lists ``id_task`` for a slot once it ran one, from one counter that only grows; a
+        restarted server's slots have none): no slot shows a task now, or the greatest task
+        id is smaller than at the last look. False when ``/slots`` is off or unreadable, or
+        showed no task at the last look (nothing known). ``id_slot``: the granted slot
+        (every slot of a restarted engine is empty)."""
+        try:
+            r = await self._client.get(
+                f"{engine.runner.base_url}/slots",
+                headers=auth_headers(engine.runner.api_key),
+                timeout=SLOTS_TIMEOUT_S,
+            )
+            listed = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return False
+        if not isinstance(listed, list):
+            return False
+        tasks = [
+            s["id_task"]
+            for s in listed
+            if isinstance(s, dict) and isinstance(s.get("id_task"), int) and s["id_task"] >= 0
+        ]
+        before = self._tasks_seen.get(engine.id)
+        self._tasks_seen[engine.id] = max(tasks) if tasks else None
+        if before is None:
+            return False
+        # task ids grow server-wide: none now (fresh slots), or a smaller greatest one
+        return not tasks or max(tasks) < before
 
     def released(self, leases: LeaseManager, held: Held, req: ReleaseRequest) -> ReleaseReply:
         """After a pooled lease's release: a ``main`` turn's slot is saved once idle (with
@@ -374,3 +423,4 @@ class PoolMode:
         """Stop following the engines and the transfer's pending saves."""
         await self.pool.close()
         await self.transfer.close()
+        await self._client.aclose()

@@ -108,10 +108,11 @@ class SlotBook:
         """The engine whose slot last ran ``conversation``'s main prompt (None: unknown)."""
         return self._last.get(conversation)
 
-    def forget_engine(self, engine: str) -> None:
-        """``engine`` is gone: its slots' contents are lost (``last_engine`` keeps naming it,
-        so the conversation's next grant elsewhere is a failover)."""
-        for key in [k for k in self._slots if k[0] == engine]:
+    def forget_engine(self, engine: str, keep_slot: int | None = None) -> None:
+        """``engine`` is gone (or restarted): its slots' contents are lost (``last_engine``
+        keeps naming it, so the conversation's next grant elsewhere is a failover); the
+        entry of ``keep_slot`` stays (a grant just recorded there)."""
+        for key in [k for k in self._slots if k[0] == engine and k[1] != keep_slot]:
             del self._slots[key]
 
     def slot_state(
