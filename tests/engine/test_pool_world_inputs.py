@@ -310,3 +310,44 @@ async def test_engine_without_task_ids_in_slots_is_never_taken_for_restarted():
             assert lease.placement.prefix == 2 and lease.placement.reason == "affine"
         finally:
             await mode.close()
+
+
+async def test_real_llama_server_restart_shows_in_its_slots():
+    """The contract :meth:`PoolMode._restarted` reads, on a real llama-server: after a task
+    its ``/slots`` lists ``id_task``; the same server restarted on the same port lists none."""
+    from loki_shared import servers
+
+    port = servers.free_port()
+    argv = servers.llama_command(port, ctx=1024, parallel=2, threads=1)
+    url = f"http://127.0.0.1:{port}"
+
+    def start() -> servers.ManagedProcess:
+        proc = servers.ManagedProcess("llama-server", argv).start()
+        proc.wait_http_ok(f"{url}/health", timeout=120)
+        return proc
+
+    proc = start()
+    mode = PoolMode(Settings(engine_urls=f"one={url}"), _nothing, lambda: Preset(id="env"))
+    try:
+        await mode.pool.follow()
+        await _until(lambda: mode.pool.engines[0].ready, 60)
+        engine = mode.pool.engines[0]
+        assert not await mode._restarted(engine, 0)  # nothing known yet
+        async with httpx.AsyncClient(timeout=120) as client:
+            r = await client.post(
+                f"{url}/v1/chat/completions",
+                json={
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2,
+                    "id_slot": 0,
+                },
+            )
+            assert r.status_code == 200
+        assert not await mode._restarted(engine, 0)  # task ids seen
+        assert not await mode._restarted(engine, 0)  # nothing changed
+        proc.stop()
+        proc = start()
+        assert await mode._restarted(engine, 0)
+    finally:
+        await mode.close()
+        proc.stop()
