@@ -351,3 +351,42 @@ async def test_real_llama_server_restart_shows_in_its_slots():
     finally:
         await mode.close()
         proc.stop()
+
+
+async def test_external_preset_and_back_keeps_what_the_engines_hold():
+    """Before: switching to an external preset stopped following the pool, which forgot the
+    slot book; switching back, every conversation was routed as new although the engines
+    (untouched) still held their prompts."""
+    from loki_shared.fingerprint import fingerprints
+
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "x"}]
+    with FakeEngine(total_slots=2) as fake:
+        fake.slot_tasks = {0: 1}
+        mode = PoolMode(
+            Settings(engine_urls=f"one={fake.url}"), _nothing, lambda: Preset(id="env", ctx=2048)
+        )
+        lm = LeaseManager(lambda: None, ttl=30.0, claim_s=30.0, pool=mode.routing())
+        mode.attach(lm)
+        try:
+            await mode.pool.follow()
+            await _until(lambda: mode.pool.engines[0].ready)
+            req = LeaseRequest(
+                kind="main", conversation="A", wait_s=1, prompt_fingerprints=fingerprints(msgs)
+            )
+            first = await mode.before_reply(lm, await lm.acquire(req))
+            lm.release(first.lease_id)
+            await mode.pool.stop()  # an external preset replaces the pool
+            await mode.pool.follow()  # and the pool is back
+            await _until(lambda: mode.pool.engines[0].ready)
+            req = LeaseRequest(
+                kind="main",
+                conversation="A",
+                wait_s=1,
+                prompt_fingerprints=fingerprints([*msgs, {"role": "user", "content": "y"}]),
+            )
+            again = await mode.before_reply(lm, await lm.acquire(req))
+            assert again.placement.reason == "affine" and again.placement.prefix == 2
+            assert again.placement.id_slot == first.placement.id_slot
+            lm.release(again.lease_id)
+        finally:
+            await mode.close()

@@ -208,8 +208,11 @@ class PoolMode:
             engine.counters.moves_in += 1
 
     async def _on_state(self, engine_id: str, event: EngineState) -> None:
-        if event.state != "ready":
-            self.book.forget_engine(engine_id)  # its slots' contents are lost (or unknown)
+        if event.state != "ready" and (event.state != "stopped" or self.pool.following):
+            # its slots' contents are lost (or unknown); not when the pool itself stopped
+            # following (an external preset for a while): the engines kept their slots, and
+            # a restart meanwhile shows at the next affine grant (:meth:`_restarted`)
+            self.book.forget_engine(engine_id)
         try:
             await self._publish(event)
         finally:
