@@ -161,6 +161,23 @@ async def test_engine_of_another_model_in_the_group_gets_no_conversation():
             await mode.close()
 
 
+@pytest.mark.parametrize(
+    ("model_path", "model", "identity"),
+    [
+        ("/models/smol.gguf", "smol", "smol.gguf"),
+        ("", "/srv/models/smol.gguf", "smol.gguf"),  # an older server: no model_path
+        ("C:\\models\\smol.gguf", "x", "smol.gguf"),
+        ("", "my-alias", "my-alias"),
+    ],
+)
+def test_model_identity(model_path, model, identity):
+    from types import SimpleNamespace
+
+    from loki_supervisor.pool_mode import model_identity
+
+    assert model_identity(SimpleNamespace(model_path=model_path, model=model)) == identity
+
+
 def mode_info(mode: PoolMode):
     from loki_shared.messages.engine import EngineInfo
 

@@ -67,10 +67,10 @@ GROUP_FEATURE = "ENGINE_GROUP"
 
 def model_identity(engine: PooledEngine) -> str:
     """What makes two engines serve the same model: the file name of ``/props``
-    ``model_path`` (engines on different machines keep it in different folders), else the
-    ``/v1/models`` id."""
-    path = engine.model_path.replace("\\", "/").rstrip("/")
-    return path.rsplit("/", 1)[-1] if path else engine.model
+    ``model_path`` (engines on different machines keep it in different folders), else of the
+    ``/v1/models`` id (llama-server's id is the model's path unless ``--alias``)."""
+    path = (engine.model_path or engine.model).replace("\\", "/").rstrip("/")
+    return path.rsplit("/", 1)[-1]
 
 
 class PoolMode:
