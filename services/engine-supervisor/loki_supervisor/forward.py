@@ -35,7 +35,6 @@ ask the new leader when they see its epoch).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -57,7 +56,7 @@ from loki_shared.messages.engine import (
     RenewRequest,
 )
 
-from .leadership import Leadership
+from .leadership import Leadership, stop_task
 from .lease_book import LeaseManager
 from .lease_mirror import SYNC_EVERY_S, Fenced, LeaseMirror
 
@@ -152,9 +151,7 @@ class Replicas:
     async def close(self) -> None:
         """Stop syncing and leave the election (a leader deletes its key)."""
         if self._syncer is not None:
-            self._syncer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._syncer
+            await stop_task(self._syncer)
             self._syncer = None
         await self.leadership.close()
 

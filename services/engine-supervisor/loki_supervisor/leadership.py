@@ -70,6 +70,20 @@ return 0
 """
 
 
+async def stop_task(task: asyncio.Task[None], every_s: float = 0.5) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling it again every ``every_s`` s.
+
+    Python 3.11's ``asyncio.wait_for`` can swallow a cancellation that arrives just as the
+    awaited call completes (fixed in 3.12): a loop cancelled at that instant would go on, and
+    a plain ``await task`` after one ``cancel()`` would wait for ever (seen as a stop that
+    hung under load)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=every_s)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        task.result()
+
+
 @dataclass(frozen=True)
 class Term:
     """One leader's term: the ``instance`` that leads and its ``epoch`` (the fencing token,
@@ -175,9 +189,7 @@ class Leadership:
         """Stop the loop; a leader deletes its key (a planned stop: another instance takes
         over at its next try instead of after the TTL)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         mine = self.term
         if mine is not None:
