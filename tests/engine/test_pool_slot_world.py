@@ -44,7 +44,7 @@ class EmptySlots:
 
 def file_name(conversation: str, fp: str) -> str:
     return slot_files.SlotKey(
-        slot_files.model_name_key(ENGINE.model),
+        ENGINE.file_model,
         ENGINE.n_ctx,
         slot_files.conversation_key(conversation),
         slot_files.fingerprint_key(fp),
@@ -118,7 +118,7 @@ async def test_a_restarted_real_engine_keeps_the_conversations_file(tmp_path):
             int(body["default_generation_settings"]["n_ctx"]),
         )
         good = slot_files.SlotKey(
-            slot_files.model_name_key(engine.model),
+            engine.file_model,
             engine.n_ctx,
             slot_files.conversation_key("conv-y"),
             slot_files.fingerprint_key(FPS[2]),

@@ -128,7 +128,7 @@ def facts(
 
 def file_of(engine: Engine, conversation: str, messages: list[dict]) -> str:
     return slot_files.SlotKey(
-        slot_files.model_name_key(engine.ref.model),
+        engine.ref.file_model,
         engine.ref.n_ctx,
         slot_files.conversation_key(conversation),
         slot_files.fingerprint_key(fingerprints(messages)[-1]),

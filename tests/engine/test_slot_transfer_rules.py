@@ -73,7 +73,7 @@ async def transfer(tmp_path: Path, api: SlotApi):
 
 def name(engine: EngineRef, conversation: str, fp: str, n_ctx: int | None = None) -> str:
     return slot_files.SlotKey(
-        slot_files.model_name_key(engine.model),
+        engine.file_model,
         engine.n_ctx if n_ctx is None else n_ctx,
         slot_files.conversation_key(conversation),
         slot_files.fingerprint_key(fp),
@@ -152,6 +152,22 @@ async def test_the_file_at_the_greatest_index_is_restored(transfer, api, tmp_pat
     # a plain compaction, a subagent: side kinds never restore
     assert await transfer.before_grant(grant(kind="subagent")) == TransferOutcome()
     assert api.calls == []
+
+
+async def test_a_file_of_an_engine_with_another_slot_count_is_never_restored(
+    transfer, api, tmp_path
+):
+    # llama-server refuses a file saved with another number of slots (400, and the slot is
+    # left empty) even at the same per-slot n_ctx: such a file is not this engine's
+    four = EngineRef("A", "http://a.test", "key-a", "/models/m.gguf", 2048, total_slots=4)
+    two = EngineRef("A", "http://a.test", "key-a", "/models/m.gguf", 2048, total_slots=2)
+    assert four.file_model != two.file_model
+    (tmp_path / name(four, "conv-x", FPS[3])).write_bytes(b"s")
+    assert transfer.best_file(grant(engine=two)) is None
+    out = await transfer.before_grant(grant(engine=two, moved_from="B"))
+    assert out == TransferOutcome(transfer="recomputed") and api.calls == []
+    # the same layout restores
+    assert transfer.best_file(grant(engine=four)) == (name(four, "conv-x", FPS[3]), 4)
 
 
 @pytest.mark.parametrize("moved_from", ["B", None])

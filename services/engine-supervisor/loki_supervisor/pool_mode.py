@@ -229,6 +229,7 @@ class PoolMode:
             api_key=engine.runner.api_key,
             model=engine.model_path or engine.model,
             n_ctx=n_ctx,
+            total_slots=engine.total_slots,
         )
 
     # ------------------------------------------------------------------ leases

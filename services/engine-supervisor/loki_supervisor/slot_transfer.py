@@ -6,7 +6,7 @@ A conversation's prompt cache moves with it through files of that directory, wri
 read by llama.cpp's ``POST /slots/{id_slot}?action=save|restore`` ``{"filename": ...}``
 (answers: ``n_saved``/``n_written``/``timings.save_ms``, ``n_restored``/``n_read``/
 ``timings.restore_ms``). Files are named by :class:`~loki_supervisor.slot_files.SlotKey`
-(model: :func:`~loki_supervisor.slot_files.model_name_key` of the engine's ``model_path``;
+(model: :attr:`EngineRef.file_model`, the engine's ``model_path`` and slot count;
 the slot's ``n_ctx``; the conversation; the prompt's last cumulative fingerprint).
 
 - *evict-save* (:meth:`SlotTransfer.before_grant`): a grant about to run another
@@ -71,14 +71,28 @@ MAIN_LIKE = frozenset({"main", "prewarm", "compact"})
 @dataclass(frozen=True)
 class EngineRef:
     """A pooled engine as the transfer sees it: its id (name, else ``host:port``), base URL,
-    API key (None: none), model name (``/props`` ``model_path``) and per-slot ``n_ctx``
-    (tokens)."""
+    API key (None: none), model name (``/props`` ``model_path``), per-slot ``n_ctx``
+    (tokens) and ``total_slots`` (``/props``; 0: unknown).
+
+    A slot file restores only into an engine of the same model, per-slot ``n_ctx`` and number
+    of slots: llama-server refuses a file saved on an engine with another slot count even when
+    the slot's ``n_ctx`` is the same (HTTP 400 "invalid slot save file", seen with 4 slots
+    against 2), and the slot it was restored into is then left empty. :attr:`file_model` keys
+    the files by all three."""
 
     id: str
     base_url: str
     api_key: str | None
     model: str
     n_ctx: int
+    total_slots: int = 0
+
+    @property
+    def file_model(self) -> str:
+        """The model part of this engine's slot file names (12 hex characters): the model's
+        name and, when known, the engine's slot count."""
+        layout = f"{self.model}|slots={self.total_slots}" if self.total_slots else self.model
+        return slot_files.model_name_key(layout)
 
 
 @dataclass(frozen=True)
@@ -203,7 +217,7 @@ class SlotTransfer:
         number of messages it covers (index + 1); None when there is none."""
         if self.slot_dir is None or not facts.conversation:
             return None
-        model = slot_files.model_name_key(facts.engine.model)
+        model = facts.engine.file_model
         conversation = slot_files.conversation_key(facts.conversation)
         index = {slot_files.fingerprint_key(fp): i for i, fp in enumerate(facts.fingerprints)}
         index.pop(slot_files.NO_FINGERPRINT, None)
@@ -340,7 +354,7 @@ class SlotTransfer:
     @staticmethod
     def _key(engine: EngineRef, conversation: str, fingerprint: str) -> slot_files.SlotKey:
         return slot_files.SlotKey(
-            slot_files.model_name_key(engine.model),
+            engine.file_model,
             engine.n_ctx,
             slot_files.conversation_key(conversation),
             slot_files.fingerprint_key(fingerprint),
