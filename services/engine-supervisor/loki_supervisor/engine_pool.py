@@ -3,7 +3,11 @@
 ``LOKI_ENGINE_URLS`` is a comma-separated list of ``[name[@group]=]url`` entries
 (:func:`parse_engine_urls`). Each engine is followed like ``LOKI_ENGINE_URL`` (one
 :class:`~loki_supervisor.engine_process.EngineRunner` in follow mode each: ``/health`` polled,
-``/props`` and ``/slots`` read when it becomes healthy); nothing is launched. Every state change
+``/props`` and ``/slots`` read when it becomes healthy). At most one entry is ``local``: the
+llama-server this supervisor launches from the active local preset, whose runner is the
+supervisor's own (launched, restarted and stopped by the supervisor, never by the pool; its
+state changes reach the pool through
+:meth:`~loki_supervisor.pool_mode.PoolMode.local_event`). Every state change
 of one engine is passed on as an :class:`~loki_shared.messages.engine.EngineState` naming the
 engine (``EngineState.engine``).
 
@@ -35,18 +39,26 @@ DEFAULT_GROUP = "default"
 #: Prometheus labels): letters, digits, ``.``, ``_``, ``:``, ``-``; 1 to 64 characters.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
+#: The entry's URL that names the engine this supervisor launches (``local``, ``name=local``).
+LOCAL_URL = "local"
+#: The id of a ``local`` entry without a name.
+LOCAL_ID = "local"
+
 #: ``on_state(engine_id, event)``: one engine's state changed.
 PoolStateCallback = Callable[[str, EngineState], Awaitable[None]]
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """One entry of ``LOKI_ENGINE_URLS``: ``id`` (its name, else ``host:port``), ``group``
-    (``default`` unless named) and ``url`` (the llama-server root, no trailing ``/``)."""
+    """One entry of ``LOKI_ENGINE_URLS``: ``id`` (its name, else ``host:port``, ``local``
+    for a ``local`` entry), ``group`` (``default`` unless named), ``url`` (the llama-server
+    root, no trailing ``/``; "" for a ``local`` entry) and ``local`` (the engine this
+    supervisor launches from the active local preset)."""
 
     id: str
     group: str
     url: str
+    local: bool = False
 
 
 def parse_engine_urls(text: str) -> list[EngineSpec]:
@@ -54,7 +66,9 @@ def parse_engine_urls(text: str) -> list[EngineSpec]:
     (semicolons, spaces and new lines separate too; quotes around entries are dropped).
 
     ``gpu0@fast=http://10.0.0.2:8080`` names the engine ``gpu0`` in group ``fast``;
-    ``http://10.0.0.3:8080`` is the engine ``10.0.0.3:8080`` of group ``default``. Blank
+    ``http://10.0.0.3:8080`` is the engine ``10.0.0.3:8080`` of group ``default``. ``local``
+    (or ``name=local``, ``name@group=local``; id ``local`` unless named) is the llama-server
+    this supervisor launches from the active local preset. Blank
     entries (a trailing comma) are skipped; an empty string is no pool (``[]``). A trailing
     ``/`` and an OpenAI ``/v1`` suffix are dropped (``http://h:8080/v1/`` is the server at
     ``http://h:8080``); the scheme and host are case-insensitive.
@@ -62,12 +76,14 @@ def parse_engine_urls(text: str) -> list[EngineSpec]:
     Raises:
         ValueError: an entry without an ``http://`` or ``https://`` URL with a host, a name or
             group with other characters than letters, digits, ``._:-`` (at most 64), two
-            entries with the same id, or two entries naming the same server (scheme, host,
-            port, path) under different names (each message names the entry).
+            entries with the same id, two entries naming the same server (scheme, host,
+            port, path) under different names, or two ``local`` entries (each message names
+            the entry).
     """
     specs: list[EngineSpec] = []
     seen: set[str] = set()
     servers: dict[tuple[str, str, int, str], str] = {}
+    local: str | None = None
     for raw in _entries(text):
         entry = raw.strip()
         if not entry:
@@ -91,11 +107,24 @@ def parse_engine_urls(text: str) -> list[EngineSpec]:
                     f"LOKI_ENGINE_URLS entry {entry!r}: the group {group!r} must be 1-64 "
                     "letters, digits or ._:-"
                 )
+        if url.strip().lower() == LOCAL_URL:
+            name = name or LOCAL_ID
+            if local is not None:
+                raise ValueError(
+                    f"LOKI_ENGINE_URLS entry {entry!r}: one local engine at most "
+                    f"({local!r} is already the engine this supervisor launches)"
+                )
+            if name in seen:
+                raise ValueError(f"LOKI_ENGINE_URLS: the engine {name!r} is named twice")
+            local = name
+            seen.add(name)
+            specs.append(EngineSpec(id=name, group=group or DEFAULT_GROUP, url="", local=True))
+            continue
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
                 f"LOKI_ENGINE_URLS entry {entry!r}: {url!r} is not an http(s) URL with a host "
-                "(form: [name[@group]=]url, e.g. gpu0=http://10.0.0.2:8080)"
+                "nor 'local' (form: [name[@group]=]url, e.g. gpu0=http://10.0.0.2:8080)"
             )
         try:
             port = parts.port
@@ -170,8 +199,9 @@ class EngineCounters:
 
 @dataclass
 class PooledEngine:
-    """One followed engine: its entry, its runner (state, ``/props``), its position in
-    ``LOKI_ENGINE_URLS`` (``order``, the router's tie-break) and its counters."""
+    """One pooled engine: its entry, its runner (state, ``/props``; for the ``local`` entry,
+    the supervisor's own launch runner), its position in ``LOKI_ENGINE_URLS`` (``order``,
+    the router's tie-break) and its counters."""
 
     spec: EngineSpec
     runner: EngineRunner
@@ -183,9 +213,15 @@ class PooledEngine:
         return self.spec.id
 
     @property
+    def local(self) -> bool:
+        """The engine this supervisor launches (the ``local`` entry)."""
+        return self.spec.local
+
+    @property
     def ready(self) -> bool:
-        """``/health`` answered 200 and ``/props`` was read."""
-        return self.runner.state == "ready"
+        """``/health`` answered 200 and ``/props`` was read (the local engine: launched and
+        ready, not replaced by an external preset's API)."""
+        return self.runner.state == "ready" and not self.runner.external
 
     @property
     def total_slots(self) -> int:
@@ -218,17 +254,20 @@ class PooledEngine:
 
 
 class EnginePool:
-    """The followed engines of ``LOKI_ENGINE_URLS``.
+    """The engines of ``LOKI_ENGINE_URLS``: the followed ones, and the local one.
 
     Args:
         specs: the parsed entries (:func:`parse_engine_urls`; at least one).
         on_state: awaited with the engine's id and the event on every state change of one
-            engine (the event's ``engine`` is that id).
+            followed engine (the event's ``engine`` is that id; the local engine's events are
+            the supervisor's).
         api_key: the key sent to every engine (``LOKI_ENGINE_API_KEY``; None: none).
         probes: the chat template probe cache shared by the engines.
+        local_runner: the runner of the engine this supervisor launches (the ``local``
+            entry's; never started or stopped here).
 
     Raises:
-        ValueError: ``specs`` is empty.
+        ValueError: ``specs`` is empty, or has a ``local`` entry without ``local_runner``.
     """
 
     def __init__(
@@ -237,16 +276,24 @@ class EnginePool:
         on_state: PoolStateCallback,
         api_key: str | None = None,
         probes: ProbeCache | None = None,
+        local_runner: EngineRunner | None = None,
     ) -> None:
         if not specs:
             raise ValueError("an engine pool needs at least one engine")
+        if any(spec.local for spec in specs) and local_runner is None:
+            raise ValueError("a local engine entry needs the supervisor's launch runner")
         self.api_key = api_key
         self._on_state = on_state
         probes = probes or ProbeCache()
         self.engines: list[PooledEngine] = []
         for order, spec in enumerate(specs):
-            runner = EngineRunner(self._relay(spec.id), probes=probes)
+            if spec.local and local_runner is not None:
+                runner = local_runner
+            else:
+                runner = EngineRunner(self._relay(spec.id), probes=probes)
             self.engines.append(PooledEngine(spec, runner, order))
+        #: the local engine (the ``local`` entry), if any
+        self.local: PooledEngine | None = next((e for e in self.engines if e.local), None)
         self._by_id = {e.id: e for e in self.engines}
         #: the runners follow their engines (:meth:`follow` ran, :meth:`stop` did not since)
         self.following = False
@@ -260,26 +307,32 @@ class EnginePool:
 
     # ------------------------------------------------------------------ lifecycle
     async def follow(self) -> None:
-        """Start following every engine (each runner polls ``/health``); a no-op while
-        already following."""
+        """Start following every followed engine (each runner polls ``/health``; the local
+        engine is launched by the supervisor); a no-op while already following."""
         if self.following:
             return
         self.following = True
-        for engine in self.engines:
+        for engine in self.followed:
             await engine.runner.run_follow(engine.spec.url, self.api_key)
             engine.runner.notes = [f"following the engine {engine.id} at {engine.spec.url}"]
 
     async def stop(self) -> None:
-        """Stop following (an external preset replaced the pool): every engine ``stopped``."""
+        """Stop following (an external preset replaced the pool): every followed engine
+        ``stopped`` (the local one is the supervisor's to stop)."""
         self.following = False
-        for engine in self.engines:
+        for engine in self.followed:
             await engine.runner.stop()
 
     async def close(self) -> None:
-        """Stop following and close the runners' HTTP clients."""
+        """Stop following and close the followed runners' HTTP clients."""
         self.following = False
-        for engine in self.engines:
+        for engine in self.followed:
             await engine.runner.close()
+
+    @property
+    def followed(self) -> list[PooledEngine]:
+        """The engines followed at a URL (all but the local one), in order."""
+        return [e for e in self.engines if not e.local]
 
     # ------------------------------------------------------------------ queries
     def get(self, engine_id: str) -> PooledEngine | None:
@@ -350,14 +403,17 @@ class EnginePool:
                 )
             held_n = sum(h for (eid, _), (h, _) in load.items() if eid == e.id)
             wait_n = sum(w for (eid, _), (_, w) in load.items() if eid == e.id)
+            replaced = e.local and e.runner.external  # an external preset is served instead
             out.append(
                 EngineSummary(
                     id=e.id,
                     group=e.spec.group,
-                    source="followed",
-                    base_url=e.runner.base_url or e.spec.url,
-                    state=e.runner.state,
-                    detail=e.runner.detail,
+                    source="local" if e.local else "followed",
+                    base_url="" if replaced else e.runner.base_url or e.spec.url,
+                    state="stopped" if replaced else e.runner.state,
+                    detail="an external preset is active: not launched"
+                    if replaced
+                    else e.runner.detail,
                     model=e.model,
                     n_ctx=e.n_ctx,
                     total_slots=e.total_slots,

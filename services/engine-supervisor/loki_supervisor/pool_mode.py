@@ -11,7 +11,10 @@ slot transfer (:mod:`loki_supervisor.slot_transfer`) and their hooks into leasin
 - an engine that leaves ``ready`` loses its slots' contents in the book
   (``SlotBook.forget_engine``): waiters go elsewhere at the next pump, and its conversations'
   next grant says ``failover``;
-- :meth:`PoolMode.fill_info` lays the pool over ``loki.engine.info``.
+- :meth:`PoolMode.fill_info` lays the pool over ``loki.engine.info``;
+- a ``local`` entry is the engine the supervisor launches from the active local preset (its
+  own :class:`~loki_supervisor.engine_process.EngineRunner`, shared with the pool): the
+  supervisor tells its state changes with :meth:`PoolMode.local_event`.
 
 Nothing here runs without ``LOKI_ENGINE_URLS``: the service then holds no :class:`PoolMode`.
 """
@@ -38,7 +41,7 @@ from loki_shared.messages.engine import (
 )
 
 from .engine_pool import EnginePool, PooledEngine, parse_engine_urls
-from .engine_process import auth_headers
+from .engine_process import EngineRunner, auth_headers
 from .errors import NotFound
 from .lease_book import EngineTarget, Held, LeaseManager, PoolRouting, Target
 from .plan import tristate
@@ -81,10 +84,14 @@ class PoolMode:
             ``affinity_queue_max``, ``engine_slot_dir``, ``engine_api_key``.
         publish_state: publishes an engine's :class:`EngineState` (``engine`` set).
         preset: returns the active preset (its ``ctx``, features, sampling cap).
+        probes: the chat template probe cache shared with the supervisor's runner.
+        local_runner: the supervisor's launch runner (the ``local`` entry's engine).
 
     Raises:
         ValueError: ``LOKI_ENGINE_URLS`` is malformed or empty (see
-            :func:`~loki_supervisor.engine_pool.parse_engine_urls`).
+            :func:`~loki_supervisor.engine_pool.parse_engine_urls`), or has a ``local`` entry
+            together with ``LOKI_SUPERVISOR_REPLICATED`` (a launched engine is one process's
+            child) or ``LOKI_ENGINE_URL`` (that engine is followed, none is launched).
     """
 
     def __init__(
@@ -93,12 +100,28 @@ class PoolMode:
         publish_state: Callable[[EngineState], Awaitable[None]],
         preset: Callable[[], Preset],
         probes: ProbeCache | None = None,
+        local_runner: EngineRunner | None = None,
     ) -> None:
         specs = parse_engine_urls(settings.engine_urls)
         if not specs:
             raise ValueError("LOKI_ENGINE_URLS names no engine")
+        local = next((spec for spec in specs if spec.local), None)
+        if local is not None and settings.supervisor_replicated:
+            raise ValueError(
+                f"LOKI_ENGINE_URLS: the local engine {local.id!r} cannot be used with "
+                "LOKI_SUPERVISOR_REPLICATED=true (a launched llama-server is one supervisor's "
+                "child; replicated supervisors follow engines: name them by URL)"
+            )
+        if local is not None and settings.engine_url.strip():
+            raise ValueError(
+                f"LOKI_ENGINE_URLS: the local engine {local.id!r} cannot be used with "
+                "LOKI_ENGINE_URL (that engine is followed, none is launched: add it to "
+                "LOKI_ENGINE_URLS instead)"
+            )
         key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
-        self.pool = EnginePool(specs, self._on_state, api_key=key, probes=probes)
+        self.pool = EnginePool(
+            specs, self._on_state, api_key=key, probes=probes, local_runner=local_runner
+        )
         self.book = SlotBook()
         slot_dir = settings.engine_slot_dir.strip()
         self.transfer = SlotTransfer(Path(slot_dir) if slot_dir else None)
@@ -195,6 +218,23 @@ class PoolMode:
             )
             out.append(EngineTarget(e.id, e.order, e.total_slots, target))
         return out
+
+    @property
+    def local(self) -> PooledEngine | None:
+        """The engine this supervisor launches (the ``local`` entry), if any."""
+        return self.pool.local
+
+    def local_event(self, event: EngineState) -> None:
+        """The supervisor's runner changed state (called before the event is published):
+        while it runs the local engine (not an external preset's API), the event names that
+        engine (``EngineState.engine``), and one that is not ``ready`` empties its slots in
+        the book (the process stopped or restarted). No-op without a ``local`` entry."""
+        local = self.pool.local
+        if local is None or local.runner.external:
+            return
+        event.engine = local.id
+        if event.state != "ready":
+            self.book.forget_engine(local.id)
 
     def _count_grant(self, held: Held) -> None:
         if held.slot is None or held.lease.placement is None:
@@ -405,7 +445,7 @@ class PoolMode:
         info.vision = bool(ready) and all(e.runner.props.vision for e in ready)
         info.notes = [
             *info.notes,
-            *(note for e in self.pool.engines for note in e.runner.notes),
+            *(note for e in self.pool.followed for note in e.runner.notes),
             *([self.transfer.off_reason] if self.transfer.off_reason else []),
         ]
         info.in_flight = sum(held for held, _ in load.values())

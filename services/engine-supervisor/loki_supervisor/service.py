@@ -102,9 +102,16 @@ class Supervisor:
         self.runner = EngineRunner(
             self._on_state, settings.engine_start_timeout, settings.engine_backoff_max
         )
-        #: pool mode (``LOKI_ENGINE_URLS``: several followed engines); None with one engine
+        #: pool mode (``LOKI_ENGINE_URLS``: several engines, the followed ones and, with a
+        #: ``local`` entry, the one ``self.runner`` launches); None with one engine
         self.pool: PoolMode | None = (
-            PoolMode(settings, self._publish_pool_state, lambda: self.preset, self.runner.probes)
+            PoolMode(
+                settings,
+                self._publish_pool_state,
+                lambda: self.preset,
+                self.runner.probes,
+                local_runner=self.runner,
+            )
             if settings.engine_urls.strip()
             else None
         )
@@ -235,6 +242,8 @@ class Supervisor:
         await self.publish_state(event)
 
     async def _on_state(self, event: EngineState) -> None:
+        if self.pool is not None:  # the local pooled engine's event names it
+            self.pool.local_event(event)
         restore = (
             event.state == "ready"
             and self.persist.enabled
@@ -274,6 +283,12 @@ class Supervisor:
         plan's notes) when the engine has no slot directory or the conversation's slot is not
         slot 0 (several slots without SIDE_SLOT)."""
         if not truthy(preset.features.get("SLOT_PERSIST")):
+            return None
+        if self.pool is not None:
+            plan.notes.append(
+                "SLOT_PERSIST off: several engines (LOKI_ENGINE_URLS): slots move with "
+                "LOKI_ENGINE_SLOT_DIR instead"
+            )
             return None
         if plan.slot_save_path is None:
             plan.notes.append("SLOT_PERSIST off: the engine has no --slot-save-path")
@@ -317,7 +332,7 @@ class Supervisor:
             if self.settings.engine_api_key
             else None,
             threads=self.settings.engine_threads,
-            slot_dir=Path(self.settings.home).resolve() / "slots",
+            slot_dir=self._local_slot_dir(),
             draft=DraftRequest(
                 model=preset.draft_model,
                 max=preset.draft_max,
@@ -325,6 +340,24 @@ class Supervisor:
                 ngl=preset.draft_ngl,
             ),
         )
+
+    def _local_slot_dir(self) -> Path:
+        """The launched engine's ``--slot-save-path``: ``LOKI_HOME/slots``; the pool's
+        ``LOKI_ENGINE_SLOT_DIR`` when the engine is the pool's ``local`` one and it is set
+        (the slot transfer saves and restores there on every engine)."""
+        shared = self.settings.engine_slot_dir.strip()
+        if self.pool is not None and self.pool.local is not None and shared:
+            return Path(shared)
+        return Path(self.settings.home).resolve() / "slots"
+
+    def _keep_slot_file(self, persist: PersistConfig | None) -> Callable[[str], bool] | None:
+        """Which files of the slot directory a launch keeps: all of them in the pool's
+        shared ``LOKI_ENGINE_SLOT_DIR`` (other engines' saved slots), SLOT_PERSIST's own
+        files, else none (a previous launch's files are stale)."""
+        if self.pool is not None and self.pool.local is not None:
+            if self.settings.engine_slot_dir.strip():
+                return lambda _name: True
+        return slot_files.is_slot_file if persist else None
 
     async def make_plan(self, preset: Preset) -> tuple[LocalConfig, LaunchPlan]:
         """Compute the launch plan of a local preset from fresh facts.
@@ -383,8 +416,10 @@ class Supervisor:
     # ------------------------------------------------------------------ applying
     async def apply(self, preset: Preset) -> None:
         """Make ``preset`` the running configuration: an external preset stops the local
-        engine; with ``LOKI_ENGINE_URL`` the engine there is followed; otherwise
-        llama-server is (re)launched from the preset's plan. A preset that cannot be planned
+        engine (and stops following the pool); with ``LOKI_ENGINE_URLS`` its URLs are
+        followed, and only with a ``local`` entry is llama-server launched beside them; with
+        ``LOKI_ENGINE_URL`` the engine there is followed; otherwise llama-server is
+        (re)launched from the preset's plan. A preset that cannot be planned
         leaves the engine ``failed`` with the reason."""
         async with self._apply_lock:
             await self._save_before_stop()
@@ -401,11 +436,12 @@ class Supervisor:
                     await self.pool.pool.stop()  # the external API replaces the pool
                 await self.runner.run_external(preset.base_url, key, preset.api_model)
                 return
-            if self.pool is not None:  # LOKI_ENGINE_URLS: the pool is followed, none launched
-                await self.runner.stop()
+            if self.pool is not None:  # LOKI_ENGINE_URLS: the pool's URLs are followed
                 await self.pool.pool.follow()
                 self.leases.pump()
-                return
+                if self.pool.local is None:  # no local entry: none launched
+                    await self.runner.stop()
+                    return
             api_key = (
                 self.settings.engine_api_key.get_secret_value()
                 if self.settings.engine_api_key
@@ -443,7 +479,7 @@ class Supervisor:
                     auto_port=self.settings.engine_port is None,
                     model=cfg.model,
                     model_source=model_source(preset),
-                    keep_slot_file=slot_files.is_slot_file if persist else None,
+                    keep_slot_file=self._keep_slot_file(persist),
                 ),
                 plan.notes,
             )
@@ -722,7 +758,7 @@ class Supervisor:
         memory or the refusal's reason), CACHE_RAM arithmetic."""
         if preset.external:
             return {"external": True, "notes": ["external preset: the local engine stops"]}
-        if self.pool is not None:
+        if self.pool is not None and self.pool.local is None:
             return {"notes": ["engines followed (LOKI_ENGINE_URLS): nothing launched"]}
         if self.settings.engine_url:
             return {"notes": [f"engine followed at {self.settings.engine_url}: nothing launched"]}
