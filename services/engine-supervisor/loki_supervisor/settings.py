@@ -58,8 +58,8 @@ class Settings(LokiSettings):
       ``[name[@group]=]url`` (``gpu0=http://10.0.0.2:8080``; name default ``host:port``, group
       default ``default``); nothing is launched then, except for one ``local`` entry
       (``local``, ``name=local``, ``name@group=local``): the llama-server this supervisor
-      launches from the active local preset joins the pool (not with
-      ``LOKI_SUPERVISOR_REPLICATED`` nor ``LOKI_ENGINE_URL``). Empty: one engine, as before.
+      launches from the active local preset joins the pool (refused with replicated
+      supervisors and with a followed LOKI_ENGINE_URL). Empty: one engine, as before.
     - ``LOKI_ENGINE_ROUTING``: the pool's policy: ``affine`` (default: the slot holding the
       longest prefix of the conversation's prompt), ``round_robin`` or ``least_busy`` (for
       comparison).
