@@ -79,19 +79,20 @@ async def _publish(_: EngineState) -> None:
 
 
 @pytest.mark.parametrize(
-    ("settings", "says"),
+    ("fields", "says"),
     [
         (
-            Settings(engine_urls="local,peer=http://10.0.0.2:8080", supervisor_replicated=True),
+            {"engine_urls": "local,peer=http://10.0.0.2:8080", "supervisor_replicated": True},
             "LOKI_SUPERVISOR_REPLICATED",
         ),
         (
-            Settings(engine_urls="here=local", engine_url="http://10.0.0.3:8080"),
+            {"engine_urls": "here=local", "engine_url": "http://10.0.0.3:8080"},
             "LOKI_ENGINE_URL",
         ),
     ],
 )
-def test_local_entry_refused_with_replicas_or_a_followed_engine(settings, says):
+def test_local_entry_refused_with_replicas_or_a_followed_engine(fields, says):
+    settings = Settings(**fields)
     with pytest.raises(ValueError, match=says):
         PoolMode(settings, _publish, lambda: Preset(id="env"))
 
@@ -273,3 +274,14 @@ async def test_supervisor_launches_its_local_engine_beside_a_followed_one(
     assert not any(process_alive(pid) for pid in children)
     async with httpx.AsyncClient(timeout=5) as client:
         assert (await client.get(f"{peer.url}/health")).status_code == 200
+
+
+def test_supervisor_process_refuses_a_local_entry_when_replicated(local_env, supervisor_factory):
+    env = {
+        **local_env,
+        "LOKI_ENGINE_URLS": "local,peer=http://127.0.0.1:9",
+        "LOKI_SUPERVISOR_REPLICATED": "true",
+    }
+    sup = supervisor_factory(env)
+    assert sup.proc.wait(60) != 0
+    assert "LOKI_SUPERVISOR_REPLICATED=true" in sup.log()  # said before anything started
