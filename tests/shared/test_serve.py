@@ -235,6 +235,8 @@ async def test_supervisor_handlers_decode_their_requests() -> None:
         presets=unused,
         bench=SimpleNamespace(handle=unused),
         optimiser=SimpleNamespace(handle=unused),
+        replicas=None,  # one supervisor (LOKI_SUPERVISOR_REPLICATED off): handlers as before
+        instance="s1",  # the process's id, said in every info answer
     )
     br = broker()
     build_broker(sup, br)  # type: ignore[arg-type]
@@ -242,7 +244,7 @@ async def test_supervisor_handlers_decode_their_requests() -> None:
         info = await ask(test, subjects.ENGINE_INFO, b"{}")
         granted = await ask(test, subjects.ENGINE_LEASE, LeaseRequest(kind="main", holder="chat"))
         refused = await ask(test, subjects.ENGINE_LEASE, b'{"kind": "main", "wait_s": "x"}')
-    assert EngineInfo.model_validate(info) == EngineInfo()
+    assert EngineInfo.model_validate(info) == EngineInfo(instance="s1")
     assert Lease.model_validate(granted).lease_id == "l1"
     assert leased == [LeaseRequest(kind="main", holder="chat")]
     assert_refused(refused, "LeaseRequest", "wait_s")
