@@ -90,6 +90,36 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+async def slot_action(
+    client: httpx.AsyncClient,
+    base_url: str,
+    api_key: str | None,
+    id_slot: int,
+    action: str,
+    filename: str,
+    timeout: float,
+) -> dict[str, Any]:
+    """llama.cpp's ``POST /slots/{id_slot}?action=save|restore`` ``{"filename": ...}`` (a
+    file under the engine's ``--slot-save-path``); returns the answer's JSON object
+    (``n_saved``/``n_restored``, ``timings``; ``{}`` when it is not an object).
+
+    Raises:
+        RuntimeError: the engine answered another status than 200 (status and body start).
+        httpx.HTTPError: the request failed or ran past ``timeout`` seconds.
+    """
+    r = await client.post(
+        f"{base_url}/slots/{id_slot}",
+        params={"action": action},
+        json={"filename": filename},
+        headers=auth_headers(api_key),
+        timeout=timeout,
+    )
+    if r.status_code != 200:
+        raise RuntimeError(f"{action} answered {r.status_code}: {r.text[:200]}")
+    body = r.json()
+    return body if isinstance(body, dict) else {}
+
+
 async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | None) -> Props:
     """Read ``/props`` (``total_slots``, ``default_generation_settings.n_ctx``,
     ``build_info``, ``chat_template``, ``chat_template_caps``, ``model_path``,

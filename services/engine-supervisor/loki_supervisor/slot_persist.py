@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from . import slot_files
-from .engine_process import auth_headers
+from .engine_process import slot_action
 from .lease_book import LeaseManager
 
 log = logging.getLogger(__name__)
@@ -150,17 +150,9 @@ class SlotPersister:
         )
 
     async def _post(self, action: str, filename: str, timeout: float) -> dict[str, Any]:
-        r = await self._client.post(
-            f"{self.base_url}/slots/0",
-            params={"action": action},
-            json={"filename": filename},
-            headers=auth_headers(self.api_key),
-            timeout=timeout,
+        return await slot_action(
+            self._client, self.base_url, self.api_key, 0, action, filename, timeout
         )
-        if r.status_code != 200:
-            raise RuntimeError(f"{action} answered {r.status_code}: {r.text[:200]}")
-        body = r.json()
-        return body if isinstance(body, dict) else {}
 
     async def save(self, why: str, timeout: float = SAVE_TIMEOUT_S) -> str | None:
         """Save slot 0 as its owner's file when it holds a turn not saved yet (leases

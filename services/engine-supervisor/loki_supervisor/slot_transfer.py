@@ -41,7 +41,7 @@ from typing import Any, Literal
 import httpx
 
 from . import slot_files
-from .engine_process import auth_headers
+from .engine_process import slot_action
 
 log = logging.getLogger(__name__)
 
@@ -471,17 +471,9 @@ class SlotTransfer:
     async def _post(
         self, engine: EngineRef, id_slot: int, action: str, filename: str
     ) -> dict[str, Any]:
-        r = await self._client.post(
-            f"{engine.base_url}/slots/{id_slot}",
-            params={"action": action},
-            json={"filename": filename},
-            headers=auth_headers(engine.api_key),
-            timeout=SAVE_TIMEOUT_S,
+        return await slot_action(
+            self._client, engine.base_url, engine.api_key, id_slot, action, filename, SAVE_TIMEOUT_S
         )
-        if r.status_code != 200:
-            raise RuntimeError(f"{action} answered {r.status_code}: {r.text[:200]}")
-        body = r.json()
-        return body if isinstance(body, dict) else {}
 
     async def close(self) -> None:
         """Cancel the pending idle-saves (one already saving is awaited) and close the
