@@ -20,7 +20,7 @@ Every request also names ``fingerprints``: :func:`loki_shared.fingerprint.finger
 the messages it will send (``LeaseRequest.prompt_fingerprints``, issue 44: with several
 engines the supervisor grants the slot whose last prompt shares the longest prefix; empty:
 unknown). Where the messages depend on the lease, the caller anticipates them with its
-previous lease (:mod:`loki_chat.lease_prompt`).
+previous lease (:func:`loki_chat.step.preview`).
 """
 
 from __future__ import annotations
