@@ -44,6 +44,18 @@ def _wait_engine_idle(engine_url, timeout=60.0):
     raise TimeoutError("engine still busy")
 
 
+def _record_of(records, usage):
+    """The one record among ``records`` whose usage is a Responses ``usage``'s (input and
+    output tokens as prompt and completion tokens); None if none."""
+    for r in records:
+        if r.usage and (r.usage.get("prompt_tokens"), r.usage.get("completion_tokens")) == (
+            usage.input_tokens,
+            usage.output_tokens,
+        ):
+            return r
+    return None
+
+
 def _wait(pred, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -303,6 +315,8 @@ def test_disconnect_while_the_engine_reads_the_prompt_frees_the_slot(
         sock.close()
     _assert_cut_short(engine_url, before)
     assert _wait(lambda: peers.held() == 0)
+    # its record says the answer was cut (and is in before the next test counts records)
+    assert _wait(lambda: peers.perf_records and peers.perf_records[-1].cut)
 
 
 def test_responses_api_on_the_real_engine_streamed_and_not(oai, peers):
@@ -317,9 +331,11 @@ def test_responses_api_on_the_real_engine_streamed_and_not(oai, peers):
     assert answer.status == "completed" and answer.output_text
     assert answer.model == listed and answer.usage.input_tokens > 0
     assert peers.lease_count == before[0] + 1 and _wait(lambda: peers.held() == 0)
-    assert _wait(lambda: len(peers.perf_records) > before[1])
-    record = peers.perf_records[-1]
-    assert record.usage["prompt_tokens"] == answer.usage.input_tokens and not record.cut
+    # this request's record: the one whose usage is the answer's (a record of an earlier
+    # test may still come in after ``before`` was read)
+    assert _wait(lambda: _record_of(peers.perf_records[before[1] :], answer.usage))
+    record = _record_of(peers.perf_records[before[1] :], answer.usage)
+    assert record is not None and not record.cut and record.kind == "foreign"
     events = list(
         oai.responses.create(
             model="any", input="Reply with one word: pong", max_output_tokens=8, stream=True

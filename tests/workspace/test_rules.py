@@ -292,3 +292,36 @@ def test_under_root_the_filter_is_given_to_bwrap() -> None:
     argv = build_argv("bwrap", ["id"], HOST, [], LIMITS, as_user=(1, 1), seccomp_fd=9)
     assert argv[argv.index("--seccomp") + 1] == "9"
     assert argv.index("--seccomp") < argv.index("--")
+
+
+def test_a_search_past_its_deadline_answers_what_it_found_truncated(tmp_path: Path) -> None:
+    """The deadline is read before each file (grep) and each entry (glob): what was found
+    before it is answered, ``truncated``; nothing after it is read."""
+    import re
+    import time
+
+    from loki_shared.messages.workspace import FileEntry, FilesRequest
+    from loki_workspace.files import Caps, Files
+
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (tmp_path / name).write_text("needle\n")
+    files = Files(tmp_path, Caps(read_max=1 << 20, write_max=1 << 20), owner=None)
+
+    def targets():  # the clock runs out after the first file
+        yield ("a.txt",), FileEntry(path="a.txt", kind="file")
+        files.deadline = time.monotonic() - 1
+        yield ("b.txt",), FileEntry(path="b.txt", kind="file")
+        yield ("c.txt",), FileEntry(path="c.txt", kind="file")
+
+    reply = files.grep_files(targets(), re.compile("needle"), limit=100)
+    assert [m.path for m in reply.matches] == ["a.txt"] and reply.truncated
+    files.deadline = None
+    whole = files.grep_files(
+        [((n,), FileEntry(path=n, kind="file")) for n in ("a.txt", "b.txt")],
+        re.compile("needle"),
+        limit=100,
+    )
+    assert len(whole.matches) == 2 and not whole.truncated
+    files.deadline = time.monotonic() - 1
+    globbed = files.files(FilesRequest(project="p", op="glob", pattern="*.txt"))
+    assert globbed.entries == [] and globbed.truncated and files.stopped

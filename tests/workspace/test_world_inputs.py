@@ -288,13 +288,16 @@ async def test_a_page_that_never_ends_or_reaches_out_is_bounded(nc: NATS, ws: Pa
 async def test_a_grep_over_too_many_files_answers_what_it_found(
     nc: NATS, ws: Path, service: WorkspaceService
 ) -> None:
-    # files enough that reading them all takes longer than the bound, here (3 s)
+    # files enough that reading them all may take longer than the bound, here (3 s); the
+    # script spells the word in two halves so that only the 40 files hold it (a machine fast
+    # enough reads them all: 40 matches, not truncated)
     script = (
         "import os\n"
+        "word = 'nee' + 'dle'\n"
         "for a in range(40):\n"
         "    os.makedirs(f'd{a}/e/f', exist_ok=True)\n"
         "    for b in range(1000):\n"
-        "        open(f'd{a}/e/f/x{b}.txt', 'w').write('needle\\n' if b == 0 else 'hay\\n')\n"
+        "        open(f'd{a}/e/f/x{b}.txt', 'w').write(word + '\\n' if b == 0 else 'hay\\n')\n"
     )
     await write(nc, "make.py", script)
     made = await ask(nc, subjects.WORKSPACE_RUN, project=P, command="python3 make.py")
