@@ -214,8 +214,8 @@ ENGINE_BENCH = _exchange("loki.engine.bench", engine.BenchRequest, engine.BenchR
 # the launch search
 ENGINE_OPTIMISE = _exchange("loki.engine.optimise", engine.OptimiseRequest, engine.OptimiseReply)
 # replicated supervisors (LOKI_SUPERVISOR_REPLICATED): a non-leader forwards lease, renew,
-# release, info and presets to the leader's own subject (no queue group; same request and
-# reply types as the queue group's subject of the op)
+# release, info, presets, bench and optimise to the leader's own subject (no queue group;
+# same request and reply types as the queue group's subject of the op)
 ENGINE_NODE_PREFIX = "loki.engine.node"  # + ".<instance>.<op>"
 #: The ops forwarded to the leader, with the queue group subject each one mirrors.
 ENGINE_NODE_OPS = {
@@ -224,12 +224,14 @@ ENGINE_NODE_OPS = {
     "release": ENGINE_RELEASE,
     "info": ENGINE_INFO,
     "presets": ENGINE_PRESETS,
+    "bench": ENGINE_BENCH,
+    "optimise": ENGINE_OPTIMISE,
 }
 
 
 def engine_node(instance: str, op: str) -> str:
     """Subject where supervisor ``instance`` serves ``op`` (``lease``, ``renew``, ``release``,
-    ``info``, ``presets``) forwarded by another instance while it leads
+    ``info``, ``presets``, ``bench``, ``optimise``) forwarded by another instance while it leads
     (``loki.engine.node.<instance>.<op>``).
 
     Raises:

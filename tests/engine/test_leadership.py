@@ -21,6 +21,9 @@ from loki_shared.errors import Conflict, LokiError
 from loki_shared.lease import lease, requester
 from loki_shared.messages.base import ErrorInfo
 from loki_shared.messages.engine import (
+    BenchJob,
+    BenchReply,
+    BenchRequest,
     EngineInfo,
     EngineInfoRequest,
     Lease,
@@ -288,7 +291,8 @@ async def test_two_supervisors_a_held_lease_and_a_waiter_survive_the_leader_kill
 def test_engine_node_subjects() -> None:
     assert subjects.engine_node("ab12", "lease") == "loki.engine.node.ab12.lease"
     assert subjects.engine_node("ab12", "info") == "loki.engine.node.ab12.info"
-    for instance, op in (("a.b", "lease"), ("", "renew"), ("a", "bench"), ("a*", "info")):
+    assert subjects.engine_node("ab12", "bench") == "loki.engine.node.ab12.bench"
+    for instance, op in (("a.b", "lease"), ("", "renew"), ("a", "state"), ("a*", "info")):
         with pytest.raises(ValueError):
             subjects.engine_node(instance, op)
 
@@ -321,12 +325,18 @@ class Replica:
             presets=self.presets,
             on_lead=self.lead,
         )
+        # a bench request served only by the leader (issue 44: a measurement leases from
+        # the leader's book): its job names who ran it
+        self.bench_queue, self.bench_node = self.replicas.leader_op("bench", self.bench, BenchReply)
         self.led = 0
         self.replicas.connect(requester(nc))
         self.subs: list[Any] = []
 
     async def presets(self, req: PresetsRequest) -> PresetsReply:
         return PresetsReply(active=self.node.lead.instance)  # who served it
+
+    async def bench(self, req: BenchRequest) -> BenchReply:
+        return BenchReply(job=BenchJob(job_id=self.node.lead.instance))
 
     async def lead(self) -> None:
         self.led += 1
@@ -338,6 +348,7 @@ class Replica:
             "release": (self.replicas.node_release, ReleaseRequest),
             "info": (self.replicas.node_info, EngineInfoRequest),
             "presets": (self.replicas.node_presets, PresetsRequest),
+            "bench": (self.bench_node, BenchRequest),
         }
         for op, (handler, model) in handlers.items():
 
@@ -398,6 +409,10 @@ async def test_a_non_leader_forwards_lease_renew_release_and_info_to_the_leader(
         assert a.leases.held == {} and await a.node.redis.hlen(LEASES_KEY) == 0
         assert b.replicas.forwarded == 3
         assert (await b.replicas.presets(PresetsRequest(action="list"))).active == "a"
+        benched = await b.bench_queue(BenchRequest(action="latest"))
+        assert benched.job is not None and benched.job.job_id == "a"  # the leader's job
+        with pytest.raises(Conflict):  # and never b's own
+            await b.bench_node(BenchRequest(action="latest"))
         assert (a.led, b.led) == (1, 0)  # on_lead ran once, in the leader
         # a renewal of a lease nobody holds is a real loss: not_found, relayed as is
         gone = await b.replicas.renew(RenewRequest(lease_id=lease.lease_id))
@@ -412,6 +427,8 @@ async def test_a_non_leader_forwards_lease_renew_release_and_info_to_the_leader(
         info = await b.replicas.fresh_info()
         assert info.leader == "b" and info.boot != f"epoch-{term.epoch}"
         assert (await b.replicas.presets(PresetsRequest(action="list"))).active == "b"
+        benched = await b.bench_queue(BenchRequest(action="latest"))
+        assert benched.job is not None and benched.job.job_id == "b"  # b leads: its own
         assert b.led == 1
     finally:
         await a.close()

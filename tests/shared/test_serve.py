@@ -250,6 +250,70 @@ async def test_supervisor_handlers_decode_their_requests() -> None:
     assert_refused(refused, "LeaseRequest", "wait_s")
 
 
+async def test_replicated_supervisors_send_measurements_to_the_leader() -> None:
+    """Issue 44: with replicated supervisors ``loki.engine.bench`` and ``.optimise`` go
+    through :meth:`Replicas.leader_op` (the queue group's subject and the instance's node
+    subject), each decoded as its own request type."""
+    from loki_shared.messages.engine import (
+        BenchReply,
+        BenchRequest,
+        EngineInfo,
+        OptimiseReply,
+        OptimiseRequest,
+    )
+    from loki_supervisor.service import build_broker
+
+    asked: list[tuple[str, str, Any]] = []
+
+    async def unused(*_: Any, **__: Any) -> Any:
+        raise AssertionError("not asked")
+
+    class Replicas:
+        def __getattr__(self, name: str) -> Any:
+            return unused
+
+        def connect(self, *_: Any) -> None:
+            pass
+
+        def leader_op(self, op: str, handler: Any, reply_type: Any) -> tuple[Any, Any]:
+            async def queue(req: Any) -> Any:
+                asked.append(("queue", op, req))
+                return reply_type()
+
+            async def node(req: Any) -> Any:
+                asked.append(("node", op, req))
+                return reply_type()
+
+            return queue, node
+
+    sup = SimpleNamespace(
+        info=lambda: EngineInfo(),
+        lease=unused,
+        renew=unused,
+        release=unused,
+        presets=unused,
+        bench=SimpleNamespace(handle=unused),
+        optimiser=SimpleNamespace(handle=unused),
+        replicas=Replicas(),
+        instance="s1",
+    )
+    br = broker()
+    build_broker(sup, br)  # type: ignore[arg-type]
+    async with TestNatsBroker(br) as test:
+        bench = await ask(test, subjects.ENGINE_BENCH, BenchRequest(action="latest"))
+        node = await ask(
+            test, subjects.engine_node("s1", "optimise"), OptimiseRequest(action="status")
+        )
+        refused = await ask(test, subjects.ENGINE_BENCH, b'{"action": "dance"}')
+    assert BenchReply.model_validate(bench).error is None
+    assert OptimiseReply.model_validate(node).error is None
+    assert asked == [
+        ("queue", "bench", BenchRequest(action="latest")),
+        ("node", "optimise", OptimiseRequest(action="status")),
+    ]
+    assert_refused(refused, "BenchRequest", "action")
+
+
 async def test_chat_routes_and_forwarded_requests_decode_their_requests() -> None:
     from loki_chat.handlers import ChatHandlers
 

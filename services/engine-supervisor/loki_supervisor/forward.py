@@ -15,8 +15,12 @@ answer.
   (:mod:`loki_shared.lease`) retries such an answer; only ``not_found`` loses a lease.
 - ``loki.engine.presets`` is forwarded the same way (the leader applies a saved or switched
   preset to the engines it grants); an instance that becomes the leader applies the active
-  preset first when it differs from the one it runs (``on_lead``).
-- A forwarded renewal, release, info or presets request reaching an instance that no longer
+  preset first when it differs from the one it runs (``on_lead``). So are ``loki.engine.bench``
+  and ``loki.engine.optimise`` (:meth:`Replicas.leader_op`): a measurement leases its slots
+  from the lease book, which only the leader keeps, and its job's progress lives in the
+  instance that runs it, so every instance answers with the leader's job.
+- A forwarded renewal, release, info, presets, bench or optimise request reaching an instance
+  that no longer
   leads is answered ``conflict`` ("not the leader") on the node subject, and the forwarder asks
   again; a handed-over lease request is handed on (:meth:`Replicas.lease_message`).
 - ``loki.engine.info`` is answered by any instance: a non-leader asks the leader's
@@ -70,7 +74,10 @@ LEASE_MARGIN_S = 5.0
 #: How long a presets request waits for a leader (s); its answer may take 6 s more (a
 #: preview reads the launch facts): under the gateway's 15 s.
 PRESETS_WAIT_S = 8.0
-_MARGIN_S = {"lease": LEASE_MARGIN_S, "presets": 6.0}
+#: How long a bench or optimise request waits for a leader (s); its answer is at once (a job
+#: starts in the background) but for reading the stored runs: under the gateway's 30 s.
+MEASURE_WAIT_S = 8.0
+_MARGIN_S = {"lease": LEASE_MARGIN_S, "presets": 6.0, "bench": 6.0, "optimise": 6.0}
 #: Pause before a lease request handed to an instance that no longer leads is handed on (s).
 HAND_ON_PAUSE_S = 0.05
 #: How long a non-leader waits for the leader's info (s; under the lease waiters' 1 s check).
@@ -79,6 +86,7 @@ INFO_TIMEOUT_S = 0.4
 NOT_LEADER = "not the leader"
 
 R = TypeVar("R", bound=BaseModel)
+Q = TypeVar("Q", bound=BaseModel)
 Request = Callable[[str, bytes, float], Awaitable[bytes]]
 #: ``(subject, payload, reply subject)``: one NATS publish.
 Publish = Callable[[str, bytes, str], Awaitable[None]]
@@ -286,6 +294,29 @@ class Replicas:
             raise Unavailable("presets are not served here")
         return await self._presets(req)
 
+    def leader_op(
+        self,
+        op: str,
+        handler: Callable[[Q], Awaitable[R]],
+        reply_type: type[R],
+        wait_s: float = MEASURE_WAIT_S,
+    ) -> tuple[Callable[[Q], Awaitable[R]], Callable[[Q], Awaitable[R]]]:
+        """The two handlers of a request only the leader serves (``op`` one of
+        :data:`loki_shared.subjects.ENGINE_NODE_OPS`): the queue group's, which runs
+        ``handler`` while this instance leads and else forwards to the leader (waiting at
+        most ``wait_s`` for one, then ``unavailable``), and the node subject's
+        (``loki.engine.node.<self>.<op>``), which answers ``conflict`` ("not the leader")
+        when this instance does not lead."""
+
+        async def queue(req: Q) -> R:
+            return await self._route(op, req, reply_type, handler, wait_s)
+
+        async def node(req: Q) -> R:
+            self._leading()
+            return await handler(req)
+
+        return queue, node
+
     async def node_lease(self, req: LeaseRequest) -> Lease:
         """``loki.engine.node.<self>.lease``: a lease forwarded here (``conflict`` when this
         instance does not lead)."""
@@ -399,4 +430,4 @@ class Replicas:
             await self.leadership.wait_change(min(0.25, left))
 
 
-__all__ = ["CONTROL_WAIT_S", "INFO_TIMEOUT_S", "NOT_LEADER", "Replicas"]
+__all__ = ["CONTROL_WAIT_S", "INFO_TIMEOUT_S", "MEASURE_WAIT_S", "NOT_LEADER", "Replicas"]

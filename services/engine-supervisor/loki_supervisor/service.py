@@ -22,11 +22,15 @@ from redis.asyncio import Redis
 from loki_shared import servers, subjects
 from loki_shared.lease import requester
 from loki_shared.messages.engine import (
+    BenchReply,
+    BenchRequest,
     EngineInfo,
     EngineInfoRequest,
     EngineState,
     Lease,
     LeaseRequest,
+    OptimiseReply,
+    OptimiseRequest,
     Preset,
     PresetsReply,
     PresetsRequest,
@@ -851,5 +855,22 @@ def build_broker(sup: Supervisor, broker: NatsBroker) -> None:
             serve(broker, subject, handler, max_workers=workers, request=req_type, reply=reply_type)
     presets = replicas.presets if replicas is not None else sup.presets
     serve(broker, subjects.ENGINE_PRESETS, presets, queue=q, max_workers=4)
-    serve(broker, subjects.ENGINE_BENCH, sup.bench.handle, queue=q, max_workers=4)
-    serve(broker, subjects.ENGINE_OPTIMISE, sup.optimiser.handle, queue=q, max_workers=4)
+    measure: list[tuple[str, str, Any, type[BaseModel], type[BaseModel]]] = [
+        (subjects.ENGINE_BENCH, "bench", sup.bench.handle, BenchRequest, BenchReply),
+        (
+            subjects.ENGINE_OPTIMISE,
+            "optimise",
+            sup.optimiser.handle,
+            OptimiseRequest,
+            OptimiseReply,
+        ),
+    ]
+    for subject, op, handle, req_type, reply_type in measure:
+        if replicas is None:
+            serve(broker, subject, handle, queue=q, max_workers=4)
+            continue
+        # a measurement leases from the leader's book and its job lives where it runs
+        on_queue, on_node = replicas.leader_op(op, handle, reply_type)
+        serve(broker, subject, on_queue, queue=q, max_workers=4, request=req_type, reply=reply_type)
+        node_subject = subjects.engine_node(sup.instance, op)
+        serve(broker, node_subject, on_node, max_workers=4, request=req_type, reply=reply_type)
