@@ -517,3 +517,41 @@ async def test_a_leader_that_stepped_down_on_its_own_key_takes_the_same_term_bac
     assert a.gains == [term.epoch, term.epoch] and a.lead.term == term  # the same term
     assert Term.parse(await a.redis.get(LEADER_KEY)) == term
     assert not b.lead.is_leader and b.gains == []
+
+
+async def test_only_the_leading_supervisor_publishes_the_engines_states(
+    redis_db: str, tmp_path: Path
+) -> None:
+    """Every replicated supervisor follows the same engines: a state change is published
+    once, by the leader, not once per instance."""
+    from loki_shared.messages.engine import EngineState
+    from loki_shared.sealing import Sealer
+    from loki_supervisor.service import Supervisor
+    from loki_supervisor.settings import Settings
+
+    published: list[EngineState] = []
+
+    async def publish(event: EngineState) -> None:
+        published.append(event)
+
+    redis = client(redis_db)
+    settings = Settings(
+        home=tmp_path,
+        engine_urls="e0=http://127.0.0.1:1",
+        supervisor_replicated=True,
+        supervisor_leader_ttl_s=TTL,
+    )
+    sup = Supervisor(settings, redis=redis, sealer=Sealer(b"k" * 32), publish_state=publish)
+    assert sup.pool is not None and sup.replicas is not None
+    runner = sup.pool.pool.engines[0].runner  # the followed engine's (it relays its events)
+    try:
+        await runner.on_state(EngineState(state="starting", ts=1.0))  # not leading (yet)
+        assert published == []
+        sup.replicas.start()
+        await until(lambda: sup.replicas is not None and sup.replicas.leadership.granting, 3)
+        await runner.on_state(EngineState(state="ready", ts=2.0))
+        assert [(e.state, e.engine) for e in published] == [("ready", "e0")]
+    finally:
+        await sup.replicas.close()
+        await sup.pool.pool.close()
+        await redis.aclose()

@@ -243,6 +243,11 @@ class Supervisor:
             log.info("slot 0 not saved before the stop: %s", why)
 
     async def _publish_pool_state(self, event: EngineState) -> None:
+        """A followed engine's state event; with replicated supervisors only the leader's
+        (every instance follows the same engines: one event per change, not one per
+        instance)."""
+        if self.replicas is not None and not self.replicas.leadership.granting:
+            return
         await self.publish_state(event)
 
     async def _on_state(self, event: EngineState) -> None:
