@@ -186,3 +186,37 @@ async def test_pool_mode_placement_and_slot_book_round_trip(r):
     plain = LeaseManager(lambda: None, ttl=6.0, pool=_pool(SlotBook()))
     await LeaseMirror(r, plain, lambda: None).load()
     assert plain.pool is not None and plain.pool.book.last_engine("c1") == engine
+
+
+async def test_the_pool_counters_go_on_after_a_takeover(r):
+    """The per-engine counters (``/api/engine``'s grants, moves, restores, saves) are
+    mirrored with the slot book: a new leader goes on counting where the old one stopped."""
+    from loki_supervisor.engine_pool import EnginePool, parse_engine_urls
+
+    async def quiet(*_: object) -> None:
+        return None
+
+    old = EnginePool(parse_engine_urls("gpu0=http://gpu0.test:1,gpu1=http://gpu1.test:1"), quiet)
+    new = EnginePool(parse_engine_urls("gpu0=http://gpu0.test:1,gpu1=http://gpu1.test:1"), quiet)
+    try:
+        term = await lead(r, 8, "a")
+        lm = LeaseManager(lambda: None, ttl=6.0, pool=_pool(SlotBook()))
+        mirror = LeaseMirror(r, lm, lambda: term, counters=old.counter_values)
+        gpu0 = old.get("gpu0")
+        assert gpu0 is not None
+        gpu0.counters.grants, gpu0.counters.moves_in, gpu0.counters.restores = 5, 2, 1
+        await mirror.sync()
+        gpu0.counters.saves = 3  # a count alone changes what is written
+        await mirror.sync()
+        taken = LeaseManager(lambda: None, ttl=6.0, pool=_pool(SlotBook()))
+        await LeaseMirror(r, taken, lambda: None, on_counters=new.set_counters).load()
+        assert new.counter_values() == {
+            "gpu0": {"grants": 5, "moves_in": 2, "restores": 1, "saves": 3},
+            "gpu1": {"grants": 0, "moves_in": 0, "restores": 0, "saves": 0},
+        }
+        # what it cannot use is left alone: an unknown engine, name, or a value not a count
+        new.set_counters({"gpu9": {"grants": 1}, "gpu1": {"grants": "7", "dance": 2}})
+        assert new.counter_values()["gpu1"]["grants"] == 0
+    finally:
+        await old.close()
+        await new.close()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from urllib.parse import urlsplit
 
 from loki_shared.messages.engine import EngineState, EngineStateName, EngineSummary, SlotSummary
@@ -338,6 +338,23 @@ class EnginePool:
     def get(self, engine_id: str) -> PooledEngine | None:
         """The engine of that id, or None."""
         return self._by_id.get(engine_id)
+
+    def counter_values(self) -> dict[str, dict[str, int]]:
+        """Every engine's :class:`EngineCounters` as data (engine id -> name -> count)."""
+        return {e.id: asdict(e.counters) for e in self.engines}
+
+    def set_counters(self, values: Mapping[str, object]) -> None:
+        """Set the counters from :meth:`counter_values`' data (a new leader goes on
+        counting where the previous one stopped); engines or names it does not know, and
+        values that are not whole numbers, are ignored."""
+        names = {f.name for f in fields(EngineCounters)}
+        for engine_id, counts in values.items():
+            engine = self.get(engine_id)
+            if engine is None or not isinstance(counts, dict):
+                continue
+            for name, value in counts.items():
+                if name in names and isinstance(value, int) and not isinstance(value, bool):
+                    setattr(engine.counters, name, value)
 
     def ready(self, group: str | None = None) -> list[PooledEngine]:
         """The ready engines with at least one slot, in ``LOKI_ENGINE_URLS`` order; only

@@ -10,7 +10,9 @@ Keys (the supervisor's ACL pattern ``loki:engine:*``):
   pool's fields (``slot``, ``fingerprints``, ``occupant``). Ids and fingerprints only: no
   prompt text, no secret, so it is stored plain.
 - ``loki:engine:slotbook`` (:data:`BOOK_KEY`): the pool's
-  :meth:`~loki_supervisor.slot_book.SlotBook.snapshot` (JSON).
+  :meth:`~loki_supervisor.slot_book.SlotBook.snapshot` (JSON), with the pool's per-engine
+  counters under ``counters`` (engine id -> ``grants``, ``moves_in``, ``restores``, ``saves``:
+  what ``/api/engine`` shows goes on counting after a takeover).
 
 :meth:`LeaseMirror.sync` writes what changed in the lease manager since the last write (grants,
 renewals, releases, expiries, pre-emptions: a diff, so the lease book needs no hook) in one
@@ -162,6 +164,9 @@ class LeaseMirror:
             about the longest takeover).
         on_book: called with the slot book loaded (the pool keeps a reference elsewhere);
             default: it replaces ``leases.pool.book``.
+        counters: the pool's counters now (engine id -> name -> count), written with the
+            book; None: none.
+        on_counters: called with the counters loaded (only when some were stored).
     """
 
     def __init__(
@@ -171,12 +176,16 @@ class LeaseMirror:
         term: Callable[[], Term | None],
         grace_s: float = 10.0,
         on_book: Callable[[SlotBook], None] | None = None,
+        counters: Callable[[], dict[str, dict[str, int]]] | None = None,
+        on_counters: Callable[[dict[str, dict[str, int]]], None] | None = None,
     ) -> None:
         self.redis = redis
         self.leases = leases
         self.term = term
         self.grace_s = grace_s
         self.on_book = on_book
+        self.counters = counters
+        self.on_counters = on_counters
         self._written: dict[str, str] = {}  # lease id -> the JSON last written
         self._book_written = ""
         self._write = redis.register_script(_WRITE)
@@ -196,7 +205,10 @@ class LeaseMirror:
             return ""
         # "now" = monotonic minus wall: restored with the new process's, each last_used moves
         # onto its monotonic clock (and the text changes only when the book does)
-        return json.dumps(book.snapshot(now=-self.offset), sort_keys=True)
+        data = book.snapshot(now=-self.offset)
+        if self.counters is not None:
+            data["counters"] = self.counters()
+        return json.dumps(data, sort_keys=True)
 
     def _diff(self, offset: float) -> tuple[dict[str, str], list[str]]:
         now: dict[str, str] = {}
@@ -294,6 +306,9 @@ class LeaseMirror:
                     self.on_book(book)
                 else:
                     self.leases.pool.book = book
+                counters = data.get("counters")
+                if isinstance(counters, dict) and self.on_counters is not None:
+                    self.on_counters(counters)
         if loaded:
             log.info("took over %d held lease(s) from the previous leader", len(loaded))
         return len(loaded)

@@ -162,8 +162,15 @@ class Supervisor:
             if self.leases.pool is not None:
                 self.leases.pool.book = book
 
+        pool = self.pool.pool if self.pool is not None else None
         mirror = LeaseMirror(
-            redis, self.leases, lambda: leadership.term, grace_s=2 * ttl + 2.0, on_book=on_book
+            redis,
+            self.leases,
+            lambda: leadership.term,
+            grace_s=2 * ttl + 2.0,
+            on_book=on_book,
+            counters=pool.counter_values if pool is not None else None,
+            on_counters=pool.set_counters if pool is not None else None,
         )
         return Replicas(
             self.leases,
