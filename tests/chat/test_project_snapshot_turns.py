@@ -14,6 +14,7 @@ from loki_chat.project.head import SNAPSHOT_SYSTEM_LINE
 from loki_chat.project.snapshot import UPDATE_KIND
 from loki_shared import subjects
 from loki_shared.messages.chat import ConversationsReply, ConversationsRequest
+from loki_shared.messages.engine import Placement
 from tests.fakes.fake_engine import text_reply
 
 
@@ -189,6 +190,27 @@ async def test_key_on_a_model_change_retakes(chat_runner, supervisor, client, fa
     await client.turn("Third", cid)
     assert_retaken(fake_engine.requests[-1].json["messages"])
     assert UPDATE_KIND not in [i for _, i in stored(await client.state(cid))]
+
+
+async def test_key_on_a_move_to_another_engine_of_the_pool_keeps_the_copy(
+    chat_runner, supervisor, client, fake_engine
+):
+    """Issue 44: with several engines (leases with a ``placement``) the snapshot is taken for
+    the model, not the endpoint: a conversation moved to another engine keeps its copy (its
+    slot may come back from a slot file); a change of model still retakes."""
+    supervisor.placement = Placement(engine="e0", id_slot=0, reason="new")
+    _, _, cid = await retake_setup(chat_runner, client, fake_engine)
+    # the same engine process under another address: another engine to the chat service
+    supervisor.base_url = supervisor.base_url.replace("127.0.0.1", "localhost")
+    supervisor.placement = Placement(engine="e1", id_slot=0, reason="failover")
+    fake_engine.push(text_reply("Ok."), text_reply("Ok."))
+    await client.turn("Third", cid)
+    last = fake_engine.requests[-1].json["messages"]
+    assert "<context_update" in last[3]["content"]  # the dated copy and its update, as sent
+    assert "Project description:\nGetting fit.\n" in last[1]["content"]
+    supervisor.model = "other-model"
+    await client.turn("Fourth", cid)
+    assert_retaken(fake_engine.requests[-1].json["messages"])
 
 
 async def test_key_on_a_restart_retakes(chat_runner, supervisor, client, fake_engine):

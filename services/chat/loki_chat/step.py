@@ -109,7 +109,7 @@ async def prepare(run: TurnRunner, lease: Lease) -> StepRequest:
         project.system_prompt(settings.system_prompt), run.conv.code, run.conv.project
     )
     configured = run.host.toolbox.schemas()
-    head = project.head(run.conv, system, configured, f"{lease.base_url}|{lease.model}")
+    head = project.head(run.conv, system, configured, step_rules.snapshot_engine(lease))
     run.sent_system, run.sent_head = system, head
     wire = wire_messages(
         system,

@@ -15,6 +15,8 @@ the turn's end. Rules (tests named in docs/behaviour.md (chat)):
   Continue.
 - A side job's request is its last (``job_done`` on its release) when no tool call came
   back or the step budget is spent.
+- PROJ_SNAPSHOT's engine key (its ``model`` retake reason): the lease's endpoint and model;
+  with several engines (a lease with a ``placement``, issue 44) the model alone.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from loki_shared.messages.chat import ChatMessage
-from loki_shared.messages.engine import TemplateProbe
+from loki_shared.messages.engine import Lease, TemplateProbe
 
 from .engine import StepResult
 from .settings import Settings
@@ -121,3 +123,14 @@ def last_side_request(result: StepResult | None, steps: int, step_budget: int) -
     acc = result.acc if result else None
     calls = bool(acc and (acc.ordered_calls() or "<tool_call>" in acc.content))
     return not calls or steps >= step_budget
+
+
+def snapshot_engine(lease: Lease) -> str:
+    """What a PROJ_SNAPSHOT is taken for (:func:`loki_chat.project.snapshot.retake_reason`'s
+    ``model``: a change retakes it, the engine's cache being cold anyway): ``base_url|model``;
+    with several engines (the lease has a ``placement``, issue 44) ``pool|model``, so a
+    conversation moved to another engine of the same model keeps its snapshot — its slot may
+    come back from a slot file, whose prefix a retake would throw away."""
+    if lease.placement is not None:
+        return f"pool|{lease.model}"
+    return f"{lease.base_url}|{lease.model}"
