@@ -143,6 +143,22 @@ def test_prepare_slot_dir_keeps_only_slot_files_when_asked(tmp_path: Path):
     assert list(slots.iterdir()) == []
 
 
+def test_a_shared_slot_dir_keeps_the_mode_its_operator_gave_it(tmp_path: Path):
+    """Issue 44: the pool's LOKI_ENGINE_SLOT_DIR is read and written by every engine (other
+    users, other machines): a launch leaves its mode alone and keeps its files; a missing
+    one is made 0700 like Loki's own."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o2775)
+    other = shared / "engine-b-slot.bin"
+    other.write_bytes(b"state")
+    prepare_slot_dir(shared, lambda _name: True, shared=True)
+    assert shared.stat().st_mode & 0o7777 == 0o2775 and other.exists()
+    fresh = tmp_path / "fresh"
+    prepare_slot_dir(fresh, lambda _name: True, shared=True)
+    assert fresh.stat().st_mode & 0o777 == 0o700
+
+
 def test_list_dir(tmp_path: Path):
     (tmp_path / "a.bin").write_bytes(b"12345")
     (tmp_path / "d").mkdir()

@@ -168,12 +168,18 @@ async def read_props(client: httpx.AsyncClient, base_url: str, api_key: str | No
     )
 
 
-def prepare_slot_dir(path: Path, keep: Callable[[str], bool] | None = None) -> None:
+def prepare_slot_dir(
+    path: Path, keep: Callable[[str], bool] | None = None, shared: bool = False
+) -> None:
     """Create ``path`` with mode 0700 and empty it (slot files of a previous engine are
     stale: another model or another launch), except the plain files whose name ``keep``
-    accepts (SLOT_PERSIST's files: their own rules delete them)."""
+    accepts (SLOT_PERSIST's files: their own rules delete them). ``shared``: the pool's
+    ``LOKI_ENGINE_SLOT_DIR``, which other engines (other users, other machines) read and
+    write: created 0700 when missing, its mode left as the operator set it otherwise."""
+    existed = path.is_dir()
     path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    if not (shared and existed):
+        os.chmod(path, 0o700)
     for child in path.iterdir():
         if keep is not None and keep(child.name) and child.is_file() and not child.is_symlink():
             continue
@@ -269,6 +275,7 @@ class LaunchSpec:
     model: Path | None = None  # checked before every launch (preflight.check_model_file)
     model_source: str = "LOKI_MODEL"  # where the model path came from, for messages
     keep_slot_file: Callable[[str], bool] | None = None  # SLOT_PERSIST: kept at launch
+    slot_dir_shared: bool = False  # the pool's LOKI_ENGINE_SLOT_DIR: its mode is not ours
 
 
 class EngineRunner:
@@ -479,7 +486,7 @@ class EngineRunner:
 
     async def _spawn_and_wait(self, spec: LaunchSpec) -> None:
         if spec.slot_dir is not None:
-            prepare_slot_dir(spec.slot_dir, spec.keep_slot_file)
+            prepare_slot_dir(spec.slot_dir, spec.keep_slot_file, spec.slot_dir_shared)
         probe = spec.host if spec.host not in ("0.0.0.0", "::") else "127.0.0.1"
         if servers.port_open(probe, spec.port):
             if not spec.auto_port:

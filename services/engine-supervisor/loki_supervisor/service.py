@@ -361,18 +361,21 @@ class Supervisor:
         """The launched engine's ``--slot-save-path``: ``LOKI_HOME/slots``; the pool's
         ``LOKI_ENGINE_SLOT_DIR`` when the engine is the pool's ``local`` one and it is set
         (the slot transfer saves and restores there on every engine)."""
-        shared = self.settings.engine_slot_dir.strip()
-        if self.pool is not None and self.pool.local is not None and shared:
-            return Path(shared)
+        if self._slot_dir_shared():
+            return Path(self.settings.engine_slot_dir.strip())
         return Path(self.settings.home).resolve() / "slots"
+
+    def _slot_dir_shared(self) -> bool:
+        """The launched engine saves into the pool's shared ``LOKI_ENGINE_SLOT_DIR``."""
+        shared = self.settings.engine_slot_dir.strip()
+        return bool(shared) and self.pool is not None and self.pool.local is not None
 
     def _keep_slot_file(self, persist: PersistConfig | None) -> Callable[[str], bool] | None:
         """Which files of the slot directory a launch keeps: all of them in the pool's
         shared ``LOKI_ENGINE_SLOT_DIR`` (other engines' saved slots), SLOT_PERSIST's own
         files, else none (a previous launch's files are stale)."""
-        if self.pool is not None and self.pool.local is not None:
-            if self.settings.engine_slot_dir.strip():
-                return lambda _name: True
+        if self._slot_dir_shared():
+            return lambda _name: True
         return slot_files.is_slot_file if persist else None
 
     async def make_plan(self, preset: Preset) -> tuple[LocalConfig, LaunchPlan]:
@@ -496,6 +499,7 @@ class Supervisor:
                     model=cfg.model,
                     model_source=model_source(preset),
                     keep_slot_file=self._keep_slot_file(persist),
+                    slot_dir_shared=self._slot_dir_shared(),
                 ),
                 plan.notes,
             )
