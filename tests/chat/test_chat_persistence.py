@@ -15,11 +15,12 @@ import redis.asyncio as aioredis
 
 from loki_chat.conversation import Conversation
 from loki_chat.errors import FencedWrite
-from loki_chat.store import Store, conv_key
+from loki_chat.store import NO_LOG, Store, conv_key
 from loki_shared.messages.chat import (
     REMINDER_KINDS,
     ChatMessage,
     LokiMeta,
+    ReplayRequest,
     SendRequest,
     StateRequest,
 )
@@ -89,6 +90,48 @@ async def test_second_instance_forwards_to_the_owner(chat_runner, supervisor, fa
     await client.tap.wait_turn_ends(cid, 2)
     users = [m.content for m in (await client.state(cid)).messages if m.role == "user"]
     assert users == ["one", "two"]
+
+
+async def test_a_replay_asked_of_another_instance_reads_nothing_of_the_stored_log(
+    chat_runner, supervisor, fake_engine, client
+):
+    """A conversation kept for months has a long stored log: an instance that does not own it
+    forwards a replay to the owner before reading anything (it used to load the whole
+    conversation first, at every SSE resume: a cost that grew with the conversation's age);
+    with no owner, a replay after a seq opens only the chunks after it."""
+    a = await chat_runner.start()
+    b = await chat_runner.start()
+    fake_engine.push(text_reply("first answer"), text_reply("second answer"))
+    first = await a.send(SendRequest(content="one"))
+    cid = first.conversation
+    await client.tap.wait_turn_ends(cid, 1)
+    await a.send(SendRequest(conversation=cid, content="two"))
+    await client.tap.wait_turn_ends(cid, 2)
+    assert cid in a.actors and cid not in b.actors
+    loads: list[tuple[str, int | None]] = []
+    real_load = b.store.load
+
+    async def counted(conv_id: str, log_after: int | None = None):
+        loads.append((conv_id, log_after))
+        return await real_load(conv_id, log_after)
+
+    b.store.load = counted  # type: ignore[method-assign]
+    whole = await a.replay(ReplayRequest(conversation=cid, after_seq=0))
+    forwarded = await b.replay(ReplayRequest(conversation=cid, after_seq=3))
+    assert forwarded.error is None and loads == []  # the owner answered; b read nothing
+    assert [e.seq for e in forwarded.events] == [e.seq for e in whole.events if e.seq > 3]
+    state = await b.state(StateRequest(conversation=cid))
+    assert state.error is None and [m.content for m in state.messages if m.role == "user"] == [
+        "one",
+        "two",
+    ]
+    assert loads == [(cid, NO_LOG)]  # the state needs no event of the log
+    # no owner any more (a stopped): b reads the stored conversation, only what is new
+    await chat_runner.stop(a)
+    loads.clear()
+    stored = await b.replay(ReplayRequest(conversation=cid, after_seq=whole.last_seq - 2))
+    assert [e.seq for e in stored.events] == [whole.last_seq - 1, whole.last_seq]
+    assert loads == [(cid, whole.last_seq - 2)] and cid not in b.actors
 
 
 async def test_kill_9_mid_turn_loses_nothing_persisted(

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from loki_chat.conversation import Conversation
-from loki_chat.store import INDEX, Store, conv_key, log_key, msgs_key
+from loki_chat.store import INDEX, NO_LOG, Store, conv_key, log_key, msgs_key
 from loki_shared.messages.chat import ChatMessage
 from loki_shared.sealing import SealError, service_sealer
 from tests.chat.helpers import SECRET
@@ -101,6 +101,38 @@ async def test_finished_turns_are_compacted_and_load_back_the_same(store):
     # resuming inside the merged run: the merged event says where it began
     events, _ = back.events_after(100)
     assert events[0].seq == 302 and events[0].merged_from == 2 <= 100
+
+
+async def test_a_read_after_a_seq_opens_only_the_chunks_after_it(store, monkeypatch):
+    """``load(cid, log_after)``: the chunks whose events all come before ``log_after`` are
+    not opened; the events after it are the whole load's; such a conversation is never
+    saved (its log is not whole)."""
+    conv, lock = await long_conversation(store, "c", 40)
+    whole = await store.load("c")
+    assert whole is not None
+    opened: list[bytes] = []
+    real_open = store.sealer.open
+
+    def counting(data: bytes, context: bytes) -> bytes:
+        opened.append(context)
+        return real_open(data, context)
+
+    monkeypatch.setattr(store.sealer, "open", counting)
+    after = whole.log[-5].seq  # inside the last turn's chunk
+    tail = await store.load("c", after)
+    assert tail is not None and tail.persisted.partial
+    log_opened = [c for c in opened if c.startswith(log_key("c").encode())]
+    assert len(log_opened) == 1  # the last chunk only, of 40
+    assert [e.model_dump() for e in tail.events_after(after)[0]] == [
+        e.model_dump() for e in whole.events_after(after)[0]
+    ]
+    assert tail.seq == whole.seq and len(tail.messages) == len(whole.messages)
+    opened.clear()
+    bare = await store.load("c", NO_LOG)
+    assert bare is not None and bare.log == [] and bare.seq == whole.seq
+    assert not [c for c in opened if c.startswith(log_key("c").encode())]
+    with pytest.raises(ValueError, match="whole log"):
+        await store.save(tail, lock)
 
 
 async def test_a_version_1_blob_is_migrated_by_its_owner(store):

@@ -39,12 +39,15 @@ class Persisted:
             compaction merged events there, or a reset emptied it: 0).
         legacy: read from a version-1 blob; the next persist writes the whole conversation in
             the current layout (the owner persists it at once: :meth:`Ownership.take`).
+        partial: read for a reply only, without the log's older chunks
+            (:meth:`loki_chat.store.Store.load`'s ``log_after``): never saved.
     """
 
     messages: list[str] = field(default_factory=list)
     chunks: list[tuple[int, int]] = field(default_factory=list)
     rewrite_from: int | None = None
     legacy: bool = False
+    partial: bool = False
 
     @property
     def last_seq(self) -> int:

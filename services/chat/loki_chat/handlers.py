@@ -47,7 +47,7 @@ from .conversation import Conversation
 from .images import unpack
 from .ownership import Ownership
 from .project.snapshot import without_updates
-from .store import new_conversation_id
+from .store import NO_LOG, new_conversation_id
 
 log = logging.getLogger("loki.chat.service")
 
@@ -231,7 +231,7 @@ class ChatHandlers:
 
     async def state(self, req: StateRequest, forwarded: bool = False) -> StateReply:
         """Model-view messages (system first), ``ctx_used``, and the turn's status."""
-        actor, conv = await self.ownership.read(req.conversation)
+        actor, conv = await self.ownership.read(req.conversation, NO_LOG)
         if actor is None and (conv.turn_open or conv.pending):
             # a dead owner left a turn or a queue to finish: take the conversation over
             return await self.ownership.owned(
@@ -260,8 +260,22 @@ class ChatHandlers:
 
     async def replay(self, req: ReplayRequest, forwarded: bool = False) -> ReplayReply:
         """Display events after ``after_seq``: the owner's in-memory Log (asked of the
-        owner when another instance owns the conversation), else the stored one."""
-        actor, conv = await self.ownership.read(req.conversation)
+        owner when another instance owns the conversation, before anything is read here),
+        else the stored one (only its chunks after ``after_seq`` opened, for a replay after a
+        seq: the cost of what is new, not of the conversation's age)."""
+        cid = req.conversation
+        if not forwarded and self.ownership.local(cid) is None:
+            owner = await self.store.owner(cid)
+            if owner and owner != self.ownership.instance:
+                return await self.ownership.owned(
+                    cid,
+                    "replay",
+                    req,
+                    ReplayReply,
+                    lambda a: self._replay_of(a.conv, req),
+                )
+        log_after = req.after_seq if req.turns is None else None
+        actor, conv = await self.ownership.read(cid, log_after)
         if actor is None:
             owner = await self.store.owner(req.conversation)
             elsewhere = bool(owner and owner != self.ownership.instance and not forwarded)

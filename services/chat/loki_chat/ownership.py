@@ -142,16 +142,24 @@ class Ownership:
             await actor.recover()
             return actor
 
-    async def read(self, cid: str) -> tuple[Actor | None, Conversation]:
-        """The conversation for a read: the local owner's, else the stored blob.
+    def local(self, cid: str) -> Actor | None:
+        """The actor of ``cid`` when this instance owns it (None: it does not)."""
+        actor = self.actors.get(cid)
+        return actor if actor is not None and not actor.lost else None
+
+    async def read(
+        self, cid: str, log_after: int | None = None
+    ) -> tuple[Actor | None, Conversation]:
+        """The conversation for a read: the local owner's, else the stored blob (with only
+        the display log after ``log_after`` when given: :meth:`Store.load`; read-only).
 
         Raises:
             ConversationNotFound: absent.
         """
-        actor = self.actors.get(cid)
-        if actor is not None and not actor.lost:
+        actor = self.local(cid)
+        if actor is not None:
             return actor, actor.conv
-        conv = await self.store.load(cid)
+        conv = await self.store.load(cid, log_after)
         if conv is None:
             raise ConversationNotFound(f"no conversation {cid}")
         return None, conv

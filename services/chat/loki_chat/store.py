@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from dataclasses import dataclass, field
 
@@ -52,6 +53,8 @@ from .errors import FencedWrite
 
 PREFIX = "loki:chat"
 INDEX = f"{PREFIX}:index"
+#: :meth:`Store.load`'s ``log_after`` for a read that needs none of the display log.
+NO_LOG = sys.maxsize
 
 # KEYS: lock, head, index, msgs, log. ARGV: lock value, head, id, info, messages kept (-1:
 # all, append only), messages to append (n), log chunks kept (-1: all), the n messages, then
@@ -193,9 +196,14 @@ class Store:
         return bool(await self._release(keys=[lock_key(cid)], args=[value]))
 
     # -- conversations ----------------------------------------------------------------------
-    async def load(self, cid: str) -> Conversation | None:
+    async def load(self, cid: str, log_after: int | None = None) -> Conversation | None:
         """The stored conversation, or None when absent (head, messages and log read in one
         MULTI transaction; opened and parsed in a worker thread).
+
+        ``log_after``: None, the whole display log; a seq, only the log's chunks that hold
+        events after it are opened (:data:`NO_LOG`: none) — a read that needs no older event
+        (a replay after a seq, the state) costs what is new, not the conversation's age. Such
+        a conversation is ``persisted.partial``: :meth:`save` refuses it.
 
         Raises:
             loki_shared.sealing.SealError: a value does not open with this key (or was moved).
@@ -208,10 +216,15 @@ class Store:
         head, msgs, chunks = await pipe.execute()
         if head is None:
             return None
-        return await asyncio.to_thread(self._decode, cid, head, msgs, chunks)
+        return await asyncio.to_thread(self._decode, cid, head, msgs, chunks, log_after)
 
     def _decode(
-        self, cid: str, head: bytes, msgs: list[bytes], chunks: list[bytes]
+        self,
+        cid: str,
+        head: bytes,
+        msgs: list[bytes],
+        chunks: list[bytes],
+        log_after: int | None = None,
     ) -> Conversation:
         key = conv_key(cid)
         data = json.loads(self.sealer.open(head, key.encode()))
@@ -231,10 +244,12 @@ class Store:
             first, last = int(first_s), int(last_s)
             if stored and first <= stored[-1][1]:
                 raise ValueError(f"log chunk {first}-{last} of {cid} is out of order")
+            stored.append((first, last))
+            if log_after is not None and last <= log_after:
+                continue  # nothing after log_after in it: not opened
             events = json.loads(self.sealer.open(sealed, f"{lkey}:{first}-{last}".encode()))
             conv.log.extend(ChatEvent.model_validate(e) for e in events)
-            stored.append((first, last))
-        conv.persisted = Persisted(messages=texts, chunks=stored)
+        conv.persisted = Persisted(messages=texts, chunks=stored, partial=log_after is not None)
         return conv
 
     async def save(self, conv: Conversation, lock_value: str) -> None:
@@ -247,6 +262,8 @@ class Store:
             FencedWrite: the lock is no longer this owner's (nothing was written).
         """
         done = conv.persisted
+        if done.partial:
+            raise ValueError(f"conversation {conv.id} was read without its whole log: not saved")
         rewrite = done.rewrite_from
         if rewrite is None:
             keep = -1
