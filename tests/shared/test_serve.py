@@ -214,6 +214,31 @@ async def test_perf_handlers_answer_and_refuse(tmp_path: Path) -> None:
     assert summary["error"] is None and summary["detail"]["rebuilding"] is True
 
 
+async def _unused(*_: Any, **__: Any) -> Any:
+    raise AssertionError("not asked")
+
+
+def supervisor_of(**over: Any) -> SimpleNamespace:
+    """What :func:`loki_supervisor.service.build_broker` reads of a supervisor, every
+    handler refusing to be asked but those in ``over``; ``instance`` "s1" (the process's
+    id, said in every info answer)."""
+    from loki_shared.messages.engine import EngineInfo
+
+    parts: dict[str, Any] = dict(
+        info=lambda: EngineInfo(),
+        lease=_unused,
+        renew=_unused,
+        release=_unused,
+        presets=_unused,
+        bench=SimpleNamespace(handle=_unused),
+        optimiser=SimpleNamespace(handle=_unused),
+        replicas=None,
+        instance="s1",
+    )
+    parts.update(over)
+    return SimpleNamespace(**parts)
+
+
 async def test_supervisor_handlers_decode_their_requests() -> None:
     from loki_shared.messages.engine import EngineInfo, Lease, LeaseRequest
     from loki_supervisor.service import build_broker
@@ -224,20 +249,8 @@ async def test_supervisor_handlers_decode_their_requests() -> None:
         leased.append(req)
         return Lease(lease_id="l1", base_url="http://engine")
 
-    async def unused(req: Any) -> Any:
-        raise AssertionError("not asked")
-
-    sup = SimpleNamespace(
-        info=lambda: EngineInfo(),
-        lease=lease,
-        renew=unused,
-        release=unused,
-        presets=unused,
-        bench=SimpleNamespace(handle=unused),
-        optimiser=SimpleNamespace(handle=unused),
-        replicas=None,  # one supervisor (LOKI_SUPERVISOR_REPLICATED off): handlers as before
-        instance="s1",  # the process's id, said in every info answer
-    )
+    # one supervisor (LOKI_SUPERVISOR_REPLICATED off): handlers as before
+    sup = supervisor_of(lease=lease, replicas=None)
     br = broker()
     build_broker(sup, br)  # type: ignore[arg-type]
     async with TestNatsBroker(br) as test:
@@ -257,7 +270,6 @@ async def test_replicated_supervisors_send_measurements_to_the_leader() -> None:
     from loki_shared.messages.engine import (
         BenchReply,
         BenchRequest,
-        EngineInfo,
         OptimiseReply,
         OptimiseRequest,
     )
@@ -265,12 +277,9 @@ async def test_replicated_supervisors_send_measurements_to_the_leader() -> None:
 
     asked: list[tuple[str, str, Any]] = []
 
-    async def unused(*_: Any, **__: Any) -> Any:
-        raise AssertionError("not asked")
-
     class Replicas:
         def __getattr__(self, name: str) -> Any:
-            return unused
+            return _unused
 
         def connect(self, *_: Any) -> None:
             pass
@@ -286,17 +295,7 @@ async def test_replicated_supervisors_send_measurements_to_the_leader() -> None:
 
             return queue, node
 
-    sup = SimpleNamespace(
-        info=lambda: EngineInfo(),
-        lease=unused,
-        renew=unused,
-        release=unused,
-        presets=unused,
-        bench=SimpleNamespace(handle=unused),
-        optimiser=SimpleNamespace(handle=unused),
-        replicas=Replicas(),
-        instance="s1",
-    )
+    sup = supervisor_of(replicas=Replicas())
     br = broker()
     build_broker(sup, br)  # type: ignore[arg-type]
     async with TestNatsBroker(br) as test:
