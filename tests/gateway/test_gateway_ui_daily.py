@@ -590,3 +590,34 @@ def test_engine_events_need_the_key_and_start_with_the_info(gateway_factory, pee
         assert "event: engine" in lines
         info = json.loads(lines[-1][len("data:") :])
         assert info == c.get("/api/engine").json() and "api_key" not in info
+
+
+def test_a_drawer_opened_while_the_list_loads_stays_open(page_at, gateway, peers):
+    """On a phone the person may open the drawer before the conversation list has come
+    (a slow link, a busy box): the page's own opening of the last conversation once the list
+    arrives leaves the drawer as they set it (it used to snap shut under their finger); a
+    conversation they pick themselves closes it."""
+    cid = _long_conversation(peers, "Waiting list", 2)
+    page = page_at(390, 844)
+    page.add_init_script(f"localStorage.setItem('lokiConv', {cid!r})")
+    gate = {"open": False}
+
+    def slow_list(route) -> None:  # the list answers only once the drawer is open
+        page.wait_for_timeout(1)
+        if not gate["open"]:
+            page.wait_for_function("document.body.classList.contains('drawer-open')")
+            gate["open"] = True
+        route.continue_()
+
+    page.route("**/api/conversations", slow_list)
+    page.goto(gateway.url + "/")
+    page.wait_for_selector("#menu-btn")
+    page.click("#menu-btn")
+    page.wait_for_function(DRAWER_OPEN)
+    # the page opens the last conversation by itself once the list is in
+    page.wait_for_function(f"document.getElementById('messages').dataset.conversation === {cid!r}")
+    page.wait_for_selector(f"#conversations li[data-id={cid!r}]")
+    assert page.evaluate("document.body.classList.contains('drawer-open')")
+    assert page.is_visible("#devices-btn")
+    page.click(f"#conversations li[data-id={cid!r}] button.title")  # picked: the drawer closes
+    page.wait_for_function("!document.body.classList.contains('drawer-open')")

@@ -3,7 +3,9 @@ request is checked against the subject table (:data:`loki_shared.subjects.EXCHAN
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -21,6 +23,8 @@ from loki_shared.nats import connection_callbacks, nats_servers
 from .errors import ServiceUnavailable, UpstreamError
 
 R = TypeVar("R", bound=BaseModel)
+#: Seconds between two asks of a request that found no responders (see :meth:`Bus.request`).
+PATIENCE_EVERY_S = 0.25
 
 
 class Bus:
@@ -67,9 +71,19 @@ class Bus:
         return bus
 
     async def request(
-        self, subject: str, message: BaseModel, reply_type: type[R], timeout: float = 5.0
+        self,
+        subject: str,
+        message: BaseModel,
+        reply_type: type[R],
+        timeout: float = 5.0,
+        patience_s: float = 0.0,
     ) -> R:
         """Send ``message`` on ``subject`` and return the reply decoded as ``reply_type``.
+
+        ``patience_s``: "no responders" is asked again every :data:`PATIENCE_EVERY_S` for up
+        to that long — a service whose NATS node died is back on another node within a second
+        or two (its subscriptions with it); a timeout is not asked again. Only for requests
+        that are safe to send twice (reads).
 
         Raises:
             TypeError: ``message`` or ``reply_type`` is not what
@@ -78,19 +92,30 @@ class Bus:
             UpstreamError: the reply is not a valid ``reply_type``.
         """
         subjects.check(subject, message, reply_type)
-        try:
-            msg = await self.client.request(
-                subject, message.model_dump_json().encode(), timeout=timeout
-            )
-        except (NoRespondersError, NatsTimeout) as exc:
-            raise ServiceUnavailable(f"no answer on {subject}") from exc
+        payload = message.model_dump_json().encode()
+        give_up = time.monotonic() + patience_s
+        while True:
+            try:
+                msg = await self.client.request(subject, payload, timeout=timeout)
+                break
+            except NoRespondersError as exc:
+                if time.monotonic() + PATIENCE_EVERY_S > give_up:
+                    raise ServiceUnavailable(f"no answer on {subject}") from exc
+                await asyncio.sleep(PATIENCE_EVERY_S)
+            except NatsTimeout as exc:
+                raise ServiceUnavailable(f"no answer on {subject}") from exc
         try:
             return reply_type.model_validate_json(msg.data)
         except ValidationError as exc:
             raise UpstreamError(f"bad reply on {subject}: {exc.errors()[:1]}") from exc
 
     async def request_ok(
-        self, subject: str, message: BaseModel, reply_type: type[R], timeout: float = 5.0
+        self,
+        subject: str,
+        message: BaseModel,
+        reply_type: type[R],
+        timeout: float = 5.0,
+        patience_s: float = 0.0,
     ) -> R:
         """Like :meth:`request`, and raise the reply's own error when it carries one.
 
@@ -99,7 +124,7 @@ class Bus:
             LokiError: the reply's ``error`` is set: the :mod:`loki_shared.errors` class of
                 its ``type`` (the exception handlers give its HTTP status).
         """
-        reply = await self.request(subject, message, reply_type, timeout)
+        reply = await self.request(subject, message, reply_type, timeout, patience_s)
         if isinstance(reply, Reply) and reply.error is not None:
             raise from_info(reply.error)
         return reply

@@ -42,7 +42,7 @@ LokiChat.part((C, $, state) => {
     const start = fromHash || localStorage.getItem("lokiConv");
     // a message sent while the list was loading (after the key prompt, say) opened its
     // conversation already: do not switch away from it
-    C.loadConversations().then(() => { if (!state.conversation) C.openConversation(start || null); });
+    C.loadConversations().then(() => { if (!state.conversation) C.openConversation(start || null, true); });
     C.refreshEngine();
     C.watchEngine();
   }

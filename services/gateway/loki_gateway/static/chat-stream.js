@@ -21,7 +21,7 @@ LokiChat.part((C, $, state) => {
         const tail = state.lastSeq ? "" : "&tail_turns=" + C.TAIL_TURNS;
         const resp = await fetch("/api/chat?conversation=" + encodeURIComponent(id) + tail, { headers, signal: ctrl.signal });
         if (resp.status === 401) { if (localStorage.getItem("lokiKey") === usedKey) await C.askKey(); continue; }
-        if (resp.status === 404) { C.openConversation(null); C.loadConversations(); return; }
+        if (resp.status === 404) { C.openConversation(null, true); C.loadConversations(); return; }
         if (!resp.ok || !resp.body) throw new Error("stream " + resp.status);
         delay = 500;
         for await (const received of C.sseFrames(resp)) {
@@ -47,7 +47,7 @@ LokiChat.part((C, $, state) => {
           $("messages").dataset.lastSeq = String(state.lastSeq);
           C.scheduleRender();
           if (!state.settled) C.settleSoon(id);
-          if (reopen) { C.openConversation(id); return; } // leaving the loop cancels the reader
+          if (reopen) { C.openConversation(id, true); return; } // leaving the loop cancels the reader
           if (reconnectNow) break;
         }
       } catch (e) {

@@ -86,7 +86,10 @@ LokiChat.part((C, $, state) => {
   }
   window.addEventListener("pagehide", () => { for (const commit of deleting.values()) commit(true); });
 
-  function openConversation(id) {
+  // `auto`: opened by the page itself (at start, a stream that must reopen, a conversation
+  // gone), not by the person: the drawer stays as they left it (one opened while the list
+  // was loading is not snapped shut under their finger).
+  function openConversation(id, auto) {
     if (state.abort) state.abort.abort();
     state.abort = null;
     state.conversation = id;
@@ -103,7 +106,7 @@ LokiChat.part((C, $, state) => {
     $("messages").dataset.conversation = id || "";
     $("messages").dataset.lastSeq = "0";
     $("messages").dataset.settled = "";
-    setDrawer(false);
+    if (!auto) setDrawer(false);
     C.setGenerating(false);
     state.ctxBase = 0; state.streamed = 0;
     if (id) { localStorage.setItem("lokiConv", id); history.replaceState(null, "", "#c=" + id); setTitle(state.titles[id]); }
