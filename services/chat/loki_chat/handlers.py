@@ -264,32 +264,25 @@ class ChatHandlers:
         else the stored one (only its chunks after ``after_seq`` opened, for a replay after a
         seq: the cost of what is new, not of the conversation's age)."""
         cid = req.conversation
+
+        async def in_owner() -> ReplayReply:
+            return await self.ownership.owned(
+                cid,
+                "replay",
+                req,
+                ReplayReply,
+                lambda a: self._replay_of(a.conv, req),
+                forwarded=forwarded,
+            )
+
         if not forwarded and self.ownership.local(cid) is None:
             owner = await self.store.owner(cid)
             if owner and owner != self.ownership.instance:
-                return await self.ownership.owned(
-                    cid,
-                    "replay",
-                    req,
-                    ReplayReply,
-                    lambda a: self._replay_of(a.conv, req),
-                )
+                return await in_owner()  # its Log is ahead of the blob
         log_after = req.after_seq if req.turns is None else None
         actor, conv = await self.ownership.read(cid, log_after)
-        if actor is None:
-            owner = await self.store.owner(req.conversation)
-            elsewhere = bool(owner and owner != self.ownership.instance and not forwarded)
-            # owned elsewhere: its Log is ahead of the blob; a dead owner's unfinished turn
-            # or queue: taken over here
-            if elsewhere or conv.turn_open or conv.pending:
-                return await self.ownership.owned(
-                    req.conversation,
-                    "replay",
-                    req,
-                    ReplayReply,
-                    lambda a: self._replay_of(a.conv, req),
-                    forwarded=forwarded,
-                )
+        if actor is None and (conv.turn_open or conv.pending):
+            return await in_owner()  # a dead owner's unfinished turn or queue: taken over here
         return await self._replay_of(conv, req)
 
     async def _replay_of(self, conv: Conversation, req: ReplayRequest) -> ReplayReply:
