@@ -619,5 +619,6 @@ def test_a_drawer_opened_while_the_list_loads_stays_open(page_at, gateway, peers
     page.wait_for_selector(f"#conversations li[data-id={cid!r}]")
     assert page.evaluate("document.body.classList.contains('drawer-open')")
     assert page.is_visible("#devices-btn")
+    _shot(page, "drawer-after-list-390.png")
     page.click(f"#conversations li[data-id={cid!r}] button.title")  # picked: the drawer closes
     page.wait_for_function("!document.body.classList.contains('drawer-open')")
