@@ -48,3 +48,43 @@ async def test_a_replay_waits_for_a_chat_service_coming_back(nats_url: str) -> N
     finally:
         await chat.close()
         await bus.close()
+
+
+async def test_the_state_and_the_list_a_page_opens_with_wait_too(nats_url: str) -> None:
+    """The siblings of the replay: what the page asks when it opens (the state, the
+    conversation list) waits the same way; a rename (a write) does not — NATS's "no
+    responders" means nobody got it, but a service really down is said at once there."""
+    from loki_gateway.routes.chat import (
+        RenameBody,
+        chat_state,
+        conversations_list,
+        conversations_rename,
+    )
+    from loki_shared.messages.chat import ConversationsReply, StateReply
+
+    bus = await Bus.connect(nats_url)
+    chat = await nats.connect(nats_url)
+    try:
+
+        async def state(msg) -> None:
+            await msg.respond(StateReply(conversation="c1", last_seq=4).model_dump_json().encode())
+
+        async def listing(msg) -> None:
+            await msg.respond(ConversationsReply().model_dump_json().encode())
+
+        async def come_back() -> None:
+            await asyncio.sleep(0.6)
+            await chat.subscribe(subjects.CHAT_STATE, queue="chat", cb=state)
+            await chat.subscribe(subjects.CHAT_CONVERSATIONS, queue="chat", cb=listing)
+            await chat.flush()
+
+        back = asyncio.create_task(come_back())
+        with pytest.raises(ServiceUnavailable):  # a write: not asked again
+            await conversations_rename("c1", RenameBody(title="x"), bus=bus)
+        got = await chat_state("c1", bus=bus)
+        assert got["last_seq"] == 4
+        assert await conversations_list(project=None, kind="main", bus=bus) == {"conversations": []}
+        await back
+    finally:
+        await chat.close()
+        await bus.close()

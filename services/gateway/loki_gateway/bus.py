@@ -25,6 +25,9 @@ from .errors import ServiceUnavailable, UpstreamError
 R = TypeVar("R", bound=BaseModel)
 #: Seconds between two asks of a request that found no responders (see :meth:`Bus.request`).
 PATIENCE_EVERY_S = 0.25
+#: The patience of what a page opens with (a stream's first page, a history page, the state,
+#: the conversation list): a chat instance reconnecting after its NATS node died.
+READ_PATIENCE_S = 5.0
 
 
 class Bus:
@@ -82,8 +85,10 @@ class Bus:
 
         ``patience_s``: "no responders" is asked again every :data:`PATIENCE_EVERY_S` for up
         to that long — a service whose NATS node died is back on another node within a second
-        or two (its subscriptions with it); a timeout is not asked again. Only for requests
-        that are safe to send twice (reads).
+        or two (its subscriptions with it). NATS says "no responders" only when no subscriber
+        received the request, so asking again never doubles it; a timeout (it may have been
+        received) is not asked again. Given to what a page opens with (:data:`READ_PATIENCE_S`),
+        so that elsewhere a service really down is still said at once.
 
         Raises:
             TypeError: ``message`` or ``reply_type`` is not what

@@ -53,15 +53,12 @@ from loki_shared.chat_log import coalesce
 from loki_shared.errors import LokiError
 from loki_shared.messages.chat import ChatEvent, ReplayReply, ReplayRequest
 
-from .bus import Bus
+from .bus import READ_PATIENCE_S, Bus
 
 log = logging.getLogger("loki.gateway.sse")
 
 BATCH_MAX_EVENTS = 256
 BATCH_MAX_BYTES = 128 * 1024
-#: Seconds a replay page waits for the chat service when NATS says no one answers (a chat
-#: instance reconnecting after its NATS node died: a stream opened then still opens).
-REPLAY_PATIENCE_S = 5.0
 
 
 def encode_event(event: ChatEvent) -> bytes:
@@ -233,7 +230,7 @@ async def replay_page(bus: Bus, conversation: str, after_seq: int, limit: int) -
         ReplayRequest(conversation=conversation, after_seq=after_seq, limit=limit),
         ReplayReply,
         timeout=10.0,
-        patience_s=REPLAY_PATIENCE_S,
+        patience_s=READ_PATIENCE_S,
     )
 
 
@@ -251,7 +248,7 @@ async def history_page(
         ReplayRequest(conversation=conversation, turns=turns, before_seq=before_seq),
         ReplayReply,
         timeout=10.0,
-        patience_s=REPLAY_PATIENCE_S,
+        patience_s=READ_PATIENCE_S,
     )
     reply.events = coalesce(reply.events)
     return reply

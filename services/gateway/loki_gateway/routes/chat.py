@@ -32,7 +32,7 @@ from loki_shared.messages.chat import (
 )
 
 from ..archive_reader import archived_blocks
-from ..bus import Bus
+from ..bus import READ_PATIENCE_S, Bus
 from ..deps import get_bus
 from ..errors import BadRequest
 from ..event_hub import conversation_stream, history_page, replay_page
@@ -232,7 +232,10 @@ async def chat_state(conversation: ConvQuery, bus: Bus = Depends(get_bus)) -> An
     """Model-view ``messages``, ``ctx_used``/``n_ctx`` (tokens), ``generating``, ``queued``
     (count) and ``pending`` (their texts, in order), ``last_seq``."""
     reply = await bus.request_ok(
-        subjects.CHAT_STATE, StateRequest(conversation=conversation), StateReply
+        subjects.CHAT_STATE,
+        StateRequest(conversation=conversation),
+        StateReply,
+        patience_s=READ_PATIENCE_S,
     )
     return _public(reply)
 
@@ -284,8 +287,12 @@ async def chat_cancel_queued(body: CancelQueuedBody, bus: Bus = Depends(get_bus)
 
 
 async def _conversations(bus: Bus, **fields: Any) -> ConversationsReply:
+    patience = READ_PATIENCE_S if fields.get("action") in ("list", "export") else 0.0
     return await bus.request_ok(
-        subjects.CHAT_CONVERSATIONS, ConversationsRequest(**fields), ConversationsReply
+        subjects.CHAT_CONVERSATIONS,
+        ConversationsRequest(**fields),
+        ConversationsReply,
+        patience_s=patience,
     )
 
 
